@@ -1,0 +1,520 @@
+//! Request bodies parsed only at their top level.
+//!
+//! A model request can be hundreds of megabytes (long transcripts, images), yet intercept
+//! only ever touches a handful of top-level keys (`model`, sampling keys, `stream`).
+//! [`JsonBody`] validates the whole document once, remembers where each top-level value
+//! lies in the original bytes, and re-emits the object as a list of [`Bytes`] slices that
+//! share the original buffer: unchanged values are never copied.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::ops::Range;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::de::{DeserializeOwned, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::value::RawValue;
+
+use crate::error::Error;
+
+/// One top-level member of a [`JsonBody`].
+#[derive(Clone)]
+struct Member {
+    key: Box<str>,
+    value: Value,
+}
+
+#[derive(Clone)]
+enum Value {
+    /// Unchanged: `span` covers `"key": value` in the source (when the key needed no
+    /// unescaping), `value` covers the value alone.
+    Source {
+        span: Option<Range<usize>>,
+        value: Range<usize>,
+    },
+    /// Replaced: serialised JSON.
+    Owned(Bytes),
+}
+
+/// A JSON object whose top-level members are known and whose nested values stay as the
+/// bytes they arrived as. Cloning is cheap (the source buffer is shared).
+#[derive(Clone)]
+pub struct JsonBody {
+    source: Bytes,
+    members: Vec<Member>,
+}
+
+/// An object key, borrowed from the input when it needed no unescaping.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string key")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+        }
+        deserializer.deserialize_str(V)
+    }
+}
+
+struct TopLevel<'a> {
+    members: Vec<(Cow<'a, str>, &'a RawValue)>,
+}
+
+impl<'de> Deserialize<'de> for TopLevel<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = TopLevel<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
+                    let value: &'de RawValue = map.next_value()?;
+                    members.push((key, value));
+                }
+                Ok(TopLevel { members })
+            }
+        }
+        deserializer.deserialize_map(V)
+    }
+}
+
+fn offset_in(outer: &[u8], inner: &[u8]) -> usize {
+    inner.as_ptr() as usize - outer.as_ptr() as usize
+}
+
+impl JsonBody {
+    /// Parses `source`, which must be one JSON object. The error says what is wrong
+    /// (not JSON at all, or JSON but not an object) in words a person can act on.
+    pub fn parse(source: Bytes) -> Result<Self, Error> {
+        let top: TopLevel<'_> = match serde_json::from_slice(&source) {
+            Ok(top) => top,
+            Err(e) => {
+                return Err(
+                    match serde_json::from_slice::<serde::de::IgnoredAny>(&source) {
+                        Ok(_) => Error::invalid("request body must be a JSON object"),
+                        Err(_) => Error::invalid(format!("request body is not valid JSON: {e}")),
+                    },
+                )
+            }
+        };
+        let mut members: Vec<Member> = Vec::with_capacity(top.members.len());
+        for (key, raw) in top.members {
+            let value_start = offset_in(&source, raw.get().as_bytes());
+            let value = value_start..value_start + raw.get().len();
+            let span = match &key {
+                // A borrowed key sits in the source right after its opening quote.
+                Cow::Borrowed(k) => {
+                    let key_start = offset_in(&source, k.as_bytes());
+                    key_start.checked_sub(1).map(|s| s..value.end)
+                }
+                Cow::Owned(_) => None,
+            };
+            let member = Member {
+                key: key.into_owned().into(),
+                value: Value::Source { span, value },
+            };
+            // Duplicate keys: the last one wins, at the position of the first.
+            if let Some(existing) = members.iter_mut().find(|m| m.key == member.key) {
+                if let Value::Source { value, .. } = member.value {
+                    existing.value = Value::Source { span: None, value };
+                }
+            } else {
+                members.push(member);
+            }
+        }
+        Ok(JsonBody { source, members })
+    }
+
+    /// The number of bytes this body serialises to.
+    pub fn encoded_len(&self) -> usize {
+        self.chunks().iter().map(Bytes::len).sum()
+    }
+
+    /// The top-level keys, in order.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.members.iter().map(|m| &*m.key)
+    }
+
+    /// Whether a top-level key is present.
+    pub fn contains(&self, key: &str) -> bool {
+        self.members.iter().any(|m| &*m.key == key)
+    }
+
+    /// The raw JSON text of a top-level value.
+    pub fn raw(&self, key: &str) -> Option<&[u8]> {
+        self.members
+            .iter()
+            .find(|m| &*m.key == key)
+            .map(|m| match &m.value {
+                Value::Source { value, .. } => &self.source[value.clone()],
+                Value::Owned(b) => &b[..],
+            })
+    }
+
+    /// Deserialises a top-level value; `None` when absent.
+    pub fn get<T: DeserializeOwned>(&self, key: &str) -> Option<Result<T, serde_json::Error>> {
+        self.raw(key).map(serde_json::from_slice)
+    }
+
+    /// A top-level value as a [`serde_json::Value`]; `None` when absent.
+    pub fn value(&self, key: &str) -> Option<serde_json::Value> {
+        self.get(key).and_then(Result::ok)
+    }
+
+    /// Whether a top-level value is JSON `true` (other values, and absence, are false).
+    pub fn is_true(&self, key: &str) -> bool {
+        self.raw(key) == Some(b"true")
+    }
+
+    /// A top-level string value.
+    pub fn str(&self, key: &str) -> Option<String> {
+        self.get::<String>(key).and_then(Result::ok)
+    }
+
+    /// Sets a top-level value (replacing it in place, or appending it).
+    pub fn set<T: Serialize + ?Sized>(&mut self, key: &str, value: &T) -> Result<(), Error> {
+        let encoded = serde_json::to_vec(value)
+            .map_err(|e| Error::Internal(format!("cannot encode `{key}`: {e}")))?;
+        self.set_raw(key, Bytes::from(encoded));
+        Ok(())
+    }
+
+    /// Sets a top-level value to already-encoded JSON. The caller guarantees `json` is
+    /// one valid JSON value.
+    pub fn set_raw(&mut self, key: &str, json: Bytes) {
+        match self.members.iter_mut().find(|m| &*m.key == key) {
+            Some(m) => m.value = Value::Owned(json),
+            None => self.members.push(Member {
+                key: key.into(),
+                value: Value::Owned(json),
+            }),
+        }
+    }
+
+    /// Removes a top-level key; returns whether it was there.
+    pub fn remove(&mut self, key: &str) -> bool {
+        let before = self.members.len();
+        self.members.retain(|m| &*m.key != key);
+        before != self.members.len()
+    }
+
+    /// The object as a list of byte slices, unchanged members shared with the source.
+    /// Runs of unchanged, adjacent members are emitted as one slice.
+    pub fn chunks(&self) -> Vec<Bytes> {
+        let mut out = Vec::with_capacity(4);
+        let mut glue = BytesMut::with_capacity(64);
+        glue.put_u8(b'{');
+        // The source run being extended: (start, end, index of its last member).
+        let mut run: Option<(usize, usize, usize)> = None;
+        let mut first = true;
+        for (i, m) in self.members.iter().enumerate() {
+            if let Value::Source {
+                span: Some(span), ..
+            } = &m.value
+            {
+                if let Some((start, _, last)) = run {
+                    if last + 1 == i && self.adjacent(last, span.start) {
+                        run = Some((start, span.end, i));
+                        continue;
+                    }
+                }
+                flush_run(&self.source, &mut run, &mut glue, &mut out);
+                if !first {
+                    glue.put_u8(b',');
+                }
+                first = false;
+                run = Some((span.start, span.end, i));
+                continue;
+            }
+            flush_run(&self.source, &mut run, &mut glue, &mut out);
+            if !first {
+                glue.put_u8(b',');
+            }
+            first = false;
+            write_key(&mut glue, &m.key);
+            match &m.value {
+                Value::Source { value, .. } => {
+                    out.push(glue.split().freeze());
+                    out.push(self.source.slice(value.clone()));
+                }
+                Value::Owned(b) => {
+                    if b.len() <= 256 {
+                        glue.extend_from_slice(b);
+                    } else {
+                        out.push(glue.split().freeze());
+                        out.push(b.clone());
+                    }
+                }
+            }
+        }
+        flush_run(&self.source, &mut run, &mut glue, &mut out);
+        glue.put_u8(b'}');
+        out.push(glue.freeze());
+        out.retain(|b| !b.is_empty());
+        out
+    }
+
+    /// Whether the source text between member `last`'s end and `next_start` is only
+    /// whitespace and one comma (so both can be emitted as one slice).
+    fn adjacent(&self, last: usize, next_start: usize) -> bool {
+        let Value::Source {
+            span: Some(prev), ..
+        } = &self.members[last].value
+        else {
+            return false;
+        };
+        if prev.end > next_start {
+            return false;
+        }
+        let between = &self.source[prev.end..next_start];
+        between.iter().filter(|b| **b == b',').count() == 1
+            && between
+                .iter()
+                .all(|b| matches!(b, b',' | b' ' | b'\t' | b'\n' | b'\r'))
+    }
+
+    /// The object as one contiguous buffer (copies).
+    pub fn to_bytes(&self) -> Bytes {
+        let chunks = self.chunks();
+        if chunks.len() == 1 {
+            return chunks.into_iter().next().unwrap_or_default();
+        }
+        let mut out = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
+        for c in chunks {
+            out.extend_from_slice(&c);
+        }
+        out.freeze()
+    }
+
+    /// The whole object as a [`serde_json::Value`] (parses everything: not for hot paths).
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.to_bytes()).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+fn flush_run(
+    source: &Bytes,
+    run: &mut Option<(usize, usize, usize)>,
+    glue: &mut BytesMut,
+    out: &mut Vec<Bytes>,
+) {
+    if let Some((start, end, _)) = run.take() {
+        out.push(glue.split().freeze());
+        out.push(source.slice(start..end));
+    }
+}
+
+fn write_key(out: &mut BytesMut, key: &str) {
+    let mut w = out.writer();
+    // Writing a string to a BytesMut cannot fail.
+    let _ = serde_json::to_writer(&mut w, key);
+    w.into_inner().put_u8(b':');
+}
+
+impl fmt::Debug for JsonBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JsonBody")
+            .field("keys", &self.keys().collect::<Vec<_>>())
+            .field("source_len", &self.source.len())
+            .finish()
+    }
+}
+
+impl Serialize for JsonBody {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let bytes = self.to_bytes();
+        let text = String::from_utf8(bytes.to_vec()).map_err(serde::ser::Error::custom)?;
+        let raw = RawValue::from_string(text).map_err(serde::ser::Error::custom)?;
+        raw.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for JsonBody {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw: Box<RawValue> = Deserialize::deserialize(deserializer)?;
+        let text: Box<str> = raw.into();
+        JsonBody::parse(Bytes::from(text.into_string())).map_err(serde::de::Error::custom)
+    }
+}
+
+impl PartialEq for JsonBody {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_value() == other.to_value()
+    }
+}
+
+/// Raw JSON bytes kept as they arrived (a response body), serialised verbatim.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RawJson(Bytes);
+
+impl RawJson {
+    /// Wraps bytes the caller has checked to be one valid JSON value.
+    pub fn new(bytes: Bytes) -> Self {
+        RawJson(bytes)
+    }
+
+    /// Encodes a value.
+    pub fn from_value(value: &serde_json::Value) -> Self {
+        RawJson(Bytes::from(
+            serde_json::to_vec(value).unwrap_or_else(|_| b"null".to_vec()),
+        ))
+    }
+
+    /// The bytes.
+    pub fn bytes(&self) -> &Bytes {
+        &self.0
+    }
+
+    /// Parses the bytes.
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.0).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+impl fmt::Debug for RawJson {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RawJson({} bytes)", self.0.len())
+    }
+}
+
+impl Serialize for RawJson {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let text = std::str::from_utf8(&self.0).map_err(serde::ser::Error::custom)?;
+        let raw: &RawValue = serde_json::from_str(text).map_err(serde::ser::Error::custom)?;
+        raw.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for RawJson {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw: Box<RawValue> = Deserialize::deserialize(deserializer)?;
+        let text: Box<str> = raw.into();
+        Ok(RawJson(Bytes::from(text.into_string())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn body(text: &str) -> JsonBody {
+        JsonBody::parse(Bytes::from(text.to_owned())).expect("valid body")
+    }
+
+    #[test]
+    fn unchanged_body_is_one_shared_slice() {
+        let text =
+            r#"{"model": "a", "messages": [{"role":"user","content":"hi"}], "stream": true}"#;
+        let b = body(text);
+        let chunks = b.chunks();
+        assert_eq!(
+            b.to_value(),
+            serde_json::from_str::<serde_json::Value>(text).expect("json")
+        );
+        assert!(b.is_true("stream"));
+        assert!(chunks.iter().any(|c| c.len() > 60), "{chunks:?}");
+    }
+
+    #[test]
+    fn overrides_replace_in_place_and_append() {
+        let mut b = body(r#"{"model":"a","messages":[],"temperature":1}"#);
+        b.set("model", "policy").expect("set");
+        b.set("top_p", &0.5).expect("set");
+        assert!(b.remove("temperature"));
+        assert_eq!(
+            b.to_value(),
+            json!({"model":"policy","messages":[],"top_p":0.5})
+        );
+        assert_eq!(
+            b.keys().collect::<Vec<_>>(),
+            vec!["model", "messages", "top_p"]
+        );
+        assert_eq!(b.encoded_len(), b.to_bytes().len());
+    }
+
+    #[test]
+    fn rejects_non_objects_with_clear_messages() {
+        let e = JsonBody::parse(Bytes::from_static(b"[1,2]")).expect_err("array");
+        assert_eq!(e.to_string(), "request body must be a JSON object");
+        let e = JsonBody::parse(Bytes::from_static(b"{\"a\":")).expect_err("truncated");
+        assert!(
+            e.to_string().starts_with("request body is not valid JSON"),
+            "{e}"
+        );
+        assert_eq!(e.status(), 400);
+        assert!(JsonBody::parse(Bytes::from_static(b"")).is_err());
+    }
+
+    #[test]
+    fn escaped_keys_and_duplicates() {
+        let b = body(r#"{"mo\u0064el":"x","k":1,"k":2}"#);
+        assert_eq!(b.str("model").as_deref(), Some("x"));
+        assert_eq!(b.to_value(), json!({"model":"x","k":2}));
+    }
+
+    #[test]
+    fn serde_round_trip() {
+        let b = body(r#"{"a":[1,2,{"b":null}]}"#);
+        let s = serde_json::to_string(&b).expect("ser");
+        assert_eq!(s, r#"{"a":[1,2,{"b":null}]}"#);
+        let back: JsonBody = serde_json::from_str(&s).expect("de");
+        assert_eq!(back, b);
+    }
+
+    fn arb_json() -> impl Strategy<Value = serde_json::Value> {
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i32>().prop_map(serde_json::Value::from),
+            "[a-z \\\\\"\u{e9}]{0,8}".prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                prop::collection::btree_map("[a-z]{1,4}", inner, 0..4)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn edits_equal_value_edits(
+            obj in prop::collection::btree_map("[a-z]{1,3}", arb_json(), 0..6),
+            set_key in "[a-z]{1,3}",
+            set_val in arb_json(),
+            rm_key in "[a-z]{1,3}",
+            pretty in any::<bool>(),
+        ) {
+            let mut expected: serde_json::Map<String, serde_json::Value> = obj.into_iter().collect();
+            let text = if pretty {
+                serde_json::to_string_pretty(&expected).expect("ser")
+            } else {
+                serde_json::to_string(&expected).expect("ser")
+            };
+            let mut b = JsonBody::parse(Bytes::from(text)).expect("parse");
+            b.set(&set_key, &set_val).expect("set");
+            expected.insert(set_key, set_val);
+            b.remove(&rm_key);
+            expected.remove(&rm_key);
+            let out = b.to_bytes();
+            let got: serde_json::Value = serde_json::from_slice(&out).expect("valid JSON out");
+            prop_assert_eq!(got, serde_json::Value::Object(expected));
+        }
+    }
+}

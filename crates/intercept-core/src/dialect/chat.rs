@@ -1,0 +1,622 @@
+//! OpenAI Chat Completions.
+
+use std::collections::BTreeMap;
+
+use http::{HeaderMap, HeaderValue};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::{
+    whitelisted, Assembled, Dialect, DialectKind, Prepared, Relay, StreamAssembler, Summary,
+};
+use crate::body::JsonBody;
+use crate::error::Error;
+use crate::record::Usage;
+use crate::session::Sampling;
+use crate::sse::SseEvent;
+
+/// Sampling keys recorded for a Chat Completions call.
+pub(crate) const CHAT_SAMPLING_KEYS: &[&str] = &[
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "reasoning_effort",
+    "seed",
+    "stop",
+    "n",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "response_format",
+    "tool_choice",
+    "parallel_tool_calls",
+    "extra_body",
+];
+
+/// OpenAI Chat Completions: `POST /v1/chat/completions`, secret in
+/// `Authorization: Bearer`, streaming ends with `data: [DONE]`.
+///
+/// Overrides: every non-null key of the session's sampling is set on the body (extra
+/// keys included), then `model` is forced. The harness's own sampling keys stay unless
+/// the session sets the same key. A streaming call also asks the upstream for usage
+/// (`stream_options.include_usage`) so limits and records see token counts; when the
+/// harness did not ask for it, the extra usage event is not relayed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChatDialect;
+
+#[derive(Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptDetails>,
+    #[serde(default)]
+    completion_tokens_details: Option<CompletionDetails>,
+}
+
+#[derive(Deserialize)]
+struct PromptDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct CompletionDetails {
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
+}
+
+impl From<WireUsage> for Usage {
+    fn from(u: WireUsage) -> Self {
+        Usage {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            cached_input_tokens: u
+                .prompt_tokens_details
+                .and_then(|d| d.cached_tokens)
+                .unwrap_or(0),
+            reasoning_tokens: u
+                .completion_tokens_details
+                .and_then(|d| d.reasoning_tokens)
+                .unwrap_or(0),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct WireChoice {
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WireResponse {
+    choices: Vec<WireChoice>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+/// Normalises a finish reason: `function_call` becomes `tool_calls`; others are kept.
+fn normalise_finish(reason: Option<String>) -> Option<String> {
+    reason.map(|r| {
+        if r == "function_call" {
+            "tool_calls".to_owned()
+        } else {
+            r
+        }
+    })
+}
+
+impl Dialect for ChatDialect {
+    fn kind(&self) -> DialectKind {
+        DialectKind::ChatCompletions
+    }
+
+    fn routes(&self) -> &'static [&'static str] {
+        &["/v1/chat/completions", "/chat/completions"]
+    }
+
+    fn upstream_path(&self) -> &'static str {
+        "/chat/completions"
+    }
+
+    fn upstream_auth(&self, api_key: &str, headers: &mut HeaderMap) {
+        if let Ok(v) = HeaderValue::from_str(&format!("Bearer {api_key}")) {
+            headers.insert(http::header::AUTHORIZATION, v);
+        }
+    }
+
+    fn prepare(
+        &self,
+        body: &mut JsonBody,
+        model: &str,
+        sampling: &Sampling,
+    ) -> Result<Prepared, Error> {
+        match body.raw("messages").map(|r| r.first().copied()) {
+            Some(Some(b'[')) => {}
+            Some(_) => {
+                return Err(Error::invalid(
+                    "`messages` must be an array of chat messages",
+                ))
+            }
+            None => {
+                return Err(Error::invalid(
+                    "`messages` is required: send the conversation as an array of chat messages",
+                ))
+            }
+        }
+        for (key, value) in sampling {
+            if !value.is_null() {
+                body.set(key, value)?;
+            }
+        }
+        body.set("model", model)?;
+        if let Some(n) = body.get::<Value>("n").and_then(Result::ok) {
+            if !(n.is_null() || n == json!(1)) {
+                return Err(Error::invalid(format!(
+                    "`n` must be 1 (one completion per call), got {n}"
+                )));
+            }
+        }
+        let stream = body.is_true("stream");
+        let mut hide_stream_usage = false;
+        if stream {
+            let mut options: Map<String, Value> = match body.value("stream_options") {
+                Some(Value::Object(o)) => o,
+                _ => Map::new(),
+            };
+            if options.get("include_usage") != Some(&Value::Bool(true)) {
+                options.insert("include_usage".into(), Value::Bool(true));
+                body.set("stream_options", &options)?;
+                hide_stream_usage = true;
+            }
+        }
+        Ok(Prepared {
+            stream,
+            hide_stream_usage,
+        })
+    }
+
+    fn sampling_of(&self, body: &JsonBody) -> Sampling {
+        whitelisted(body, CHAT_SAMPLING_KEYS)
+    }
+
+    fn summarize(&self, response: &[u8]) -> Result<Summary, Error> {
+        let r: WireResponse = serde_json::from_slice(response).map_err(|e| {
+            Error::UpstreamMalformed(format!("expected a chat.completion object: {e}"))
+        })?;
+        Ok(Summary {
+            finish_reason: normalise_finish(
+                r.choices.into_iter().next().and_then(|c| c.finish_reason),
+            ),
+            usage: r.usage.map(Usage::from).unwrap_or_default(),
+        })
+    }
+
+    fn assembler(&self, prepared: &Prepared) -> Box<dyn StreamAssembler> {
+        Box::new(ChatAssembler {
+            hide_usage: prepared.hide_stream_usage,
+            ..ChatAssembler::default()
+        })
+    }
+}
+
+#[derive(Debug, Default)]
+struct ToolCall {
+    id: String,
+    kind: String,
+    name: String,
+    arguments: String,
+}
+
+#[derive(Debug, Default)]
+struct ChatAssembler {
+    hide_usage: bool,
+    head: Option<Map<String, Value>>,
+    content: String,
+    saw_content: bool,
+    reasoning_content: String,
+    reasoning: String,
+    refusal: Option<String>,
+    tool_calls: BTreeMap<u64, ToolCall>,
+    finish_reason: Option<String>,
+    usage: Option<Value>,
+    done: bool,
+    errors: Vec<String>,
+    upstream_error: Option<String>,
+}
+
+impl ChatAssembler {
+    fn absorb(&mut self, chunk: Map<String, Value>) -> Relay {
+        if let Some(err) = chunk.get("error") {
+            self.upstream_error = Some(
+                err.get("message")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| err.to_string()),
+            );
+            return Relay::Forward;
+        }
+        let choices = chunk.get("choices").and_then(Value::as_array);
+        let usage_only = choices.is_some_and(|c| c.is_empty());
+        if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
+            self.usage = Some(u.clone());
+        }
+        if self.head.is_none() {
+            let mut head = Map::new();
+            for key in [
+                "id",
+                "created",
+                "model",
+                "system_fingerprint",
+                "service_tier",
+            ] {
+                if let Some(v) = chunk.get(key) {
+                    head.insert(key.to_owned(), v.clone());
+                }
+            }
+            self.head = Some(head);
+        }
+        for choice in choices.into_iter().flatten() {
+            if choice.get("index").and_then(Value::as_u64).unwrap_or(0) != 0 {
+                continue;
+            }
+            if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+                self.finish_reason = Some(reason.to_owned());
+            }
+            let Some(delta) = choice.get("delta") else {
+                continue;
+            };
+            if let Some(text) = delta.get("content").and_then(Value::as_str) {
+                self.content.push_str(text);
+                self.saw_content = true;
+            }
+            if let Some(text) = delta.get("reasoning_content").and_then(Value::as_str) {
+                self.reasoning_content.push_str(text);
+            }
+            if let Some(text) = delta.get("reasoning").and_then(Value::as_str) {
+                self.reasoning.push_str(text);
+            }
+            if let Some(text) = delta.get("refusal").and_then(Value::as_str) {
+                self.refusal.get_or_insert_with(String::new).push_str(text);
+            }
+            for call in delta
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+                let entry = self.tool_calls.entry(index).or_default();
+                if let Some(id) = call
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+                {
+                    entry.id = id.to_owned();
+                }
+                if let Some(kind) = call
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+                {
+                    entry.kind = kind.to_owned();
+                }
+                if let Some(f) = call.get("function") {
+                    if let Some(name) = f
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .filter(|s| !s.is_empty())
+                    {
+                        entry.name = name.to_owned();
+                    }
+                    if let Some(args) = f.get("arguments").and_then(Value::as_str) {
+                        entry.arguments.push_str(args);
+                    }
+                }
+            }
+        }
+        if usage_only && self.hide_usage {
+            Relay::Drop
+        } else {
+            Relay::Forward
+        }
+    }
+}
+
+impl StreamAssembler for ChatAssembler {
+    fn push(&mut self, event: &SseEvent<'_>) -> Relay {
+        if self.done {
+            return Relay::Withhold;
+        }
+        let Some(data) = event.data() else {
+            return Relay::Forward;
+        };
+        if data.trim_ascii() == b"[DONE]" {
+            self.done = true;
+            return Relay::Withhold;
+        }
+        match serde_json::from_slice::<Map<String, Value>>(&data) {
+            Ok(chunk) => self.absorb(chunk),
+            Err(e) => {
+                if self.errors.len() < 4 {
+                    self.errors
+                        .push(format!("unreadable chat.completion.chunk: {e}"));
+                }
+                Relay::Forward
+            }
+        }
+    }
+
+    fn saw_terminal(&self) -> bool {
+        self.done
+    }
+
+    fn finish(self: Box<Self>) -> Result<Assembled, Error> {
+        if let Some(message) = self.upstream_error {
+            return Err(Error::UpstreamStatus {
+                status: 502,
+                body: message,
+                retry_after: None,
+            });
+        }
+        if let Some(e) = self.errors.into_iter().next() {
+            return Err(Error::UpstreamMalformed(e));
+        }
+        if !self.done {
+            return Err(Error::UpstreamMalformed(
+                "upstream stream ended before its terminal event (`data: [DONE]`)".into(),
+            ));
+        }
+        let mut message = Map::new();
+        message.insert("role".into(), json!("assistant"));
+        let has_tools = !self.tool_calls.is_empty();
+        message.insert(
+            "content".into(),
+            if self.saw_content || !has_tools {
+                json!(self.content)
+            } else {
+                Value::Null
+            },
+        );
+        if !self.reasoning_content.is_empty() {
+            message.insert("reasoning_content".into(), json!(self.reasoning_content));
+        }
+        if !self.reasoning.is_empty() {
+            message.insert("reasoning".into(), json!(self.reasoning));
+        }
+        if let Some(refusal) = self.refusal {
+            message.insert("refusal".into(), json!(refusal));
+        }
+        if has_tools {
+            let calls: Vec<Value> = self
+                .tool_calls
+                .into_values()
+                .map(|c| {
+                    json!({
+                        "id": c.id,
+                        "type": if c.kind.is_empty() { "function".to_owned() } else { c.kind },
+                        "function": {"name": c.name, "arguments": c.arguments},
+                    })
+                })
+                .collect();
+            message.insert("tool_calls".into(), Value::Array(calls));
+        }
+        let finish_reason =
+            normalise_finish(self.finish_reason).unwrap_or_else(|| "stop".to_owned());
+        let mut response = self.head.unwrap_or_default();
+        response
+            .entry("id")
+            .or_insert_with(|| json!("intercept-assembled"));
+        response.insert("object".into(), json!("chat.completion"));
+        response.insert(
+            "choices".into(),
+            json!([{"index": 0, "message": Value::Object(message), "finish_reason": finish_reason, "logprobs": null}]),
+        );
+        let usage = match &self.usage {
+            Some(u) => {
+                response.insert("usage".into(), u.clone());
+                serde_json::from_value::<WireUsage>(u.clone())
+                    .map(Usage::from)
+                    .unwrap_or_default()
+            }
+            None => Usage::default(),
+        };
+        Ok(Assembled {
+            response: Value::Object(response),
+            summary: Summary {
+                finish_reason: Some(finish_reason),
+                usage,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use proptest::prelude::*;
+
+    fn body(v: Value) -> JsonBody {
+        JsonBody::parse(Bytes::from(serde_json::to_vec(&v).expect("json"))).expect("body")
+    }
+
+    #[test]
+    fn prepare_imposes_model_and_sampling() {
+        let mut b =
+            body(json!({"model":"gpt","messages":[],"temperature":1.0,"max_completion_tokens":5}));
+        let sampling = json!({"temperature":0.2,"top_k":5,"seed":null})
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        let p = ChatDialect
+            .prepare(&mut b, "policy", &sampling)
+            .expect("prepare");
+        assert!(!p.stream);
+        let v = b.to_value();
+        assert_eq!(v["model"], "policy");
+        assert_eq!(v["temperature"], 0.2);
+        assert_eq!(v["top_k"], 5);
+        assert_eq!(v["max_completion_tokens"], 5);
+        assert!(v.get("seed").is_none());
+        let s = ChatDialect.sampling_of(&b);
+        assert_eq!(s.get("top_k"), Some(&json!(5)));
+        assert!(!s.contains_key("model"));
+    }
+
+    #[test]
+    fn prepare_rejects_bad_requests() {
+        let mut b = body(json!({"model":"x"}));
+        assert!(ChatDialect.prepare(&mut b, "m", &Sampling::new()).is_err());
+        let mut b = body(json!({"messages":"hi"}));
+        assert!(ChatDialect.prepare(&mut b, "m", &Sampling::new()).is_err());
+        let mut b = body(json!({"messages":[],"n":2}));
+        let e = ChatDialect
+            .prepare(&mut b, "m", &Sampling::new())
+            .expect_err("n=2");
+        assert_eq!(e.status(), 400);
+    }
+
+    #[test]
+    fn streaming_asks_for_usage_and_hides_it() {
+        let mut b = body(json!({"messages":[],"stream":true}));
+        let p = ChatDialect
+            .prepare(&mut b, "m", &Sampling::new())
+            .expect("prepare");
+        assert!(p.stream && p.hide_stream_usage);
+        assert_eq!(
+            b.to_value()["stream_options"],
+            json!({"include_usage": true})
+        );
+        let mut b =
+            body(json!({"messages":[],"stream":true,"stream_options":{"include_usage":true}}));
+        let p = ChatDialect
+            .prepare(&mut b, "m", &Sampling::new())
+            .expect("prepare");
+        assert!(!p.hide_stream_usage);
+    }
+
+    #[test]
+    fn summarize_reads_usage_and_rejects_garbage() {
+        let s = ChatDialect
+            .summarize(br#"{"choices":[{"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":1}}}"#)
+            .expect("summary");
+        assert_eq!(s.finish_reason.as_deref(), Some("length"));
+        assert_eq!(
+            s.usage,
+            Usage {
+                prompt_tokens: 3,
+                completion_tokens: 4,
+                cached_input_tokens: 1,
+                reasoning_tokens: 0
+            }
+        );
+        let e = ChatDialect
+            .summarize(b"<html>bad gateway</html>")
+            .expect_err("html");
+        assert_eq!(e.status(), 502);
+    }
+
+    /// A non-streamed response and the equivalent stream, cut into pieces.
+    fn stream_for(
+        content: &str,
+        reasoning: &str,
+        args: &str,
+        cuts: &[usize],
+    ) -> (Value, Vec<String>) {
+        let mut events = vec![
+            json!({"id":"c1","created":7,"model":"m","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}),
+        ];
+        let pieces = |s: &str| -> Vec<String> {
+            let chars: Vec<char> = s.chars().collect();
+            let mut out = Vec::new();
+            let mut last = 0;
+            for c in cuts {
+                let c = (*c).min(chars.len());
+                if c > last {
+                    out.push(chars[last..c].iter().collect());
+                    last = c;
+                }
+            }
+            out.push(chars[last..].iter().collect());
+            out
+        };
+        for p in pieces(reasoning) {
+            events.push(json!({"id":"c1","choices":[{"index":0,"delta":{"reasoning_content":p}}]}));
+        }
+        for p in pieces(content) {
+            events.push(json!({"id":"c1","choices":[{"index":0,"delta":{"content":p}}]}));
+        }
+        let has_tool = !args.is_empty();
+        if has_tool {
+            events.push(json!({"id":"c1","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":""}}]}}]}));
+            for p in pieces(args) {
+                events.push(json!({"id":"c1","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":p}}]}}]}));
+            }
+        }
+        let finish = if has_tool { "tool_calls" } else { "stop" };
+        events.push(json!({"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":finish}]}));
+        events.push(json!({"id":"c1","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":6,"total_tokens":11}}));
+        let mut message = json!({"role":"assistant","content":content});
+        if !reasoning.is_empty() {
+            message["reasoning_content"] = json!(reasoning);
+        }
+        if has_tool {
+            message["tool_calls"] =
+                json!([{"id":"call_1","type":"function","function":{"name":"f","arguments":args}}]);
+        }
+        let full = json!({"id":"c1","created":7,"model":"m","object":"chat.completion",
+            "choices":[{"index":0,"message":message,"finish_reason":finish,"logprobs":null}],
+            "usage":{"prompt_tokens":5,"completion_tokens":6,"total_tokens":11}});
+        let mut sse: Vec<String> = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+        sse.push("data: [DONE]\n\n".into());
+        (full, sse)
+    }
+
+    proptest! {
+        #[test]
+        fn stream_assembly_equals_the_non_streamed_response(
+            content in "[a-zA-Z é{}\"]{0,24}",
+            reasoning in "[a-z ]{0,12}",
+            args in prop_oneof![Just(String::new()), "\\{\"q\": \"[a-z]{0,10}\"\\}"],
+            cuts in prop::collection::vec(0usize..30, 0..5),
+        ) {
+            let mut cuts = cuts;
+            cuts.sort_unstable();
+            let (full, events) = stream_for(&content, &reasoning, &args, &cuts);
+            let prepared = Prepared { stream: true, hide_stream_usage: true };
+            let mut a = ChatDialect.assembler(&prepared);
+            let mut relayed = Vec::new();
+            for e in &events {
+                relayed.push(a.push(&SseEvent::new(e.as_bytes())));
+            }
+            prop_assert_eq!(relayed.last(), Some(&Relay::Withhold));
+            prop_assert_eq!(relayed[relayed.len() - 2], Relay::Drop);
+            let out = a.finish().expect("assembled");
+            prop_assert_eq!(&out.response, &full);
+            let summary = ChatDialect.summarize(&serde_json::to_vec(&full).expect("json")).expect("summary");
+            prop_assert_eq!(out.summary, summary);
+        }
+    }
+
+    #[test]
+    fn stream_without_done_is_an_error() {
+        let mut a = ChatDialect.assembler(&Prepared::default());
+        a.push(&SseEvent::new(
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n",
+        ));
+        assert!(!a.saw_terminal());
+        let e = a.finish().expect_err("truncated");
+        assert_eq!(e.status(), 502);
+        assert!(e.to_string().contains("terminal event"), "{e}");
+    }
+}

@@ -1,0 +1,237 @@
+//! Wire formats. A [`Dialect`] knows its routes, where the secret travels, its error
+//! body, how streaming is requested, which stream event is terminal, how to impose a
+//! model and sampling, and how to read a response or assemble a stream for the record.
+
+use std::fmt;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use serde::{Deserialize, Serialize};
+
+use crate::body::JsonBody;
+use crate::error::{error_type_for_status, Error};
+use crate::record::Usage;
+use crate::session::Sampling;
+use crate::sse::SseEvent;
+
+mod chat;
+
+pub use chat::ChatDialect;
+
+/// Which wire format a call spoke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum DialectKind {
+    /// OpenAI Chat Completions (`/v1/chat/completions`).
+    ChatCompletions,
+    /// OpenAI Responses (`/v1/responses`).
+    Responses,
+    /// Anthropic Messages (`/v1/messages`).
+    Messages,
+}
+
+impl DialectKind {
+    /// The snake_case name used in records and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DialectKind::ChatCompletions => "chat_completions",
+            DialectKind::Responses => "responses",
+            DialectKind::Messages => "messages",
+        }
+    }
+}
+
+/// What the server learns from preparing a request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Prepared {
+    /// The harness asked for a stream.
+    pub stream: bool,
+    /// The dialect asked the upstream for stream usage the harness did not ask for; the
+    /// assembler drops the extra usage event from the relay.
+    pub hide_stream_usage: bool,
+}
+
+/// Finish reason and usage read from a response.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Normalised finish reason.
+    pub finish_reason: Option<String>,
+    /// Token usage.
+    pub usage: Usage,
+}
+
+/// A stream, assembled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Assembled {
+    /// The response object a non-streamed call would have returned.
+    pub response: serde_json::Value,
+    /// Its finish reason and usage.
+    pub summary: Summary,
+}
+
+/// What to do with one upstream stream event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Relay {
+    /// Send it to the harness now.
+    Forward,
+    /// Terminal: send it only after the call is recorded.
+    Withhold,
+    /// Do not send it (an event the harness did not ask for).
+    Drop,
+}
+
+/// Reads a stream event by event and builds the complete response.
+pub trait StreamAssembler: Send + fmt::Debug {
+    /// Feeds one raw event (with data); says what to do with it. Errors mean the event
+    /// could not be read; relaying may go on, the error is reported by `finish`.
+    fn push(&mut self, event: &SseEvent<'_>) -> Relay;
+
+    /// Whether the dialect's terminal event was seen.
+    fn saw_terminal(&self) -> bool;
+
+    /// The assembled response, or why there is none (no terminal event, unreadable
+    /// events, an error event from the upstream).
+    fn finish(self: Box<Self>) -> Result<Assembled, Error>;
+}
+
+/// One wire format.
+pub trait Dialect: Send + Sync + fmt::Debug + 'static {
+    /// Which one.
+    fn kind(&self) -> DialectKind;
+
+    /// Paths it serves (e.g. `/v1/chat/completions`).
+    fn routes(&self) -> &'static [&'static str];
+
+    /// The path appended to the upstream base URL (e.g. `/chat/completions`).
+    fn upstream_path(&self) -> &'static str;
+
+    /// The secret the harness sent. The default reads `Authorization: Bearer <secret>`.
+    fn secret<'h>(&self, headers: &'h HeaderMap) -> Option<&'h str> {
+        bearer(headers)
+    }
+
+    /// Adds the upstream's authentication headers.
+    fn upstream_auth(&self, api_key: &str, headers: &mut HeaderMap);
+
+    /// The dialect's JSON error body for a status and message.
+    fn error_body(&self, status: u16, message: &str) -> Bytes {
+        let body = serde_json::json!({
+            "error": {"message": message, "type": error_type_for_status(status), "code": status}
+        });
+        Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+    }
+
+    /// The dialect's in-stream error event (what the official SDKs raise as an error).
+    fn error_event(&self, status: u16, message: &str) -> Bytes {
+        let mut out = b"data: ".to_vec();
+        out.extend_from_slice(&self.error_body(status, message));
+        out.extend_from_slice(b"\n\n");
+        Bytes::from(out)
+    }
+
+    /// Checks the request and imposes the session's model and sampling.
+    fn prepare(
+        &self,
+        body: &mut JsonBody,
+        model: &str,
+        sampling: &Sampling,
+    ) -> Result<Prepared, Error>;
+
+    /// The sampling settings of an effective request, for the record.
+    fn sampling_of(&self, body: &JsonBody) -> Sampling;
+
+    /// Reads a non-streamed response: finish reason and usage. An unreadable body is
+    /// [`Error::UpstreamMalformed`].
+    fn summarize(&self, response: &[u8]) -> Result<Summary, Error>;
+
+    /// A fresh stream assembler for one call.
+    fn assembler(&self, prepared: &Prepared) -> Box<dyn StreamAssembler>;
+}
+
+/// The value of `Authorization: Bearer <token>`, if present.
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+/// Copies the keys of `sampling` that appear in `whitelist` out of `body`.
+pub(crate) fn whitelisted(body: &JsonBody, whitelist: &[&str]) -> Sampling {
+    let mut out = Sampling::new();
+    for key in whitelist {
+        if let Some(v) = body.value(key) {
+            if !v.is_null() {
+                out.insert((*key).to_owned(), v);
+            }
+        }
+    }
+    out
+}
+
+/// Joins an upstream base URL and a dialect path without doubling a version segment
+/// (`…/api/v1` + `/v1/messages` gives `…/api/v1/messages`) and without swallowing any
+/// other segment (`…/chat` + `/chat/completions` gives `…/chat/chat/completions`).
+pub fn join_url(base: &str, path: &str) -> String {
+    let base = base.trim_end_matches('/');
+    let path = path.trim_start_matches('/');
+    if let Some((first, rest)) = path.split_once('/') {
+        let is_version = first.len() > 1
+            && first.starts_with('v')
+            && first[1..].bytes().all(|b| b.is_ascii_digit());
+        if is_version && base.rsplit('/').next() == Some(first) {
+            return format!("{base}/{rest}");
+        }
+    }
+    format!("{base}/{path}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn join_url_dedups_only_versions() {
+        assert_eq!(
+            join_url("http://h/api/v1", "/v1/messages"),
+            "http://h/api/v1/messages"
+        );
+        assert_eq!(
+            join_url("http://h/api/v1/", "/chat/completions"),
+            "http://h/api/v1/chat/completions"
+        );
+        assert_eq!(
+            join_url("http://h/chat", "/chat/completions"),
+            "http://h/chat/chat/completions"
+        );
+        assert_eq!(join_url("http://h", "/v1/messages"), "http://h/v1/messages");
+        assert_eq!(
+            join_url("http://h/v2", "/v1/messages"),
+            "http://h/v2/v1/messages"
+        );
+    }
+
+    #[test]
+    fn bearer_parsing() {
+        let mut h = HeaderMap::new();
+        assert_eq!(bearer(&h), None);
+        h.insert(
+            http::header::AUTHORIZATION,
+            http::HeaderValue::from_static("Bearer abc"),
+        );
+        assert_eq!(bearer(&h), Some("abc"));
+        h.insert(
+            http::header::AUTHORIZATION,
+            http::HeaderValue::from_static("abc"),
+        );
+        assert_eq!(bearer(&h), None);
+        h.insert(
+            http::header::AUTHORIZATION,
+            http::HeaderValue::from_static("bearer  "),
+        );
+        assert_eq!(bearer(&h), None);
+    }
+}

@@ -1,0 +1,336 @@
+//! Typed errors shared by every intercept crate.
+//!
+//! Each [`Error`] maps to exactly one HTTP status ([`Error::status`]), says who is to
+//! blame ([`Blame`]) and whether retrying can help ([`Error::retryable`]). Callers match
+//! on [`Error::kind`], never on message text.
+
+use serde::{Deserialize, Serialize};
+
+/// Who caused an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Blame {
+    /// The harness sent something wrong, or the rollout refuses further calls.
+    Client,
+    /// The upstream model server failed or answered with an error.
+    Upstream,
+    /// The tunnel that exposes the server failed.
+    Tunnel,
+    /// intercept itself failed.
+    Internal,
+}
+
+impl Blame {
+    /// Lower-case name, as written in the `x-intercept-error` header.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Blame::Client => "client",
+            Blame::Upstream => "upstream",
+            Blame::Tunnel => "tunnel",
+            Blame::Internal => "internal",
+        }
+    }
+}
+
+/// A stable, machine-readable name for each kind of [`Error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Missing or unknown secret.
+    Unauthorized,
+    /// The request is malformed or asks for something unsupported.
+    InvalidRequest,
+    /// The request body exceeds the configured cap.
+    PayloadTooLarge,
+    /// No such route.
+    NotFound,
+    /// The route exists but not for this method.
+    MethodNotAllowed,
+    /// The rollout was released; no further calls are accepted.
+    RolloutConcluded,
+    /// The rollout stopped (a limit, a hook, a context-length error).
+    RolloutStopped,
+    /// The upstream answered with an error status.
+    UpstreamStatus,
+    /// The upstream did not answer in time.
+    UpstreamTimeout,
+    /// The upstream could not be reached or dropped the connection.
+    UpstreamUnavailable,
+    /// The upstream answered with a body that is not what the dialect expects.
+    UpstreamMalformed,
+    /// The harness went away before the call finished.
+    ClientDisconnected,
+    /// The call was cancelled (rollout released or server shutting down).
+    Cancelled,
+    /// A tunnel failed.
+    Tunnel,
+    /// A conflict with existing state (e.g. a duplicate id).
+    Conflict,
+    /// intercept failed internally.
+    Internal,
+}
+
+impl ErrorKind {
+    /// The snake_case name used in call records and error bodies.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Unauthorized => "unauthorized",
+            ErrorKind::InvalidRequest => "invalid_request",
+            ErrorKind::PayloadTooLarge => "payload_too_large",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::MethodNotAllowed => "method_not_allowed",
+            ErrorKind::RolloutConcluded => "rollout_concluded",
+            ErrorKind::RolloutStopped => "rollout_stopped",
+            ErrorKind::UpstreamStatus => "upstream_status",
+            ErrorKind::UpstreamTimeout => "upstream_timeout",
+            ErrorKind::UpstreamUnavailable => "upstream_unavailable",
+            ErrorKind::UpstreamMalformed => "upstream_malformed",
+            ErrorKind::ClientDisconnected => "client_disconnected",
+            ErrorKind::Cancelled => "cancelled",
+            ErrorKind::Tunnel => "tunnel",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
+/// Every failure intercept reports.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Missing or unknown secret.
+    #[error("unauthorized: send the rollout's model secret as `Authorization: Bearer <secret>`")]
+    Unauthorized,
+    /// The request is malformed.
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// The request body exceeds the cap.
+    #[error("request body exceeds the limit of {limit} bytes")]
+    PayloadTooLarge {
+        /// The configured cap in bytes.
+        limit: u64,
+    },
+    /// No such route.
+    #[error("no route for {method} {path}")]
+    NotFound {
+        /// Request method.
+        method: String,
+        /// Request path.
+        path: String,
+    },
+    /// Wrong method for an existing route.
+    #[error("method {method} is not allowed on {path}")]
+    MethodNotAllowed {
+        /// Request method.
+        method: String,
+        /// Request path.
+        path: String,
+    },
+    /// The rollout was released.
+    #[error("rollout concluded")]
+    RolloutConcluded,
+    /// The rollout stopped; the string is the stop condition.
+    #[error("rollout stopped: {0}")]
+    RolloutStopped(String),
+    /// The upstream answered with an error status; `body` is its text.
+    #[error("upstream {status}: {body}")]
+    UpstreamStatus {
+        /// The upstream's status code.
+        status: u16,
+        /// The upstream's error body, as text.
+        body: String,
+        /// The upstream's `retry-after` header, if any.
+        retry_after: Option<String>,
+    },
+    /// The upstream did not answer in time.
+    #[error("upstream timed out: {0}")]
+    UpstreamTimeout(String),
+    /// The upstream could not be reached or dropped the connection.
+    #[error("upstream unavailable: {0}")]
+    UpstreamUnavailable(String),
+    /// The upstream sent a body the dialect cannot read.
+    #[error("malformed upstream response: {0}")]
+    UpstreamMalformed(String),
+    /// The harness disconnected.
+    #[error("client disconnected: {0}")]
+    ClientDisconnected(String),
+    /// The call was cancelled.
+    #[error("cancelled: {0}")]
+    Cancelled(String),
+    /// A tunnel failed.
+    #[error("tunnel failed: {message}")]
+    Tunnel {
+        /// What happened and what to do.
+        message: String,
+        /// Whether trying again (or re-minting the tunnel) can help.
+        retryable: bool,
+    },
+    /// A conflict with existing state.
+    #[error("{0}")]
+    Conflict(String),
+    /// intercept failed internally.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// Builds an [`Error::InvalidRequest`].
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Error::InvalidRequest(message.into())
+    }
+
+    /// The kind of this error.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Unauthorized => ErrorKind::Unauthorized,
+            Error::InvalidRequest(_) => ErrorKind::InvalidRequest,
+            Error::PayloadTooLarge { .. } => ErrorKind::PayloadTooLarge,
+            Error::NotFound { .. } => ErrorKind::NotFound,
+            Error::MethodNotAllowed { .. } => ErrorKind::MethodNotAllowed,
+            Error::RolloutConcluded => ErrorKind::RolloutConcluded,
+            Error::RolloutStopped(_) => ErrorKind::RolloutStopped,
+            Error::UpstreamStatus { .. } => ErrorKind::UpstreamStatus,
+            Error::UpstreamTimeout(_) => ErrorKind::UpstreamTimeout,
+            Error::UpstreamUnavailable(_) => ErrorKind::UpstreamUnavailable,
+            Error::UpstreamMalformed(_) => ErrorKind::UpstreamMalformed,
+            Error::ClientDisconnected(_) => ErrorKind::ClientDisconnected,
+            Error::Cancelled(_) => ErrorKind::Cancelled,
+            Error::Tunnel { .. } => ErrorKind::Tunnel,
+            Error::Conflict(_) => ErrorKind::Conflict,
+            Error::Internal(_) => ErrorKind::Internal,
+        }
+    }
+
+    /// The one HTTP status this error answers with.
+    pub fn status(&self) -> u16 {
+        match self {
+            Error::Unauthorized => 401,
+            Error::InvalidRequest(_) | Error::RolloutStopped(_) => 400,
+            Error::PayloadTooLarge { .. } => 413,
+            Error::NotFound { .. } => 404,
+            Error::MethodNotAllowed { .. } => 405,
+            Error::RolloutConcluded | Error::Conflict(_) => 409,
+            Error::UpstreamStatus { status, .. } => *status,
+            Error::UpstreamTimeout(_) => 504,
+            Error::UpstreamUnavailable(_) | Error::Cancelled(_) => 503,
+            Error::UpstreamMalformed(_) | Error::Tunnel { .. } => 502,
+            Error::ClientDisconnected(_) => 499,
+            Error::Internal(_) => 500,
+        }
+    }
+
+    /// Who is to blame.
+    pub fn blame(&self) -> Blame {
+        match self {
+            Error::Unauthorized
+            | Error::InvalidRequest(_)
+            | Error::PayloadTooLarge { .. }
+            | Error::NotFound { .. }
+            | Error::MethodNotAllowed { .. }
+            | Error::RolloutConcluded
+            | Error::RolloutStopped(_)
+            | Error::ClientDisconnected(_)
+            | Error::Conflict(_) => Blame::Client,
+            Error::UpstreamStatus { .. }
+            | Error::UpstreamTimeout(_)
+            | Error::UpstreamUnavailable(_)
+            | Error::UpstreamMalformed(_) => Blame::Upstream,
+            Error::Tunnel { .. } => Blame::Tunnel,
+            Error::Cancelled(_) | Error::Internal(_) => Blame::Internal,
+        }
+    }
+
+    /// Whether the same request may succeed if tried again.
+    pub fn retryable(&self) -> bool {
+        match self {
+            Error::UpstreamStatus { status, .. } => *status == 429 || *status >= 500,
+            Error::UpstreamTimeout(_)
+            | Error::UpstreamUnavailable(_)
+            | Error::UpstreamMalformed(_)
+            | Error::Cancelled(_) => true,
+            Error::Tunnel { retryable, .. } => *retryable,
+            _ => false,
+        }
+    }
+
+    /// The error `type` an OpenAI or Anthropic SDK expects for this error's status.
+    pub fn type_name(&self) -> &'static str {
+        error_type_for_status(self.status())
+    }
+}
+
+/// The error `type` string the OpenAI and Anthropic SDKs associate with an HTTP status.
+pub fn error_type_for_status(status: u16) -> &'static str {
+    match status {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        529 => "overloaded_error",
+        500..=599 => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
+/// Phrases by which upstream servers say that a prompt exceeds the model's context.
+pub const CONTEXT_LENGTH_PHRASES: &[&str] = &[
+    "this model's maximum context length is",
+    "is longer than the model's context length",
+    "is longer than the maximum model length",
+    "exceeds the model's context length",
+    "exceed the configured limit",
+    "exceeds the configured limit",
+    "exceeded model",
+    "prompt_too_long",
+    "context_length_exceeded",
+    "context length",
+    "maximum model length",
+];
+
+/// Whether an upstream error text says the prompt was too long for the model.
+pub fn is_context_length_error(text: &str) -> bool {
+    let lower = text.to_ascii_lowercase();
+    CONTEXT_LENGTH_PHRASES.iter().any(|p| lower.contains(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_and_blame() {
+        assert_eq!(Error::Unauthorized.status(), 401);
+        assert_eq!(Error::RolloutConcluded.status(), 409);
+        assert_eq!(
+            Error::RolloutStopped("max_turns".into()).to_string(),
+            "rollout stopped: max_turns"
+        );
+        let e = Error::UpstreamStatus {
+            status: 429,
+            body: "slow down".into(),
+            retry_after: None,
+        };
+        assert_eq!(e.status(), 429);
+        assert_eq!(e.blame(), Blame::Upstream);
+        assert!(e.retryable());
+        assert_eq!(e.type_name(), "rate_limit_error");
+        assert!(!Error::invalid("bad").retryable());
+        assert_eq!(Error::UpstreamTimeout("x".into()).status(), 504);
+        assert_eq!(Error::UpstreamUnavailable("x".into()).status(), 503);
+        assert_eq!(Error::UpstreamMalformed("x".into()).status(), 502);
+    }
+
+    #[test]
+    fn context_length_phrases() {
+        assert!(is_context_length_error(
+            "This model's maximum context length is 4096 tokens. However, you requested 5000"
+        ));
+        assert!(is_context_length_error(
+            "prompt is too long: prompt_too_long"
+        ));
+        assert!(!is_context_length_error("rate limit exceeded"));
+    }
+}

@@ -1,0 +1,60 @@
+//! Contracts and data of **intercept**, the interception layer between RL rollouts'
+//! agent programs and the policy model. This crate does no I/O and needs no runtime.
+//!
+//! - [`Slot`]: what a rollout gets (base URL, model secret, state secret).
+//! - [`Session`]: one rollout as the server sees it; [`RolloutSession`] is the ready one.
+//! - [`Interception`]: start, stop, acquire a [`SlotGuard`] (one server or a pool).
+//! - [`Tunnel`] / [`Endpoint`]: how a server is exposed to remote sandboxes.
+//! - [`Dialect`]: a wire format ([`ChatDialect`] for OpenAI Chat Completions).
+//! - [`CallRecord`]: the per-call trace record; [`Error`]: typed errors with one status.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use intercept_core::{RolloutSession, SessionConfig, Upstream, Limits, Slot, Secret};
+//!
+//! let session = Arc::new(RolloutSession::new(SessionConfig {
+//!     id: "rollout-7".into(),
+//!     model: "policy-model".into(),
+//!     sampling: Default::default(),
+//!     upstream: Upstream::new("http://127.0.0.1:8000/v1"),
+//!     limits: Limits { max_turns: Some(16), ..Limits::default() },
+//!     task: None,
+//! }));
+//! // A server registers the session and hands the rollout a slot:
+//! let slot = Slot {
+//!     base_url: "http://127.0.0.1:4100".into(),
+//!     model_secret: Secret::generate(),
+//!     state_secret: Secret::generate(),
+//! };
+//! let env = slot.harness_env();
+//! assert_eq!(env[0].1, "http://127.0.0.1:4100/v1");
+//! assert!(!format!("{slot:?}").contains(slot.model_secret.expose()));
+//! # let _ = session;
+//! ```
+
+pub mod body;
+pub mod dialect;
+pub mod error;
+pub mod interception;
+pub mod record;
+pub mod secret;
+pub mod session;
+pub mod slot;
+pub mod sse;
+pub mod tunnel;
+
+pub use body::{JsonBody, RawJson};
+pub use dialect::{
+    join_url, Assembled, ChatDialect, Dialect, DialectKind, Prepared, Relay, StreamAssembler,
+    Summary,
+};
+pub use error::{Blame, Error, ErrorKind};
+pub use interception::{Interception, SlotGuard, SlotRelease};
+pub use record::{CallError, CallRecord, Usage};
+pub use secret::Secret;
+pub use session::{
+    CallInfo, HookAction, Limits, RecordSink, RolloutSession, Sampling, Session, SessionConfig,
+    SessionStatus, Totals, Trace, Upstream,
+};
+pub use slot::Slot;
+pub use tunnel::{BindAddr, Endpoint, Health, Tunnel};

@@ -1,0 +1,106 @@
+//! The per-call trace record: one per real upstream exchange, also on failure.
+
+use serde::{Deserialize, Serialize};
+
+use crate::body::{JsonBody, RawJson};
+use crate::dialect::DialectKind;
+use crate::error::{Error, ErrorKind};
+
+/// Token usage of one call, read from the upstream's `usage`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens as the upstream counts them (cached ones included).
+    pub prompt_tokens: u64,
+    /// Completion tokens (reasoning included).
+    pub completion_tokens: u64,
+    /// Prompt tokens served from the upstream's cache.
+    pub cached_input_tokens: u64,
+    /// Completion tokens spent on reasoning.
+    pub reasoning_tokens: u64,
+}
+
+/// What went wrong with a call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallError {
+    /// Machine-readable kind (see [`ErrorKind`]).
+    pub kind: ErrorKind,
+    /// What happened, for a person.
+    pub message: String,
+    /// The HTTP status the harness got (or would have got).
+    pub status: u16,
+}
+
+impl From<&Error> for CallError {
+    fn from(e: &Error) -> Self {
+        CallError {
+            kind: e.kind(),
+            message: e.to_string(),
+            status: e.status(),
+        }
+    }
+}
+
+/// One model call, as recorded on the rollout's trace.
+///
+/// Serialises to one JSON object (one line of a JSONL trace file).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallRecord {
+    /// The session (rollout) id.
+    pub session: String,
+    /// Per-session sequence number, in the order calls started (from 0).
+    pub seq: u64,
+    /// The wire format.
+    pub dialect: DialectKind,
+    /// The upstream path the call was sent to (e.g. `/chat/completions`).
+    pub endpoint: String,
+    /// The model sent upstream.
+    pub model: String,
+    /// Whether the harness asked for a stream.
+    pub stream: bool,
+    /// The sampling settings of the effective request (the dialect's whitelist).
+    pub sampling: serde_json::Map<String, serde_json::Value>,
+    /// The request body exactly as sent upstream.
+    pub request: JsonBody,
+    /// The response: the upstream JSON, or for a stream the assembled completion. `None`
+    /// when nothing usable arrived.
+    pub response: Option<RawJson>,
+    /// Normalised finish reason (`stop`, `length`, `tool_calls`, ...).
+    pub finish_reason: Option<String>,
+    /// Token usage.
+    pub usage: Usage,
+    /// HTTP status the harness got (for a stream whose headers were sent: 200).
+    pub status: u16,
+    /// When the call started, seconds since the Unix epoch.
+    pub started_at: f64,
+    /// When the call ended (recorded), seconds since the Unix epoch.
+    pub ended_at: f64,
+    /// Time to the first upstream byte of the body, milliseconds.
+    pub ttfb_ms: Option<f64>,
+    /// Whether the harness disconnected before the call ended. The upstream exchange is
+    /// still read to its end and recorded.
+    #[serde(default)]
+    pub client_disconnected: bool,
+    /// `null` on success.
+    pub error: Option<CallError>,
+}
+
+impl CallRecord {
+    /// Whether the call succeeded.
+    pub fn is_ok(&self) -> bool {
+        self.error.is_none()
+    }
+
+    /// One JSON line (no trailing newline).
+    pub fn to_json_line(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|e| {
+            format!("{{\"session\":{:?},\"seq\":{},\"error\":{{\"kind\":\"internal\",\"message\":\"record not serialisable: {e}\",\"status\":500}}}}", self.session, self.seq)
+        })
+    }
+}
+
+/// Seconds since the Unix epoch, as a float.
+pub fn epoch_seconds(t: std::time::SystemTime) -> f64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}

@@ -1,0 +1,495 @@
+//! One rollout as the server sees it: the [`Session`] trait and the ready
+//! [`RolloutSession`].
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::body::JsonBody;
+use crate::dialect::DialectKind;
+use crate::error::Error;
+use crate::record::{CallRecord, Usage};
+
+/// Sampling settings a session imposes (`temperature`, `max_tokens`, ...). Keys the
+/// dialect does not know are passed through where the dialect allows extras.
+pub type Sampling = serde_json::Map<String, serde_json::Value>;
+
+/// Where a session's calls go.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Upstream {
+    /// OpenAI-compatible base URL including its version segment, e.g.
+    /// `http://127.0.0.1:8000/v1`.
+    pub base_url: String,
+    /// API key sent upstream (as `Authorization: Bearer` or `x-api-key` per dialect).
+    #[serde(default, skip_serializing)]
+    pub api_key: Option<String>,
+    /// Extra headers sent with every call.
+    #[serde(default)]
+    pub headers: Vec<(String, String)>,
+}
+
+impl Upstream {
+    /// An upstream without key or extra headers.
+    pub fn new(base_url: impl Into<String>) -> Self {
+        Upstream {
+            base_url: base_url.into().trim_end_matches('/').to_owned(),
+            api_key: None,
+            headers: Vec::new(),
+        }
+    }
+
+    /// Sets the API key.
+    pub fn with_api_key(mut self, key: impl Into<String>) -> Self {
+        self.api_key = Some(key.into());
+        self
+    }
+}
+
+impl fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Upstream")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field(
+                "headers",
+                &self.headers.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+/// Per-rollout limits, checked before each call. Token limits are soft by one call:
+/// they are checked between calls, from the usage the upstream reported.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Most successful calls.
+    pub max_turns: Option<u64>,
+    /// Most input tokens: the sum over calls of each call's new prompt tokens (its prompt
+    /// minus the previous call's prompt + completion, floored at 0).
+    pub max_input_tokens: Option<u64>,
+    /// Most completion tokens, summed over calls.
+    pub max_output_tokens: Option<u64>,
+    /// Most tokens in the context: the last call's prompt + completion.
+    pub max_total_tokens: Option<u64>,
+}
+
+/// Token and turn totals of a rollout, derived from its calls' usage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Totals {
+    /// Successful calls.
+    pub turns: u64,
+    /// See [`Limits::max_input_tokens`].
+    pub input_tokens: u64,
+    /// Sum of completion tokens.
+    pub output_tokens: u64,
+    /// Last call's prompt + completion.
+    pub total_tokens: u64,
+}
+
+impl Totals {
+    /// Adds one successful call's usage.
+    pub fn add(&mut self, usage: &Usage) {
+        self.turns += 1;
+        self.input_tokens += usage.prompt_tokens.saturating_sub(self.total_tokens);
+        self.output_tokens += usage.completion_tokens;
+        self.total_tokens = usage.prompt_tokens + usage.completion_tokens;
+    }
+
+    /// The first limit reached, by name, in the order turns, input, output, total.
+    pub fn exceeded(&self, limits: &Limits) -> Option<&'static str> {
+        let hit = |limit: Option<u64>, value: u64| limit.is_some_and(|l| value >= l);
+        if hit(limits.max_turns, self.turns) {
+            Some("max_turns")
+        } else if hit(limits.max_input_tokens, self.input_tokens) {
+            Some("max_input_tokens")
+        } else if hit(limits.max_output_tokens, self.output_tokens) {
+            Some("max_output_tokens")
+        } else if hit(limits.max_total_tokens, self.total_tokens) {
+            Some("max_total_tokens")
+        } else {
+            None
+        }
+    }
+}
+
+/// What a request hook decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HookAction {
+    /// Go on (the body may have been rewritten in place).
+    Continue,
+    /// Stop the rollout with this condition; the harness gets 400 `rollout stopped: <name>`.
+    Stop(String),
+}
+
+/// What the server tells a request hook about the call.
+#[derive(Debug, Clone)]
+pub struct CallInfo {
+    /// The wire format.
+    pub dialect: DialectKind,
+    /// Whether a stream was requested.
+    pub stream: bool,
+    /// Per-session sequence number of the call.
+    pub seq: u64,
+}
+
+/// One rollout, as the server sees it.
+///
+/// Only [`Session::id`], [`Session::model`], [`Session::upstream`] and
+/// [`Session::record`] are required; every other method has a default, so a custom
+/// session is a few lines. The server guarantees:
+///
+/// - [`Session::record`] is called exactly once per upstream exchange, never after
+///   [`Session::on_release`];
+/// - hooks are awaited on the request path: they may be async, and a slow hook delays
+///   only its own call;
+/// - after release, no hook runs and no record arrives.
+#[async_trait]
+pub trait Session: Send + Sync + fmt::Debug + 'static {
+    /// The rollout id (sent upstream as `X-Session-ID`).
+    fn id(&self) -> &str;
+
+    /// The model every call is sent with.
+    fn model(&self) -> &str;
+
+    /// Sampling settings imposed on every call.
+    fn sampling(&self) -> Sampling {
+        Sampling::new()
+    }
+
+    /// Where calls go.
+    fn upstream(&self) -> &Upstream;
+
+    /// Checked before each call: `Err(reason)` refuses it with 400 `rollout stopped:
+    /// <reason>`. The default refuses once [`Session::stop_condition`] is set.
+    fn check(&self) -> Result<(), String> {
+        match self.stop_condition() {
+            Some(reason) => Err(reason),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs before a call is sent upstream, after the model and sampling were imposed.
+    /// May rewrite the body or stop the rollout.
+    async fn on_request(
+        &self,
+        _call: &CallInfo,
+        _body: &mut JsonBody,
+    ) -> Result<HookAction, Error> {
+        Ok(HookAction::Continue)
+    }
+
+    /// Receives every finished call.
+    fn record(&self, record: CallRecord);
+
+    /// Why the rollout stopped, if it did.
+    fn stop_condition(&self) -> Option<String> {
+        None
+    }
+
+    /// Stops the rollout (the first condition wins). The default ignores it.
+    fn stop(&self, _reason: &str) {}
+
+    /// The rollout's shared state document (`GET /state`).
+    fn state(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
+
+    /// Replaces the state document (`PUT /state`); last write wins.
+    fn set_state(&self, _state: serde_json::Value) -> Result<(), Error> {
+        Err(Error::invalid("this session keeps no state"))
+    }
+
+    /// The rollout's task document (`GET /task`).
+    fn task(&self) -> Option<serde_json::Value> {
+        None
+    }
+
+    /// Called once when the rollout's slot is released, after every in-flight call has
+    /// recorded. Nothing reaches the session afterwards.
+    fn on_release(&self) {}
+}
+
+/// Configuration of a [`RolloutSession`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SessionConfig {
+    /// Rollout id.
+    pub id: String,
+    /// Model to impose.
+    pub model: String,
+    /// Sampling to impose.
+    #[serde(default)]
+    pub sampling: Sampling,
+    /// Upstream to call.
+    pub upstream: Upstream,
+    /// Limits.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Task document served on `GET /task`.
+    #[serde(default)]
+    pub task: Option<serde_json::Value>,
+}
+
+/// Receives each call record as it is made (e.g. to append it to a JSONL file).
+pub trait RecordSink: Send + Sync + fmt::Debug {
+    /// Called once per record, on the request path: keep it quick.
+    fn on_record(&self, record: &CallRecord);
+}
+
+/// The lifecycle status of a [`RolloutSession`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionStatus {
+    /// Accepting calls.
+    Active,
+    /// A stop condition is set; calls are refused.
+    Stopped,
+    /// The slot was released; the trace is sealed.
+    Released,
+}
+
+/// A finished or in-progress rollout trace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Trace {
+    /// Rollout id.
+    pub id: String,
+    /// Why the rollout stopped, if it did.
+    pub stop_condition: Option<String>,
+    /// Every call, in the order they ended.
+    pub calls: Vec<CallRecord>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    calls: Vec<CallRecord>,
+    totals: Totals,
+    stop: Option<String>,
+    state: serde_json::Value,
+    released: bool,
+}
+
+/// The ready session: imposes a model and sampling, enforces [`Limits`], keeps the
+/// trace in memory and forwards records to optional [`RecordSink`]s.
+///
+/// ```
+/// use intercept_core::{RolloutSession, SessionConfig, Upstream, Limits, Session};
+///
+/// let session = RolloutSession::new(SessionConfig {
+///     id: "rollout-1".into(),
+///     model: "policy".into(),
+///     sampling: serde_json::json!({"temperature": 0.7}).as_object().cloned().unwrap_or_default(),
+///     upstream: Upstream::new("http://127.0.0.1:8000/v1"),
+///     limits: Limits { max_turns: Some(8), ..Limits::default() },
+///     task: None,
+/// });
+/// assert_eq!(session.model(), "policy");
+/// assert!(session.trace().calls.is_empty());
+/// ```
+#[derive(Debug)]
+pub struct RolloutSession {
+    config: SessionConfig,
+    sinks: Vec<Arc<dyn RecordSink>>,
+    inner: Mutex<Inner>,
+}
+
+impl RolloutSession {
+    /// A new, active session.
+    pub fn new(config: SessionConfig) -> Self {
+        RolloutSession {
+            config,
+            sinks: Vec::new(),
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    /// Adds a sink that sees every record.
+    pub fn with_sink(mut self, sink: Arc<dyn RecordSink>) -> Self {
+        self.sinks.push(sink);
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SessionConfig {
+        &self.config
+    }
+
+    /// A copy of the trace so far.
+    pub fn trace(&self) -> Trace {
+        let inner = self.inner.lock();
+        Trace {
+            id: self.config.id.clone(),
+            stop_condition: inner.stop.clone(),
+            calls: inner.calls.clone(),
+        }
+    }
+
+    /// The number of recorded calls.
+    pub fn calls(&self) -> usize {
+        self.inner.lock().calls.len()
+    }
+
+    /// Turn and token totals.
+    pub fn totals(&self) -> Totals {
+        self.inner.lock().totals
+    }
+
+    /// Lifecycle status.
+    pub fn status(&self) -> SessionStatus {
+        let inner = self.inner.lock();
+        if inner.released {
+            SessionStatus::Released
+        } else if inner.stop.is_some() {
+            SessionStatus::Stopped
+        } else {
+            SessionStatus::Active
+        }
+    }
+}
+
+#[async_trait]
+impl Session for RolloutSession {
+    fn id(&self) -> &str {
+        &self.config.id
+    }
+
+    fn model(&self) -> &str {
+        &self.config.model
+    }
+
+    fn sampling(&self) -> Sampling {
+        self.config.sampling.clone()
+    }
+
+    fn upstream(&self) -> &Upstream {
+        &self.config.upstream
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let mut inner = self.inner.lock();
+        if let Some(stop) = &inner.stop {
+            return Err(stop.clone());
+        }
+        if let Some(hit) = inner.totals.exceeded(&self.config.limits) {
+            inner.stop = Some(hit.to_owned());
+            return Err(hit.to_owned());
+        }
+        Ok(())
+    }
+
+    fn record(&self, record: CallRecord) {
+        for sink in &self.sinks {
+            sink.on_record(&record);
+        }
+        let mut inner = self.inner.lock();
+        if inner.released {
+            return;
+        }
+        if record.error.is_none() {
+            inner.totals.add(&record.usage);
+        }
+        inner.calls.push(record);
+    }
+
+    fn stop_condition(&self) -> Option<String> {
+        self.inner.lock().stop.clone()
+    }
+
+    fn stop(&self, reason: &str) {
+        let mut inner = self.inner.lock();
+        if inner.stop.is_none() {
+            inner.stop = Some(reason.to_owned());
+        }
+    }
+
+    fn state(&self) -> serde_json::Value {
+        self.inner.lock().state.clone()
+    }
+
+    fn set_state(&self, state: serde_json::Value) -> Result<(), Error> {
+        let mut inner = self.inner.lock();
+        if inner.released {
+            return Err(Error::RolloutConcluded);
+        }
+        inner.state = state;
+        Ok(())
+    }
+
+    fn task(&self) -> Option<serde_json::Value> {
+        self.config.task.clone()
+    }
+
+    fn on_release(&self) {
+        self.inner.lock().released = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn totals_follow_usage() {
+        let mut t = Totals::default();
+        t.add(&Usage {
+            prompt_tokens: 100,
+            completion_tokens: 20,
+            ..Usage::default()
+        });
+        t.add(&Usage {
+            prompt_tokens: 150,
+            completion_tokens: 30,
+            ..Usage::default()
+        });
+        assert_eq!(
+            t,
+            Totals {
+                turns: 2,
+                input_tokens: 130,
+                output_tokens: 50,
+                total_tokens: 180
+            }
+        );
+        let limits = Limits {
+            max_output_tokens: Some(50),
+            max_total_tokens: Some(10),
+            ..Limits::default()
+        };
+        assert_eq!(t.exceeded(&limits), Some("max_output_tokens"));
+        assert_eq!(
+            t.exceeded(&Limits {
+                max_turns: Some(2),
+                ..Limits::default()
+            }),
+            Some("max_turns")
+        );
+        assert_eq!(t.exceeded(&Limits::default()), None);
+    }
+
+    #[test]
+    fn stop_wins_once_and_release_seals() {
+        let s = RolloutSession::new(SessionConfig {
+            id: "r".into(),
+            model: "m".into(),
+            sampling: Sampling::new(),
+            upstream: Upstream::new("http://x/v1/"),
+            limits: Limits::default(),
+            task: None,
+        });
+        assert_eq!(s.upstream().base_url, "http://x/v1");
+        assert!(s.check().is_ok());
+        s.stop("first");
+        s.stop("second");
+        assert_eq!(s.check(), Err("first".to_string()));
+        assert_eq!(s.status(), SessionStatus::Stopped);
+        s.on_release();
+        assert_eq!(s.status(), SessionStatus::Released);
+        assert!(matches!(
+            s.set_state(serde_json::json!({})),
+            Err(Error::RolloutConcluded)
+        ));
+    }
+}
