@@ -1,0 +1,481 @@
+//! One model call, from the authenticated request to its record.
+//!
+//! After the request is accepted, the exchange runs in its own task (owned by the
+//! server's task tracker), so a harness that disconnects cannot drop the call half-way:
+//! every call that reaches the upstream ends in exactly one [`CallRecord`].
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use intercept_core::error::is_context_length_error;
+use intercept_core::record::epoch_seconds;
+use intercept_core::sse::{SseEvent, SseSplitter};
+use intercept_core::{
+    Assembled, CallError, CallRecord, Dialect, Error, JsonBody, Prepared, RawJson, Relay, Summary,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::sleep_until;
+use tracing::{debug, warn};
+
+use crate::http_body::ResponseBody;
+use crate::registry::{Entry, InflightGuard};
+use crate::respond::{error_response, json_response};
+use crate::server::Shared;
+use crate::upstream::{read_all, ReadError, UpstreamClient};
+
+/// The keepalive written while an upstream stream is silent: a bare comment line
+/// without the blank line that would close an event.
+pub(crate) const KEEPALIVE: &[u8] = b": keepalive\n";
+
+/// Largest upstream error body kept (in the record and the harness's error message).
+const ERROR_BODY_LIMIT: u64 = 64 * 1024;
+
+/// A model call accepted for the upstream.
+pub(crate) struct Call {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) entry: Arc<Entry>,
+    pub(crate) guard: InflightGuard,
+    pub(crate) dialect: Arc<dyn Dialect>,
+    pub(crate) prepared: Prepared,
+    pub(crate) seq: u64,
+    pub(crate) body: JsonBody,
+    pub(crate) headers: HeaderMap,
+    pub(crate) started: SystemTime,
+}
+
+/// How the call ended, for the record.
+struct Outcome {
+    status: u16,
+    response: Option<RawJson>,
+    summary: Summary,
+    ttfb_ms: Option<f64>,
+    client_disconnected: bool,
+    error: Option<CallError>,
+}
+
+impl Outcome {
+    fn failed(error: &Error) -> Self {
+        Outcome {
+            status: error.status(),
+            response: None,
+            summary: Summary::default(),
+            ttfb_ms: None,
+            client_disconnected: false,
+            error: Some(CallError::from(error)),
+        }
+    }
+}
+
+impl Call {
+    /// Runs the exchange; sends the response head (and, for streams, feeds the body).
+    pub(crate) async fn run(self, reply: oneshot::Sender<Response<ResponseBody>>) {
+        let session_id = self.entry.session.id().to_owned();
+        let span = tracing::debug_span!("call", session = %session_id, seq = self.seq, stream = self.prepared.stream);
+        if self.prepared.stream {
+            tracing::Instrument::instrument(self.run_stream(reply), span).await
+        } else {
+            tracing::Instrument::instrument(self.run_json(reply), span).await
+        }
+    }
+
+    fn upstream_request(&self) -> Result<http::Request<crate::http_body::SliceBody>, Error> {
+        UpstreamClient::request(
+            &*self.dialect,
+            self.entry.session.upstream(),
+            self.entry.session.id(),
+            &self.headers,
+            &self.body,
+        )
+    }
+
+    /// Why the call was cancelled: the rollout was released, or the server is stopping.
+    fn cancellation(&self) -> Error {
+        if self.entry.is_released() {
+            Error::Cancelled("the rollout was released while the call was in flight".into())
+        } else {
+            Error::Cancelled("the server is shutting down".into())
+        }
+    }
+
+    /// What the harness gets for a cancelled call.
+    fn cancellation_reply(&self) -> Error {
+        if self.entry.is_released() {
+            Error::RolloutConcluded
+        } else {
+            Error::Cancelled("the server is shutting down; retry on another server".into())
+        }
+    }
+
+    /// Sends the request and waits for the response head.
+    async fn open(&self) -> Result<(Response<Incoming>, Instant), Error> {
+        let req = self.upstream_request()?;
+        let send = self.shared.upstream.send(req);
+        let resp = match self.shared.config.upstream_timeout {
+            Some(t) => tokio::time::timeout(t, send).await.map_err(|_| {
+                Error::UpstreamTimeout(format!(
+                    "no response within the configured {} s",
+                    t.as_secs_f64()
+                ))
+            })??,
+            None => send.await?,
+        };
+        Ok((resp, Instant::now()))
+    }
+
+    /// Turns a non-2xx upstream answer into the error the harness gets. A context-length
+    /// error stops the rollout with `context_length` (a clean truncation).
+    async fn upstream_failure(&self, resp: Response<Incoming>) -> (Error, Error) {
+        let status = resp.status().as_u16();
+        let retry_after = resp
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let text = match read_all(
+            http_body_util::Limited::new(resp.into_body(), ERROR_BODY_LIMIT as usize),
+            u64::MAX,
+        )
+        .await
+        {
+            Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+            Err(_) => String::from("(error body unreadable or over 64 KiB)"),
+        };
+        let upstream = Error::UpstreamStatus {
+            status,
+            body: text,
+            retry_after,
+        };
+        if is_context_length_error(&upstream.to_string()) {
+            self.entry.session.stop("context_length");
+            (upstream, Error::RolloutStopped("context_length".into()))
+        } else {
+            (upstream.clone(), upstream)
+        }
+    }
+
+    async fn run_json(self, reply: oneshot::Sender<Response<ResponseBody>>) {
+        let cancel = self.entry.cancel.clone();
+        let work = async {
+            let (resp, head_at) = self.open().await?;
+            if !resp.status().is_success() {
+                return Ok(Err(self.upstream_failure(resp).await));
+            }
+            let content_type = resp.headers().get(http::header::CONTENT_TYPE).cloned();
+            let body = read_all(resp.into_body(), u64::MAX)
+                .await
+                .map_err(|e| match e {
+                    ReadError::TooLarge => Error::UpstreamMalformed("response too large".into()),
+                    ReadError::Body(e) => Error::UpstreamUnavailable(format!(
+                        "the upstream connection broke mid-response: {e}"
+                    )),
+                })?;
+            Ok(Ok((body, content_type, head_at)))
+        };
+        let result: Result<_, Error> = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => Err(self.cancellation()),
+            r = work => r,
+        };
+        let (outcome, response) = match result {
+            Ok(Ok((body, content_type, head_at))) => match self.dialect.summarize(&body) {
+                Ok(summary) => {
+                    let mut resp = json_response(StatusCode::OK, body.clone());
+                    if let Some(ct) = content_type {
+                        resp.headers_mut().insert(http::header::CONTENT_TYPE, ct);
+                    }
+                    let outcome = Outcome {
+                        status: 200,
+                        response: Some(RawJson::new(body)),
+                        summary,
+                        ttfb_ms: Some(ms_since(self.started, head_at)),
+                        client_disconnected: false,
+                        error: None,
+                    };
+                    (outcome, resp)
+                }
+                Err(e) => (Outcome::failed(&e), error_response(&*self.dialect, &e)),
+            },
+            Ok(Err((recorded, answered))) => {
+                let mut outcome = Outcome::failed(&recorded);
+                outcome.status = answered.status();
+                (outcome, error_response(&*self.dialect, &answered))
+            }
+            Err(e) => {
+                let answered = if matches!(e, Error::Cancelled(_)) {
+                    self.cancellation_reply()
+                } else {
+                    e.clone()
+                };
+                let mut outcome = Outcome::failed(&e);
+                outcome.status = answered.status();
+                (outcome, error_response(&*self.dialect, &answered))
+            }
+        };
+        let disconnected = reply.is_closed();
+        let mut outcome = outcome;
+        outcome.client_disconnected = disconnected;
+        self.record(outcome);
+        let _ = reply.send(response);
+    }
+
+    async fn run_stream(self, reply: oneshot::Sender<Response<ResponseBody>>) {
+        let cancel = self.entry.cancel.clone();
+        let opened = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => Err(self.cancellation()),
+            r = self.open() => r,
+        };
+        let (resp, head_at) = match opened {
+            Ok(r) => r,
+            Err(e) => {
+                let answered = if matches!(e, Error::Cancelled(_)) {
+                    self.cancellation_reply()
+                } else {
+                    e.clone()
+                };
+                let mut outcome = Outcome::failed(&e);
+                outcome.status = answered.status();
+                outcome.client_disconnected = reply.is_closed();
+                self.record(outcome);
+                let _ = reply.send(error_response(&*self.dialect, &answered));
+                return;
+            }
+        };
+        if !resp.status().is_success() {
+            let (recorded, answered) = self.upstream_failure(resp).await;
+            let mut outcome = Outcome::failed(&recorded);
+            outcome.status = answered.status();
+            outcome.client_disconnected = reply.is_closed();
+            self.record(outcome);
+            let _ = reply.send(error_response(&*self.dialect, &answered));
+            return;
+        }
+        let is_sse = resp
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("text/event-stream"));
+        if !is_sse {
+            let ct = resp
+                .headers()
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("no content type")
+                .to_owned();
+            let e = Error::UpstreamMalformed(format!(
+                "the upstream answered a streaming request with `{ct}` instead of an event stream"
+            ));
+            let mut outcome = Outcome::failed(&e);
+            outcome.client_disconnected = reply.is_closed();
+            self.record(outcome);
+            let _ = reply.send(error_response(&*self.dialect, &e));
+            return;
+        }
+
+        let (tx, rx) = mpsc::channel::<Bytes>(self.shared.config.stream_buffer.max(1));
+        let mut head = Response::new(ResponseBody::Channel(rx));
+        let h = head.headers_mut();
+        h.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        h.insert(
+            http::header::CACHE_CONTROL,
+            HeaderValue::from_static("no-cache"),
+        );
+        let mut client_gone = reply.send(head).is_err();
+        let mut gone_deadline =
+            client_gone.then(|| tokio::time::Instant::now() + self.shared.config.disconnect_grace);
+
+        let keepalive = self.shared.config.keepalive;
+        let mut body = resp.into_body();
+        let mut splitter = SseSplitter::new();
+        let mut assembler = self.dialect.assembler(&self.prepared);
+        let mut withheld: Vec<Bytes> = Vec::new();
+        let mut ttfb: Option<f64> = None;
+        let mut failure: Option<Error> = None;
+        let mut next_keepalive = tokio::time::Instant::now() + keepalive;
+        let mut events: Vec<Bytes> = Vec::new();
+        let mut upstream_done = false;
+        let _ = head_at;
+
+        'relay: loop {
+            let frame = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => {
+                    failure = Some(self.cancellation());
+                    break 'relay;
+                }
+                _ = sleep_until(gone_deadline.unwrap_or(next_keepalive)), if gone_deadline.is_some() => {
+                    failure = Some(Error::ClientDisconnected(format!(
+                        "the harness disconnected and the upstream did not finish within {} s",
+                        self.shared.config.disconnect_grace.as_secs_f64()
+                    )));
+                    break 'relay;
+                }
+                _ = sleep_until(next_keepalive), if !client_gone => {
+                    if tx.send(Bytes::from_static(KEEPALIVE)).await.is_err() {
+                        client_gone = true;
+                        gone_deadline = Some(tokio::time::Instant::now() + self.shared.config.disconnect_grace);
+                    }
+                    next_keepalive = tokio::time::Instant::now() + keepalive;
+                    continue 'relay;
+                }
+                f = body.frame() => f,
+            };
+            match frame {
+                None => {
+                    upstream_done = true;
+                    events.extend(splitter.finish());
+                }
+                Some(Err(e)) => {
+                    failure = Some(Error::UpstreamUnavailable(format!(
+                        "the upstream stream broke: {e}"
+                    )));
+                }
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        if ttfb.is_none() {
+                            ttfb = Some(ms_since(self.started, Instant::now()));
+                        }
+                        splitter.push(&data);
+                        while let Some(ev) = splitter.next_event() {
+                            events.push(ev);
+                        }
+                    }
+                }
+            }
+            for ev in events.drain(..) {
+                let parsed = SseEvent::new(&ev);
+                let out = if parsed.is_dataless() {
+                    // Comment-only or empty events are not relayed as they are (some
+                    // clients decode every event as JSON); a keepalive line stands in.
+                    Some(Bytes::from_static(KEEPALIVE))
+                } else {
+                    match assembler.push(&parsed) {
+                        Relay::Forward => Some(ev),
+                        Relay::Withhold => {
+                            withheld.push(ev);
+                            None
+                        }
+                        Relay::Drop => None,
+                    }
+                };
+                if let (Some(out), false) = (out, client_gone) {
+                    if tx.send(out).await.is_err() {
+                        client_gone = true;
+                        gone_deadline =
+                            Some(tokio::time::Instant::now() + self.shared.config.disconnect_grace);
+                    }
+                    next_keepalive = tokio::time::Instant::now() + keepalive;
+                }
+            }
+            if failure.is_some() || upstream_done {
+                break;
+            }
+        }
+
+        let assembled: Result<Assembled, Error> = match failure {
+            Some(e) => Err(e),
+            None => assembler.finish(),
+        };
+        let outcome = match &assembled {
+            Ok(a) => Outcome {
+                status: 200,
+                response: Some(RawJson::from_value(&a.response)),
+                summary: a.summary.clone(),
+                ttfb_ms: ttfb,
+                client_disconnected: client_gone,
+                error: None,
+            },
+            Err(e) => {
+                let mut o = Outcome::failed(e);
+                o.status = 200;
+                o.ttfb_ms = ttfb;
+                o.client_disconnected = client_gone;
+                o
+            }
+        };
+        self.record(outcome);
+        if !client_gone {
+            match assembled {
+                Ok(_) => {
+                    for ev in withheld {
+                        if tx.send(ev).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+                Err(e) => {
+                    let shown = if matches!(e, Error::Cancelled(_)) {
+                        self.cancellation_reply()
+                    } else {
+                        e
+                    };
+                    let _ = tx
+                        .send(self.dialect.error_event(shown.status(), &shown.to_string()))
+                        .await;
+                }
+            }
+        }
+        drop(tx);
+        drop(self.guard);
+    }
+
+    /// Records the call. The in-flight guard stays with `self`, so the session cannot be
+    /// sealed before this record lands.
+    fn record(&self, outcome: Outcome) {
+        let session = &self.entry.session;
+        if let Some(e) = &outcome.error {
+            warn!(
+                session = session.id(),
+                seq = self.seq,
+                kind = e.kind.as_str(),
+                status = e.status,
+                "model call failed: {}",
+                e.message
+            );
+        } else {
+            debug!(
+                session = session.id(),
+                seq = self.seq,
+                "model call recorded"
+            );
+        }
+        self.shared.stats.record(&outcome.error);
+        let record = CallRecord {
+            session: session.id().to_owned(),
+            seq: self.seq,
+            dialect: self.dialect.kind(),
+            endpoint: self.dialect.upstream_path().to_owned(),
+            model: self.body.str("model").unwrap_or_default(),
+            stream: self.prepared.stream,
+            sampling: self.dialect.sampling_of(&self.body),
+            request: self.body.clone(),
+            response: outcome.response,
+            finish_reason: outcome.summary.finish_reason,
+            usage: outcome.summary.usage,
+            status: outcome.status,
+            started_at: epoch_seconds(self.started),
+            ended_at: epoch_seconds(SystemTime::now()),
+            ttfb_ms: outcome.ttfb_ms,
+            client_disconnected: outcome.client_disconnected,
+            error: outcome.error,
+        };
+        session.record(record);
+    }
+}
+
+fn ms_since(start: SystemTime, at: Instant) -> f64 {
+    let now_sys = SystemTime::now();
+    let since_at = Instant::now().saturating_duration_since(at);
+    now_sys
+        .checked_sub(since_at)
+        .and_then(|t| t.duration_since(start).ok())
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .unwrap_or(0.0)
+}

@@ -1,0 +1,85 @@
+//! Server settings.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use intercept_core::Tunnel;
+
+/// Settings of an [`InterceptionServer`](crate::InterceptionServer). `Default` gives the
+/// documented defaults.
+#[derive(Clone)]
+pub struct ServerConfig {
+    /// Largest request body accepted, in bytes (default 1 GiB). Larger bodies get 413.
+    pub body_limit: u64,
+    /// While a stream's upstream is silent, a `: keepalive` comment line is sent this
+    /// often (default 3 s).
+    pub keepalive: Duration,
+    /// On stop, in-flight calls may finish for this long before they are cancelled
+    /// (default 30 s).
+    pub shutdown_grace: Duration,
+    /// After a harness disconnects mid-stream, the upstream stream is still read (and
+    /// recorded) for at most this long (default 120 s).
+    pub disconnect_grace: Duration,
+    /// Connect timeout towards upstreams (default 5 s).
+    pub connect_timeout: Duration,
+    /// Optional cap on a whole upstream exchange; `None` (the default) waits as long as
+    /// the upstream takes: agentic completions are slow, and the rollout's own timeout is
+    /// the backstop. When it elapses the harness gets 504.
+    pub upstream_timeout: Option<Duration>,
+    /// Events buffered between the upstream and a slow harness (default 16).
+    pub stream_buffer: usize,
+    /// Released secrets remembered so that stragglers get 409 `rollout concluded`
+    /// instead of 401 (default 65 536; the oldest are forgotten first).
+    pub released_memory: usize,
+    /// Idle upstream connections kept per upstream host (default 256).
+    pub upstream_idle_per_host: usize,
+    /// Where to listen. `None` asks the tunnel (if any), else binds `127.0.0.1:0`.
+    pub listen: Option<SocketAddr>,
+    /// The tunnel that exposes the server, if consumers are off this host.
+    pub tunnel: Option<Arc<dyn Tunnel>>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            body_limit: 1 << 30,
+            keepalive: Duration::from_secs(3),
+            shutdown_grace: Duration::from_secs(30),
+            disconnect_grace: Duration::from_secs(120),
+            connect_timeout: Duration::from_secs(5),
+            upstream_timeout: None,
+            stream_buffer: 16,
+            released_memory: 65_536,
+            upstream_idle_per_host: 256,
+            listen: None,
+            tunnel: None,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Uses a tunnel.
+    pub fn with_tunnel(mut self, tunnel: Arc<dyn Tunnel>) -> Self {
+        self.tunnel = Some(tunnel);
+        self
+    }
+}
+
+impl fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("body_limit", &self.body_limit)
+            .field("keepalive", &self.keepalive)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .field("disconnect_grace", &self.disconnect_grace)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("upstream_timeout", &self.upstream_timeout)
+            .field("stream_buffer", &self.stream_buffer)
+            .field("released_memory", &self.released_memory)
+            .field("listen", &self.listen)
+            .field("tunnel", &self.tunnel.as_ref().map(|t| t.kind()))
+            .finish()
+    }
+}

@@ -1,0 +1,58 @@
+//! The **intercept** HTTP server: one server multiplexes many RL rollouts. It routes each
+//! model call to its rollout by the per-rollout secret, imposes the rollout's model and
+//! sampling, proxies the call to the upstream model server through a shared connection
+//! pool, relays the answer (JSON, or server-sent events as they arrive) and records
+//! every call on the rollout's trace.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use intercept_core::{Interception, RolloutSession, SessionConfig, Upstream};
+//! use intercept_server::{InterceptionServer, ServerConfig};
+//!
+//! # async fn run() -> Result<(), intercept_core::Error> {
+//! let server = InterceptionServer::new(ServerConfig::default())?;
+//! server.start().await?;
+//! let session = Arc::new(RolloutSession::new(SessionConfig {
+//!     id: "rollout-1".into(),
+//!     model: "policy".into(),
+//!     sampling: Default::default(),
+//!     upstream: Upstream::new("http://127.0.0.1:8000/v1"),
+//!     limits: Default::default(),
+//!     task: None,
+//! }));
+//! let slot = server.acquire(session.clone()).await?;
+//! for (key, value) in slot.harness_env() {
+//!     std::env::set_var(key, value); // or pass to the harness process
+//! }
+//! // ... run the harness ...
+//! slot.close().await; // seals the trace; late calls get 409
+//! server.stop().await
+//! # }
+//! ```
+//!
+//! # Contracts
+//!
+//! - Every call accepted for the upstream ends in exactly one [`CallRecord`](intercept_core::CallRecord),
+//!   also when the upstream fails, the harness disconnects, or the rollout is released.
+//! - A harness that disconnects mid-stream does not stop the exchange: the upstream stream
+//!   is read to its end (up to [`ServerConfig::disconnect_grace`]) and recorded with
+//!   `client_disconnected: true`.
+//! - Releasing a slot cancels the rollout's in-flight calls; they record as cancelled,
+//!   then the session is released. Late calls get 409 `rollout concluded`.
+//! - Streams are relayed event by event; the terminal event (`data: [DONE]`) is sent only
+//!   after the call is recorded. While the upstream is silent, a `: keepalive` comment
+//!   line goes out every [`ServerConfig::keepalive`].
+//! - Responses the server generates itself carry the [`GENERATED_HEADER`] header.
+
+mod call;
+mod config;
+mod http_body;
+mod registry;
+mod respond;
+mod server;
+mod upstream;
+
+pub use config::ServerConfig;
+pub use http_body::ResponseBody;
+pub use respond::GENERATED_HEADER;
+pub use server::{InterceptionServer, Stats};

@@ -1,0 +1,577 @@
+//! The interception server: accept loop, routing, lifecycle.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use intercept_core::interception::join_errors;
+use intercept_core::{
+    CallError, CallInfo, ChatDialect, Dialect, Endpoint, Error, HookAction, Interception, JsonBody,
+    Secret, Session, Slot, SlotGuard, SlotRelease,
+};
+use parking_lot::Mutex;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, warn};
+
+use crate::call::Call;
+use crate::config::ServerConfig;
+use crate::http_body::ResponseBody;
+use crate::registry::{Entry, Registry};
+use crate::respond::{error_response, json_response, plain_error};
+use crate::upstream::{read_all, ReadError, UpstreamClient};
+
+/// Counters of a server, readable at any time.
+#[derive(Debug, Default)]
+pub struct Stats {
+    calls: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Stats {
+    pub(crate) fn record(&self, error: &Option<CallError>) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        if error.is_some() {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Calls recorded.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
+    }
+
+    /// Calls recorded with an error.
+    pub fn failed(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
+    }
+}
+
+/// State shared by the accept loop, handlers and call tasks.
+pub(crate) struct Shared {
+    pub(crate) config: ServerConfig,
+    pub(crate) registry: Registry,
+    pub(crate) upstream: UpstreamClient,
+    /// Call tasks and background seals.
+    pub(crate) tasks: TaskTracker,
+    /// Cancels every call (parent of each session's token).
+    pub(crate) calls_cancel: CancellationToken,
+    pub(crate) stats: Stats,
+    chat: Arc<dyn Dialect>,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("config", &self.config)
+            .field("load", &self.registry.load())
+            .finish()
+    }
+}
+
+#[derive(Debug)]
+struct Running {
+    local_addr: SocketAddr,
+    endpoint: Option<Arc<dyn Endpoint>>,
+    stop_accepting: CancellationToken,
+    accept_loop: TaskTracker,
+}
+
+/// One HTTP server that multiplexes many rollouts: each acquired slot gets fresh model
+/// and state secrets, and every call is routed by its secret.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use intercept_core::{Interception, RolloutSession, SessionConfig, Upstream};
+/// use intercept_server::{InterceptionServer, ServerConfig};
+///
+/// # async fn run() -> Result<(), intercept_core::Error> {
+/// let server = InterceptionServer::new(ServerConfig::default())?;
+/// server.start().await?;
+/// let session = Arc::new(RolloutSession::new(SessionConfig {
+///     id: "rollout-1".into(),
+///     model: "policy".into(),
+///     sampling: Default::default(),
+///     upstream: Upstream::new("http://127.0.0.1:8000/v1"),
+///     limits: Default::default(),
+///     task: None,
+/// }));
+/// let guard = server.acquire(session.clone()).await?;
+/// // Start the harness with guard.harness_env(); when it exits:
+/// guard.close().await;
+/// println!("{} calls", session.trace().calls.len());
+/// server.stop().await
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct InterceptionServer {
+    shared: Arc<Shared>,
+    running: Arc<Mutex<Option<Running>>>,
+}
+
+impl fmt::Debug for InterceptionServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InterceptionServer")
+            .field("local_addr", &self.local_addr())
+            .field("load", &self.shared.registry.load())
+            .finish()
+    }
+}
+
+impl InterceptionServer {
+    /// A server that is not started yet.
+    pub fn new(config: ServerConfig) -> Result<Self, Error> {
+        let upstream = UpstreamClient::new(&config)?;
+        let shared = Shared {
+            registry: Registry::new(config.released_memory),
+            upstream,
+            tasks: TaskTracker::new(),
+            calls_cancel: CancellationToken::new(),
+            stats: Stats::default(),
+            chat: Arc::new(ChatDialect),
+            config,
+        };
+        Ok(InterceptionServer {
+            shared: Arc::new(shared),
+            running: Arc::new(Mutex::new(None)),
+        })
+    }
+
+    /// Starts serving on a listener the caller bound (tests, sidecars). With a tunnel,
+    /// the listener's port is exposed through it.
+    pub async fn start_on(&self, listener: TcpListener) -> Result<(), Error> {
+        if self.running.lock().is_some() {
+            return Err(Error::Conflict("the server is already started".into()));
+        }
+        let local_addr = listener
+            .local_addr()
+            .map_err(|e| Error::Internal(format!("listener has no address: {e}")))?;
+        let stop_accepting = CancellationToken::new();
+        let accept_loop = TaskTracker::new();
+        accept_loop.spawn(accept(
+            listener,
+            self.shared.clone(),
+            stop_accepting.clone(),
+        ));
+        accept_loop.close();
+        let endpoint = match &self.shared.config.tunnel {
+            Some(tunnel) => match tunnel.expose(local_addr.port()).await {
+                Ok(e) => Some(e),
+                Err(e) => {
+                    stop_accepting.cancel();
+                    accept_loop.wait().await;
+                    return Err(e);
+                }
+            },
+            None => None,
+        };
+        let running = Running {
+            local_addr,
+            endpoint,
+            stop_accepting,
+            accept_loop,
+        };
+        let url = running
+            .endpoint
+            .as_ref()
+            .map(|e| e.url())
+            .unwrap_or_else(|| format!("http://{local_addr}"));
+        info!(%url, "interception up");
+        *self.running.lock() = Some(running);
+        Ok(())
+    }
+
+    /// The local address, once started.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.running.lock().as_ref().map(|r| r.local_addr)
+    }
+
+    /// The public base URL (the tunnel's current URL, or `http://<local addr>`).
+    pub fn base_url(&self) -> Option<String> {
+        let running = self.running.lock();
+        let r = running.as_ref()?;
+        Some(match &r.endpoint {
+            Some(e) => e.url(),
+            None => format!("http://{}", r.local_addr),
+        })
+    }
+
+    /// The tunnel endpoint, if the server is exposed through one.
+    pub fn endpoint(&self) -> Option<Arc<dyn Endpoint>> {
+        self.running
+            .lock()
+            .as_ref()
+            .and_then(|r| r.endpoint.clone())
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.shared.stats
+    }
+
+    /// Calls in flight across all sessions.
+    pub fn inflight(&self) -> usize {
+        self.shared
+            .registry
+            .entries()
+            .iter()
+            .map(|e| e.inflight())
+            .sum()
+    }
+}
+
+#[async_trait]
+impl Interception for InterceptionServer {
+    async fn start(&self) -> Result<(), Error> {
+        let addr = match (self.shared.config.listen, &self.shared.config.tunnel) {
+            (Some(addr), _) => addr,
+            (None, Some(t)) => {
+                let b = t.bind_addr();
+                SocketAddr::new(b.host, b.port)
+            }
+            (None, None) => SocketAddr::from(([127, 0, 0, 1], 0)),
+        };
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| Error::Internal(format!("cannot listen on {addr}: {e}")))?;
+        self.start_on(listener).await
+    }
+
+    async fn stop(&self) -> Result<(), Error> {
+        let Some(running) = self.running.lock().take() else {
+            return Ok(());
+        };
+        running.stop_accepting.cancel();
+        let grace = self.shared.config.shutdown_grace;
+        self.shared.tasks.close();
+        if tokio::time::timeout(grace, self.shared.tasks.wait())
+            .await
+            .is_err()
+        {
+            warn!(
+                grace_s = grace.as_secs_f64(),
+                "calls still in flight after the grace period; cancelling them"
+            );
+            self.shared.calls_cancel.cancel();
+            self.shared.tasks.wait().await;
+        }
+        for entry in self.shared.registry.entries() {
+            self.shared.registry.release(&entry);
+            entry.seal().await;
+        }
+        let mut errors = Vec::new();
+        if let Some(endpoint) = &running.endpoint {
+            if let Err(e) = endpoint.teardown().await {
+                errors.push(e);
+            }
+        }
+        // Connections still open (idle keep-alive) end with the accept loop.
+        running.accept_loop.wait().await;
+        info!(addr = %running.local_addr, "interception down");
+        join_errors(errors)
+    }
+
+    async fn acquire(&self, session: Arc<dyn Session>) -> Result<SlotGuard, Error> {
+        let base_url = match self.endpoint() {
+            Some(endpoint) => endpoint.refresh().await?,
+            None => self.base_url().ok_or_else(|| {
+                Error::Conflict("the server is not started: call start() first".into())
+            })?,
+        };
+        let entry = Arc::new(Entry::new(session, self.shared.calls_cancel.child_token()));
+        if let Some(existing) = self.shared.registry.by_id(entry.session.id()) {
+            if !existing.is_released() {
+                debug!(
+                    session = entry.session.id(),
+                    "a session with this id is already registered"
+                );
+            }
+        }
+        self.shared.registry.insert(entry.clone());
+        let slot = Slot {
+            base_url,
+            model_secret: entry.model_secret.clone(),
+            state_secret: entry.state_secret.clone(),
+        };
+        debug!(
+            session = entry.session.id(),
+            load = self.shared.registry.load(),
+            "session registered"
+        );
+        Ok(SlotGuard::new(
+            slot,
+            Box::new(Release {
+                shared: self.shared.clone(),
+                entry,
+            }),
+        ))
+    }
+
+    fn load(&self) -> usize {
+        self.shared.registry.load()
+    }
+}
+
+/// Frees one slot.
+#[derive(Debug)]
+struct Release {
+    shared: Arc<Shared>,
+    entry: Arc<Entry>,
+}
+
+#[async_trait]
+impl SlotRelease for Release {
+    fn release_now(&self) {
+        self.shared.registry.release(&self.entry);
+        if !self.entry.try_seal() {
+            let entry = self.entry.clone();
+            // The tracker may already be closed during shutdown; spawning still works and
+            // stop() seals every entry itself.
+            self.shared.tasks.spawn(async move { entry.seal().await });
+        }
+    }
+
+    async fn release(&self) {
+        self.shared.registry.release(&self.entry);
+        self.entry.seal().await;
+    }
+}
+
+async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let builder = auto::Builder::new(TokioExecutor::new());
+    loop {
+        let (stream, peer) = tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off briefly, keep serving.
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        let service = service_fn(move |req| {
+            let shared = shared.clone();
+            async move { Ok::<_, Infallible>(handle(shared, req).await) }
+        });
+        let conn = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    // In-flight responses finish; idle connections close.
+    graceful.shutdown().await;
+}
+
+async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ResponseBody> {
+    let path = req.uri().path();
+    let method = req.method().clone();
+    if shared.chat.routes().contains(&path) {
+        if method != Method::POST {
+            return plain_error(&Error::MethodNotAllowed {
+                method: method.to_string(),
+                path: path.to_owned(),
+            });
+        }
+        let dialect = shared.chat.clone();
+        return model_call(shared, dialect, req).await;
+    }
+    match (path, &method) {
+        ("/v1/models" | "/models", &Method::GET) => models(&shared, &req),
+        ("/state", &Method::GET | &Method::PUT) | ("/task", &Method::GET) => {
+            state_route(shared, req).await
+        }
+        ("/healthz", &Method::GET) => json_response(StatusCode::OK, &b"{\"status\":\"ok\"}"[..]),
+        _ => plain_error(&Error::NotFound {
+            method: method.to_string(),
+            path: path.to_owned(),
+        }),
+    }
+}
+
+/// A flat `{"error": <text>}` body, as the state and task channels answer.
+fn flat_error(error: &Error) -> Response<ResponseBody> {
+    let status = StatusCode::from_u16(error.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = serde_json::json!({ "error": error.to_string() });
+    let mut resp = json_response(status, serde_json::to_vec(&body).unwrap_or_default());
+    if let Ok(v) = http::HeaderValue::from_str(error.blame().as_str()) {
+        resp.headers_mut()
+            .insert(crate::respond::GENERATED_HEADER, v);
+    }
+    resp
+}
+
+/// `GET /state`, `PUT /state`, `GET /task`: the state capability (the state secret, never
+/// the model secret).
+async fn state_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ResponseBody> {
+    let Some(entry) = intercept_core::dialect::bearer(req.headers())
+        .and_then(|s| shared.registry.by_state(&Secret::new(s)))
+    else {
+        return flat_error(&Error::Unauthorized);
+    };
+    let Some(_guard) = entry.enter() else {
+        return flat_error(&Error::RolloutConcluded);
+    };
+    let session = entry.session.clone();
+    let ok = |v: serde_json::Value| {
+        json_response(StatusCode::OK, serde_json::to_vec(&v).unwrap_or_default())
+    };
+    match (req.uri().path(), req.method()) {
+        ("/task", _) => match session.task() {
+            Some(task) => ok(serde_json::json!({ "id": session.id(), "task": task })),
+            None => flat_error(&Error::NotFound {
+                method: "GET".into(),
+                path: "/task (this rollout has no task)".into(),
+            }),
+        },
+        (_, &Method::GET) => ok(session.state()),
+        _ => {
+            let limit = shared.config.body_limit;
+            let bytes = match read_all(req.into_body(), limit).await {
+                Ok(b) => b,
+                Err(ReadError::TooLarge) => return flat_error(&Error::PayloadTooLarge { limit }),
+                Err(ReadError::Body(e)) => {
+                    return flat_error(&Error::invalid(format!("could not read the body: {e}")))
+                }
+            };
+            let value: serde_json::Value = match serde_json::from_slice(&bytes) {
+                Ok(v) => v,
+                Err(e) => {
+                    return flat_error(&Error::invalid(format!(
+                        "invalid state PUT: the body is not valid JSON: {e}"
+                    )))
+                }
+            };
+            match session.set_state(value) {
+                Ok(()) => ok(serde_json::json!({ "ok": true })),
+                Err(e) => flat_error(&e),
+            }
+        }
+    }
+}
+
+/// `GET /v1/models`: the session's model, in the OpenAI list shape.
+fn models(shared: &Shared, req: &Request<Incoming>) -> Response<ResponseBody> {
+    let Some(entry) = intercept_core::dialect::bearer(req.headers())
+        .and_then(|s| shared.registry.by_model(&Secret::new(s)))
+    else {
+        return plain_error(&Error::Unauthorized);
+    };
+    let created = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let body = serde_json::json!({
+        "object": "list",
+        "data": [{"id": entry.session.model(), "object": "model", "created": created, "owned_by": "intercept"}],
+    });
+    json_response(
+        StatusCode::OK,
+        serde_json::to_vec(&body).unwrap_or_default(),
+    )
+}
+
+async fn model_call(
+    shared: Arc<Shared>,
+    dialect: Arc<dyn Dialect>,
+    req: Request<Incoming>,
+) -> Response<ResponseBody> {
+    let fail = |e: Error| error_response(&*dialect, &e);
+    let Some(secret) = dialect.secret(req.headers()).map(Secret::new) else {
+        return fail(Error::Unauthorized);
+    };
+    let Some(entry) = shared.registry.by_model(&secret) else {
+        return fail(if shared.registry.was_released(&secret) {
+            Error::RolloutConcluded
+        } else {
+            Error::Unauthorized
+        });
+    };
+    let Some(guard) = entry.enter() else {
+        return fail(Error::RolloutConcluded);
+    };
+    let session = entry.session.clone();
+    let (parts, body) = req.into_parts();
+    let limit = shared.config.body_limit;
+    let bytes = match read_all(body, limit).await {
+        Ok(b) => b,
+        Err(ReadError::TooLarge) => return fail(Error::PayloadTooLarge { limit }),
+        Err(ReadError::Body(e)) => {
+            return fail(Error::invalid(format!(
+                "could not read the request body: {e}"
+            )))
+        }
+    };
+    let mut body = match JsonBody::parse(bytes) {
+        Ok(b) => b,
+        Err(e) => return fail(e),
+    };
+    let prepared = match dialect.prepare(&mut body, session.model(), &session.sampling()) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    if entry.is_released() {
+        return fail(Error::RolloutConcluded);
+    }
+    if let Err(reason) = session.check() {
+        return fail(Error::RolloutStopped(reason));
+    }
+    let seq = entry.next_seq();
+    let info = CallInfo {
+        dialect: dialect.kind(),
+        stream: prepared.stream,
+        seq,
+    };
+    match session.on_request(&info, &mut body).await {
+        Ok(HookAction::Continue) => {}
+        Ok(HookAction::Stop(reason)) => {
+            session.stop(&reason);
+            return fail(Error::RolloutStopped(
+                session.stop_condition().unwrap_or(reason),
+            ));
+        }
+        Ok(_) => {}
+        Err(e) => return fail(e),
+    }
+    debug!(session = session.id(), seq, stream = prepared.stream, path = %parts.uri.path(), "intercept");
+    let call = Call {
+        shared: shared.clone(),
+        entry,
+        guard,
+        dialect: dialect.clone(),
+        prepared,
+        seq,
+        body,
+        headers: parts.headers,
+        started: SystemTime::now(),
+    };
+    let (tx, rx) = oneshot::channel();
+    shared.tasks.spawn(call.run(tx));
+    match rx.await {
+        Ok(resp) => resp,
+        Err(_) => fail(Error::Internal("the call ended without an answer".into())),
+    }
+}

@@ -1,0 +1,282 @@
+//! The pooled upstream client shared by every session of a server.
+
+use std::error::Error as _;
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, Uri};
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use intercept_core::{join_url, Dialect, Error, JsonBody, Upstream};
+
+use crate::config::ServerConfig;
+use crate::http_body::SliceBody;
+
+/// Incoming headers never forwarded upstream (auth, framing, hop-by-hop, signatures).
+const BLOCKED: &[&str] = &[
+    "authorization",
+    "x-api-key",
+    "accept-encoding",
+    "content-encoding",
+    "content-length",
+    "content-type",
+    "host",
+    "transfer-encoding",
+    "expect",
+    "keep-alive",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+    "session_id",
+    "x-session-id",
+    "content-digest",
+    "content-md5",
+    "digest",
+    "repr-digest",
+    "signature",
+    "signature-input",
+    "connection",
+];
+
+/// One HTTP(S) client with a keep-alive pool, shared by all sessions of a server.
+/// Connections are pooled per upstream host; no client retries (the harness's SDK
+/// retries on the relayed status).
+#[derive(Clone)]
+pub(crate) struct UpstreamClient {
+    client: Client<HttpsConnector<HttpConnector>, SliceBody>,
+}
+
+impl fmt::Debug for UpstreamClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("UpstreamClient")
+    }
+}
+
+impl UpstreamClient {
+    pub(crate) fn new(config: &ServerConfig) -> Result<Self, Error> {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(config.connect_timeout));
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_webpki_roots(Arc::new(rustls::crypto::ring::default_provider()))
+            .map_err(|e| Error::Internal(format!("TLS setup failed: {e}")))?
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_max_idle_per_host(config.upstream_idle_per_host)
+            .build(https);
+        Ok(UpstreamClient { client })
+    }
+
+    /// Builds the upstream request of a model call.
+    pub(crate) fn request(
+        dialect: &dyn Dialect,
+        upstream: &Upstream,
+        session_id: &str,
+        incoming: &HeaderMap,
+        body: &JsonBody,
+    ) -> Result<Request<SliceBody>, Error> {
+        let url = join_url(&upstream.base_url, dialect.upstream_path());
+        let uri: Uri = url.parse().map_err(|e| {
+            Error::Internal(format!(
+                "the session's upstream URL `{url}` is not a valid URL: {e}"
+            ))
+        })?;
+        let mut headers = forwardable(incoming);
+        for (name, value) in &upstream.headers {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::try_from(name.as_str()),
+                HeaderValue::try_from(value.as_str()),
+            ) {
+                headers.insert(n, v);
+            }
+        }
+        if let Ok(v) = HeaderValue::try_from(session_id) {
+            headers.insert(HeaderName::from_static("x-session-id"), v);
+        }
+        if let Some(key) = &upstream.api_key {
+            dialect.upstream_auth(key, &mut headers);
+        }
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        let mut req = Request::post(uri)
+            .body(SliceBody::new(body.chunks()))
+            .map_err(|e| Error::Internal(format!("cannot build the upstream request: {e}")))?;
+        *req.headers_mut() = headers;
+        Ok(req)
+    }
+
+    /// Sends a request; transport failures become typed errors (timeouts 504, the rest 503).
+    pub(crate) async fn send(&self, req: Request<SliceBody>) -> Result<Response<Incoming>, Error> {
+        let host = req
+            .uri()
+            .authority()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        self.client
+            .request(req)
+            .await
+            .map_err(|e| transport_error(&host, &e))
+    }
+}
+
+/// Maps a client error to [`Error::UpstreamTimeout`] or [`Error::UpstreamUnavailable`].
+fn transport_error(host: &str, e: &hyper_util::client::legacy::Error) -> Error {
+    let mut causes = Vec::new();
+    let mut timed_out = false;
+    let mut source = e.source();
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            timed_out |= io.kind() == std::io::ErrorKind::TimedOut;
+        }
+        let text = s.to_string();
+        timed_out |= text.contains("timed out");
+        causes.push(text);
+        source = s.source();
+    }
+    let cause = if causes.is_empty() {
+        e.to_string()
+    } else {
+        causes.join(": ")
+    };
+    if timed_out {
+        Error::UpstreamTimeout(format!("no answer from {host}: {cause}"))
+    } else if e.is_connect() {
+        Error::UpstreamUnavailable(format!("cannot connect to {host}: {cause}"))
+    } else {
+        Error::UpstreamUnavailable(format!("connection to {host} failed: {cause}"))
+    }
+}
+
+/// The incoming headers minus those never forwarded (and those `Connection` names).
+fn forwardable(incoming: &HeaderMap) -> HeaderMap {
+    let named: Vec<String> = incoming
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|s| s.trim().to_ascii_lowercase())
+        .collect();
+    let mut out = HeaderMap::with_capacity(incoming.len());
+    for (name, value) in incoming {
+        let n = name.as_str();
+        if BLOCKED.contains(&n) || named.iter().any(|c| c == n) || n.starts_with("x-intercept-") {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+    out
+}
+
+/// Reads a whole body into one buffer, sized from its length hint.
+pub(crate) async fn read_all<B>(body: B, limit: u64) -> Result<Bytes, ReadError<B::Error>>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+{
+    use http_body_util::BodyExt;
+    let hint = http_body::Body::size_hint(&body);
+    if hint.lower() > limit {
+        return Err(ReadError::TooLarge);
+    }
+    let mut body = body;
+    let mut first: Option<Bytes> = None;
+    let mut buf: Option<bytes::BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(ReadError::Body)?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        let total =
+            first.as_ref().map_or(0, Bytes::len) + buf.as_ref().map_or(0, |b| b.len()) + data.len();
+        if total as u64 > limit {
+            return Err(ReadError::TooLarge);
+        }
+        match (&mut first, &mut buf) {
+            (None, None) => first = Some(data),
+            (Some(f), None) => {
+                let cap =
+                    (hint.exact().or(hint.upper()).unwrap_or(0) as usize).max(f.len() + data.len());
+                let mut b = bytes::BytesMut::with_capacity(cap);
+                b.extend_from_slice(f);
+                b.extend_from_slice(&data);
+                first = None;
+                buf = Some(b);
+            }
+            (_, Some(b)) => b.extend_from_slice(&data),
+        }
+    }
+    Ok(match (first, buf) {
+        (_, Some(b)) => b.freeze(),
+        (Some(f), None) => f,
+        (None, None) => Bytes::new(),
+    })
+}
+
+/// Why a body could not be read.
+#[derive(Debug)]
+pub(crate) enum ReadError<E> {
+    TooLarge,
+    Body(E),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forwards_feature_headers_and_drops_auth_and_framing() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("authorization", "Bearer secret"),
+            ("x-api-key", "secret"),
+            ("openai-beta", "assistants=v2"),
+            ("x-stainless-retry-count", "0"),
+            ("connection", "keep-alive, x-private"),
+            ("x-private", "1"),
+            ("content-length", "10"),
+            ("x-intercept-state-route", "r1"),
+        ] {
+            h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        let out = forwardable(&h);
+        let names: Vec<&str> = out.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, vec!["openai-beta", "x-stainless-retry-count"]);
+    }
+
+    #[test]
+    fn request_carries_session_auth_and_body() {
+        let mut incoming = HeaderMap::new();
+        incoming.insert(
+            "authorization",
+            HeaderValue::from_static("Bearer harness-secret"),
+        );
+        let upstream = Upstream::new("http://127.0.0.1:1/v1").with_api_key("sk-up");
+        let body = JsonBody::parse(Bytes::from_static(b"{\"messages\":[]}")).expect("body");
+        let req = UpstreamClient::request(
+            &intercept_core::ChatDialect,
+            &upstream,
+            "r-1",
+            &incoming,
+            &body,
+        )
+        .expect("request");
+        assert_eq!(req.uri(), "http://127.0.0.1:1/v1/chat/completions");
+        assert_eq!(req.headers()["authorization"], "Bearer sk-up");
+        assert_eq!(req.headers()["x-session-id"], "r-1");
+        assert_eq!(req.headers()["content-type"], "application/json");
+        assert_eq!(http_body::Body::size_hint(req.body()).exact(), Some(15));
+    }
+}
