@@ -1,0 +1,737 @@
+//! The interception server through real HTTP against the mock upstream.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::{BodyExt, Full};
+use intercept_core::{ErrorKind, Interception, Limits, Session, SessionStatus, Upstream};
+use intercept_server::{ServerConfig, GENERATED_HEADER};
+use intercept_test::{Reply, ToolCall};
+use serde_json::json;
+
+#[tokio::test]
+async fn json_call_imposes_model_and_sampling_and_records_once() {
+    let h = Harness::new().await;
+    let (session, _w, guard) = h.session("rollout-a").await;
+    let mut body = chat_body("hello there", false);
+    body["temperature"] = json!(1.5);
+    let answer = post(
+        &guard.base_url,
+        "/v1/chat/completions",
+        Some(guard.model_secret.expose()),
+        serde_json::to_vec(&body).expect("json"),
+        &[("openai-beta", "feature-x"), ("x-api-key", "must-not-leak")],
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let v = answer.json();
+    assert_eq!(v["choices"][0]["message"]["content"], "echo: hello there");
+    assert!(answer.headers.get(GENERATED_HEADER).is_none());
+
+    let sent = h.upstream.last_request().expect("upstream saw the call");
+    let sent_body = sent.json().expect("json body");
+    assert_eq!(sent_body["model"], "policy-model");
+    assert_eq!(sent_body["temperature"], 0.25);
+    assert_eq!(sent.header("authorization"), Some("Bearer sk-upstream-key"));
+    assert_eq!(sent.header("x-session-id"), Some("rollout-a"));
+    assert_eq!(sent.header("openai-beta"), Some("feature-x"));
+    assert_eq!(sent.header("x-api-key"), None);
+
+    let trace = session.trace();
+    assert_eq!(trace.calls.len(), 1);
+    let record = &trace.calls[0];
+    assert_eq!(record.session, "rollout-a");
+    assert_eq!(record.seq, 0);
+    assert_eq!(record.model, "policy-model");
+    assert_eq!(record.endpoint, "/chat/completions");
+    assert!(!record.stream);
+    assert_eq!(record.status, 200);
+    assert!(record.error.is_none());
+    assert_eq!(record.finish_reason.as_deref(), Some("stop"));
+    assert!(record.usage.prompt_tokens > 0 && record.usage.completion_tokens > 0);
+    assert_eq!(record.sampling.get("temperature"), Some(&json!(0.25)));
+    assert_eq!(record.request.to_value(), *sent_body);
+    assert_eq!(record.response.as_ref().expect("response").to_value(), v);
+    assert!(record.ended_at >= record.started_at);
+    // The record serialises to one JSON line.
+    let line = record.to_json_line();
+    assert!(!line.contains('\n'));
+    let back: intercept_core::CallRecord = serde_json::from_str(&line).expect("round trip");
+    assert_eq!(&back, record);
+    guard.close().await;
+    assert_eq!(session.status(), SessionStatus::Released);
+    h.server.stop().await.expect("stop");
+}
+
+async fn read_stream(base_url: &str, secret: &str, body: &serde_json::Value) -> (u16, String) {
+    let a = post_json(base_url, Some(secret), body).await;
+    (a.status, a.text())
+}
+
+fn sse_data(text: &str) -> Vec<String> {
+    text.split("\n\n")
+        .filter_map(|e| {
+            e.lines()
+                .find_map(|l| l.strip_prefix("data: "))
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn stream_is_relayed_with_done_last_and_assembled_for_the_record() {
+    let h = Harness::new().await;
+    let (session, _w, guard) = h.session("rollout-s").await;
+    h.upstream.push(
+        Reply::text("one two three four five")
+            .with_reasoning("thinking hard")
+            .with_chunks(5),
+    );
+    let (status, text) = read_stream(
+        &guard.base_url,
+        guard.model_secret.expose(),
+        &chat_body("x", true),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let data = sse_data(&text);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{text}");
+    let mut content = String::new();
+    for d in &data[..data.len() - 1] {
+        let chunk: serde_json::Value = serde_json::from_str(d).expect("chunk");
+        // The usage-only chunk the harness did not ask for is not relayed.
+        assert!(
+            !chunk["choices"].as_array().expect("choices").is_empty(),
+            "{d}"
+        );
+        if let Some(c) = chunk["choices"][0]["delta"]["content"].as_str() {
+            content.push_str(c);
+        }
+    }
+    assert_eq!(content, "one two three four five");
+    let sent = h.upstream.last_request().expect("sent");
+    assert_eq!(
+        sent.json().expect("json")["stream_options"]["include_usage"],
+        true
+    );
+
+    let trace = session.trace();
+    assert_eq!(trace.calls.len(), 1);
+    let r = &trace.calls[0];
+    assert!(r.stream && r.error.is_none(), "{:?}", r.error);
+    let resp = r.response.as_ref().expect("assembled").to_value();
+    assert_eq!(resp["object"], "chat.completion");
+    assert_eq!(
+        resp["choices"][0]["message"]["content"],
+        "one two three four five"
+    );
+    assert_eq!(
+        resp["choices"][0]["message"]["reasoning_content"],
+        "thinking hard"
+    );
+    assert!(
+        r.usage.completion_tokens > 0,
+        "usage assembled from the stream: {:?}",
+        r.usage
+    );
+    assert!(r.ttfb_ms.is_some());
+    guard.close().await;
+}
+
+#[tokio::test]
+async fn streamed_tool_calls_are_assembled() {
+    let h = Harness::new().await;
+    let (session, _w, guard) = h.session("rollout-t").await;
+    h.upstream
+        .push(Reply::tool_call("search", r#"{"query":"rust sse"}"#).with_chunks(3));
+    let (status, text) = read_stream(
+        &guard.base_url,
+        guard.model_secret.expose(),
+        &chat_body("find", true),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let r = &session.trace().calls[0];
+    let resp = r.response.as_ref().expect("assembled").to_value();
+    let call = &resp["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "search");
+    assert_eq!(call["function"]["arguments"], r#"{"query":"rust sse"}"#);
+    assert_eq!(r.finish_reason.as_deref(), Some("tool_calls"));
+    let _ = ToolCall::new("x", "{}");
+    guard.close().await;
+}
+
+#[tokio::test]
+async fn bad_inputs_get_their_status_and_shape() {
+    let h = Harness::with_config(ServerConfig {
+        body_limit: 4096,
+        ..ServerConfig::default()
+    })
+    .await;
+    let (session, _w, guard) = h.session("rollout-bad").await;
+    let base = guard.base_url.clone();
+    let secret = guard.model_secret.expose().to_owned();
+    let check = |a: &Answer, status: u16, needle: &str, ty: &str| {
+        assert_eq!(a.status, status, "{}", a.text());
+        let v = a.json();
+        let msg = v["error"]["message"].as_str().expect("message");
+        assert!(msg.contains(needle), "{msg:?} lacks {needle:?}");
+        assert_eq!(v["error"]["type"], ty);
+        assert_eq!(a.headers.get(GENERATED_HEADER).expect("marker"), "client");
+    };
+    check(
+        &post_json(&base, None, &chat_body("x", false)).await,
+        401,
+        "unauthorized",
+        "authentication_error",
+    );
+    check(
+        &post_json(&base, Some("not-a-secret"), &chat_body("x", false)).await,
+        401,
+        "unauthorized",
+        "authentication_error",
+    );
+    // The state secret is not a model secret.
+    check(
+        &post_json(
+            &base,
+            Some(guard.state_secret.expose()),
+            &chat_body("x", false),
+        )
+        .await,
+        401,
+        "unauthorized",
+        "authentication_error",
+    );
+    check(
+        &post(
+            &base,
+            "/v1/chat/completions",
+            Some(&secret),
+            "{not json",
+            &[],
+        )
+        .await,
+        400,
+        "not valid JSON",
+        "invalid_request_error",
+    );
+    check(
+        &post(&base, "/v1/chat/completions", Some(&secret), "[1,2]", &[]).await,
+        400,
+        "must be a JSON object",
+        "invalid_request_error",
+    );
+    check(
+        &post(&base, "/v1/chat/completions", Some(&secret), "{}", &[]).await,
+        400,
+        "`messages` is required",
+        "invalid_request_error",
+    );
+    let big = format!("{{\"messages\":[],\"pad\":\"{}\"}}", "x".repeat(5000));
+    check(
+        &post(&base, "/v1/chat/completions", Some(&secret), big, &[]).await,
+        413,
+        "exceeds the limit of 4096 bytes",
+        "request_too_large",
+    );
+    let nf = post(&base, "/v1/nothing", Some(&secret), "{}", &[]).await;
+    assert_eq!(nf.status, 404);
+    assert_eq!(
+        h.upstream.request_count(),
+        0,
+        "no bad input reached the upstream"
+    );
+    assert!(
+        session.trace().calls.is_empty(),
+        "refused requests are not calls"
+    );
+    guard.close().await;
+    check(
+        &post_json(&base, Some(&secret), &chat_body("late", false)).await,
+        409,
+        "rollout concluded",
+        "invalid_request_error",
+    );
+}
+
+#[tokio::test]
+async fn limits_stop_the_rollout_before_the_call() {
+    let h = Harness::new().await;
+    let mut config = h.session_config("rollout-limits");
+    config.limits = Limits {
+        max_turns: Some(2),
+        ..Limits::default()
+    };
+    let (session, _w, guard) = h.session_with(config).await;
+    for _ in 0..2 {
+        assert_eq!(
+            post_json(
+                &guard.base_url,
+                Some(guard.model_secret.expose()),
+                &chat_body("x", false)
+            )
+            .await
+            .status,
+            200
+        );
+    }
+    let a = post_json(
+        &guard.base_url,
+        Some(guard.model_secret.expose()),
+        &chat_body("x", false),
+    )
+    .await;
+    assert_eq!(a.status, 400);
+    assert_eq!(a.json()["error"]["message"], "rollout stopped: max_turns");
+    assert_eq!(session.status(), SessionStatus::Stopped);
+    assert_eq!(session.trace().stop_condition.as_deref(), Some("max_turns"));
+    assert_eq!(h.upstream.request_count(), 2);
+    guard.close().await;
+}
+
+#[tokio::test]
+async fn upstream_errors_keep_their_status() {
+    let h = Harness::new().await;
+    let (session, _w, guard) = h.session("rollout-up").await;
+    let secret = guard.model_secret.expose().to_owned();
+    h.upstream
+        .push(Reply::error(429, "slow down").with_retry_after(7));
+    let a = post_json(&guard.base_url, Some(&secret), &chat_body("x", false)).await;
+    assert_eq!(a.status, 429);
+    assert_eq!(a.headers.get("retry-after").expect("retry-after"), "7");
+    assert_eq!(a.headers.get(GENERATED_HEADER).expect("marker"), "upstream");
+    assert_eq!(a.json()["error"]["type"], "rate_limit_error");
+    assert!(a.json()["error"]["message"]
+        .as_str()
+        .expect("msg")
+        .contains("slow down"));
+
+    h.upstream.push(Reply::error(500, "engine crashed"));
+    let a = post_json(&guard.base_url, Some(&secret), &chat_body("x", false)).await;
+    assert_eq!(a.status, 500);
+    assert_eq!(a.json()["error"]["type"], "api_error");
+
+    h.upstream
+        .push(Reply::raw(200, "text/html", "<html>bad gateway</html>"));
+    let a = post_json(&guard.base_url, Some(&secret), &chat_body("x", false)).await;
+    assert_eq!(a.status, 502);
+    assert!(a.json()["error"]["message"]
+        .as_str()
+        .expect("msg")
+        .contains("malformed upstream response"));
+
+    h.upstream.push(Reply::drop_connection());
+    let a = post_json(&guard.base_url, Some(&secret), &chat_body("x", false)).await;
+    assert_eq!(a.status, 503, "{}", a.text());
+
+    let kinds: Vec<ErrorKind> = session
+        .trace()
+        .calls
+        .iter()
+        .map(|c| c.error.as_ref().expect("error").kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            ErrorKind::UpstreamStatus,
+            ErrorKind::UpstreamStatus,
+            ErrorKind::UpstreamMalformed,
+            ErrorKind::UpstreamUnavailable
+        ]
+    );
+    // Errors do not count as turns.
+    assert_eq!(session.totals().turns, 0);
+    guard.close().await;
+}
+
+#[tokio::test]
+async fn unreachable_upstream_is_503_and_timeout_is_504() {
+    let h = Harness::with_config(ServerConfig {
+        upstream_timeout: Some(Duration::from_millis(200)),
+        ..ServerConfig::default()
+    })
+    .await;
+    // A port nobody listens on.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = closed.local_addr().expect("addr").port();
+    drop(closed);
+    let mut config = h.session_config("rollout-down");
+    config.upstream = Upstream::new(format!("http://127.0.0.1:{port}/v1"));
+    let (session, _w, guard) = h.session_with(config).await;
+    let a = post_json(
+        &guard.base_url,
+        Some(guard.model_secret.expose()),
+        &chat_body("x", false),
+    )
+    .await;
+    assert_eq!(a.status, 503, "{}", a.text());
+    assert!(a.json()["error"]["message"]
+        .as_str()
+        .expect("msg")
+        .contains("cannot connect"));
+
+    let (session2, _w2, guard2) = h.session("rollout-slow").await;
+    h.upstream.push(Reply::hang());
+    let a = post_json(
+        &guard2.base_url,
+        Some(guard2.model_secret.expose()),
+        &chat_body("x", false),
+    )
+    .await;
+    assert_eq!(a.status, 504, "{}", a.text());
+    assert_eq!(session.trace().calls.len(), 1);
+    assert_eq!(
+        session2.trace().calls[0].error.as_ref().expect("err").kind,
+        ErrorKind::UpstreamTimeout
+    );
+    guard.close().await;
+    guard2.close().await;
+}
+
+#[tokio::test]
+async fn context_length_error_stops_the_rollout_cleanly() {
+    let h = Harness::new().await;
+    let (session, _w, guard) = h.session("rollout-ctx").await;
+    h.upstream.push(Reply::context_length_error());
+    let a = post_json(
+        &guard.base_url,
+        Some(guard.model_secret.expose()),
+        &chat_body("x", false),
+    )
+    .await;
+    assert_eq!(a.status, 400);
+    assert_eq!(
+        a.json()["error"]["message"],
+        "rollout stopped: context_length"
+    );
+    assert_eq!(session.stop_condition().as_deref(), Some("context_length"));
+    let trace = session.trace();
+    assert_eq!(trace.calls.len(), 1);
+    assert_eq!(trace.calls[0].status, 400);
+    // Further calls are refused without reaching the upstream.
+    let a = post_json(
+        &guard.base_url,
+        Some(guard.model_secret.expose()),
+        &chat_body("x", false),
+    )
+    .await;
+    assert_eq!(a.status, 400);
+    assert_eq!(h.upstream.request_count(), 1);
+    guard.close().await;
+}
+
+#[tokio::test]
+async fn keepalive_comment_lines_flow_while_the_upstream_is_silent() {
+    let h = Harness::with_config(ServerConfig {
+        keepalive: Duration::from_millis(30),
+        ..ServerConfig::default()
+    })
+    .await;
+    let (session, _w, guard) = h.session("rollout-ka").await;
+    h.upstream.push(
+        Reply::text("slow answer")
+            .with_chunks(2)
+            .with_chunk_delay(Duration::from_millis(150)),
+    );
+    let (status, text) = read_stream(
+        &guard.base_url,
+        guard.model_secret.expose(),
+        &chat_body("x", true),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(text.contains(": keepalive\n"), "{text}");
+    assert!(
+        !text.contains(": keepalive\n\n"),
+        "a keepalive never closes an event: {text}"
+    );
+    assert_eq!(session.trace().calls.len(), 1);
+    assert!(session.trace().calls[0].error.is_none());
+    guard.close().await;
+}
+
+#[tokio::test]
+async fn stream_without_done_is_a_recorded_error_and_an_error_event() {
+    let h = Harness::new().await;
+    let (session, _w, guard) = h.session("rollout-trunc").await;
+    h.upstream.push(Reply::text("cut short").without_done());
+    let (status, text) = read_stream(
+        &guard.base_url,
+        guard.model_secret.expose(),
+        &chat_body("x", true),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let last = sse_data(&text).pop().expect("events");
+    let v: serde_json::Value = serde_json::from_str(&last).expect("error event");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .expect("msg")
+            .contains("terminal event"),
+        "{text}"
+    );
+    let r = &session.trace().calls[0];
+    assert_eq!(
+        r.error.as_ref().expect("error").kind,
+        ErrorKind::UpstreamMalformed
+    );
+    guard.close().await;
+}
+
+#[tokio::test]
+async fn harness_disconnect_mid_stream_still_records_the_whole_turn() {
+    let h = Harness::new().await;
+    let (session, waiter, guard) = h.session("rollout-dc").await;
+    h.upstream.push(
+        Reply::text("a b c d e f g h")
+            .with_chunks(8)
+            .with_chunk_delay(Duration::from_millis(40)),
+    );
+    let req = http::Request::post(format!("{}/v1/chat/completions", guard.base_url))
+        .header(
+            "authorization",
+            format!("Bearer {}", guard.model_secret.expose()),
+        )
+        .body(Full::new(Bytes::from(
+            serde_json::to_vec(&chat_body("x", true)).expect("json"),
+        )))
+        .expect("req");
+    let client = client();
+    let resp = client.request(req).await.expect("resp");
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let first = body.frame().await.expect("a frame").expect("ok");
+    assert!(first.is_data());
+    drop(body);
+    drop(client);
+    waiter.wait_for(1).await;
+    let trace = session.trace();
+    assert_eq!(trace.calls.len(), 1, "exactly one record");
+    let r = &trace.calls[0];
+    assert!(r.client_disconnected);
+    assert!(r.error.is_none(), "{:?}", r.error);
+    let resp = r.response.as_ref().expect("assembled").to_value();
+    assert_eq!(resp["choices"][0]["message"]["content"], "a b c d e f g h");
+    guard.close().await;
+}
+
+#[tokio::test]
+async fn release_mid_call_cancels_and_records_once() {
+    let h = Harness::new().await;
+    let (session, _w, guard) = h.session("rollout-rel").await;
+    h.upstream.push(Reply::hang());
+    let base = guard.base_url.clone();
+    let secret = guard.model_secret.expose().to_owned();
+    let call =
+        tokio::spawn(async move { post_json(&base, Some(&secret), &chat_body("x", false)).await });
+    h.upstream.wait_for_requests(1).await;
+    guard.close().await;
+    let a = call.await.expect("join");
+    assert_eq!(a.status, 409, "{}", a.text());
+    assert_eq!(a.json()["error"]["message"], "rollout concluded");
+    let trace = session.trace();
+    assert_eq!(trace.calls.len(), 1);
+    assert_eq!(
+        trace.calls[0].error.as_ref().expect("err").kind,
+        ErrorKind::Cancelled
+    );
+    assert_eq!(session.status(), SessionStatus::Released);
+    assert_eq!(h.server.load(), 0);
+}
+
+#[tokio::test]
+async fn dropping_the_guard_frees_the_slot() {
+    let h = Harness::new().await;
+    let (session, _w, guard) = h.session("rollout-drop").await;
+    assert_eq!(h.server.load(), 1);
+    let base = guard.base_url.clone();
+    let secret = guard.model_secret.expose().to_owned();
+    drop(guard);
+    assert_eq!(h.server.load(), 0);
+    assert_eq!(session.status(), SessionStatus::Released);
+    assert_eq!(
+        post_json(&base, Some(&secret), &chat_body("x", false))
+            .await
+            .status,
+        409
+    );
+}
+
+#[tokio::test]
+async fn state_channel_is_a_separate_capability() {
+    let h = Harness::new().await;
+    let mut config = h.session_config("rollout-state");
+    config.task = Some(json!({"prompt": "add 2+2"}));
+    let (session, _w, guard) = h.session_with(config).await;
+    let c = client();
+    let send = |method: &str, secret: &str, body: &'static str| {
+        http::Request::builder()
+            .method(method)
+            .uri(format!("{}/state", guard.base_url))
+            .header("authorization", format!("Bearer {secret}"))
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .expect("req")
+    };
+    let put = c
+        .request(send(
+            "PUT",
+            guard.state_secret.expose(),
+            r#"{"counter": 3}"#,
+        ))
+        .await
+        .expect("put");
+    assert_eq!(put.status(), 200);
+    assert_eq!(session.state(), json!({"counter": 3}));
+    let bad = c
+        .request(send("PUT", guard.state_secret.expose(), "{oops"))
+        .await
+        .expect("put");
+    assert_eq!(bad.status(), 400);
+    let denied = c
+        .request(send("GET", guard.model_secret.expose(), ""))
+        .await
+        .expect("get");
+    assert_eq!(denied.status(), 401, "a model secret never reaches state");
+    let got = c
+        .request(send("GET", guard.state_secret.expose(), ""))
+        .await
+        .expect("get");
+    let body = got.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&body).expect("json"),
+        json!({"counter": 3})
+    );
+    guard.close().await;
+}
+
+#[tokio::test]
+async fn stop_lets_in_flight_calls_finish() {
+    let h = Harness::new().await;
+    let (session, _w, guard) = h.session("rollout-stop").await;
+    h.upstream
+        .push(Reply::text("finishing").with_header_delay(Duration::from_millis(200)));
+    let base = guard.base_url.clone();
+    let secret = guard.model_secret.expose().to_owned();
+    let call =
+        tokio::spawn(async move { post_json(&base, Some(&secret), &chat_body("x", false)).await });
+    h.upstream.wait_for_requests(1).await;
+    h.server.stop().await.expect("stop");
+    let a = call.await.expect("join");
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(session.trace().calls.len(), 1);
+    assert!(session.trace().calls[0].error.is_none());
+    drop(guard);
+}
+
+#[tokio::test]
+async fn stop_cancels_calls_that_outlive_the_grace_period() {
+    let h = Harness::with_config(ServerConfig {
+        shutdown_grace: Duration::from_millis(100),
+        ..ServerConfig::default()
+    })
+    .await;
+    let (session, _w, guard) = h.session("rollout-grace").await;
+    h.upstream.push(Reply::hang());
+    let base = guard.base_url.clone();
+    let secret = guard.model_secret.expose().to_owned();
+    let call =
+        tokio::spawn(async move { post_json(&base, Some(&secret), &chat_body("x", false)).await });
+    h.upstream.wait_for_requests(1).await;
+    h.server.stop().await.expect("stop");
+    let a = call.await.expect("join");
+    assert_eq!(a.status, 503, "{}", a.text());
+    let trace = session.trace();
+    assert_eq!(trace.calls.len(), 1);
+    assert_eq!(
+        trace.calls[0].error.as_ref().expect("err").kind,
+        ErrorKind::Cancelled
+    );
+    drop(guard);
+}
+
+#[tokio::test]
+async fn models_route_answers_with_the_session_model() {
+    let h = Harness::new().await;
+    let (_s, _w, guard) = h.session("rollout-models").await;
+    let req = http::Request::get(format!("{}/v1/models", guard.base_url))
+        .header(
+            "authorization",
+            format!("Bearer {}", guard.model_secret.expose()),
+        )
+        .body(Full::new(Bytes::new()))
+        .expect("req");
+    let resp = client().request(req).await.expect("resp");
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(v["data"][0]["id"], "policy-model");
+    guard.close().await;
+}
+
+#[tokio::test]
+async fn secrets_never_reach_the_logs() {
+    use std::io::Write;
+    #[derive(Clone, Default)]
+    struct Buf(Arc<parking_lot::Mutex<Vec<u8>>>);
+    impl Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let h = Harness::new().await;
+    let (_s, _w, guard) = h.session("rollout-logs").await;
+    h.upstream.push(Reply::error(500, "boom"));
+    post_json(
+        &guard.base_url,
+        Some(guard.model_secret.expose()),
+        &chat_body("x", false),
+    )
+    .await;
+    post_json(
+        &guard.base_url,
+        Some(guard.model_secret.expose()),
+        &chat_body("x", true),
+    )
+    .await;
+    post_json(
+        &guard.base_url,
+        Some("wrong-secret"),
+        &chat_body("x", false),
+    )
+    .await;
+    let model_secret = guard.model_secret.expose().to_owned();
+    let state_secret = guard.state_secret.expose().to_owned();
+    guard.close().await;
+    h.server.stop().await.expect("stop");
+    let logs = String::from_utf8_lossy(&buf.0.lock()).into_owned();
+    assert!(
+        logs.contains("model call failed"),
+        "logging was captured: {logs}"
+    );
+    for secret in [
+        model_secret.as_str(),
+        state_secret.as_str(),
+        "sk-upstream-key",
+    ] {
+        assert!(!logs.contains(secret), "a secret leaked into the logs");
+    }
+}
