@@ -117,7 +117,7 @@ pub trait Dialect: Send + Sync + fmt::Debug + 'static {
     /// The dialect's JSON error body for a status and message.
     fn error_body(&self, status: u16, message: &str) -> Bytes {
         let body = serde_json::json!({
-            "error": {"message": message, "type": error_type_for_status(status), "code": status}
+            "error": {"message": message, "type": error_type_for_status(status), "param": null, "code": null}
         });
         Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
     }
