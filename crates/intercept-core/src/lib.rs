@@ -45,8 +45,8 @@ pub mod tunnel;
 
 pub use body::{JsonBody, RawJson};
 pub use dialect::{
-    join_url, Assembled, ChatDialect, Dialect, DialectKind, Prepared, Relay, StreamAssembler,
-    Summary,
+    join_url, Assembled, ChatDialect, Dialect, DialectKind, MessagesDialect, Prepared, Relay,
+    ResponsesDialect, StreamAssembler, Summary,
 };
 pub use error::{Blame, Error, ErrorKind};
 pub use interception::{Interception, SlotGuard, SlotRelease};

@@ -86,7 +86,8 @@ impl Call {
         UpstreamClient::request(
             &*self.dialect,
             self.entry.session.upstream(),
-            self.entry.session.id(),
+            Some(self.entry.session.id()),
+            self.dialect.upstream_path(),
             &self.headers,
             &self.body,
         )
@@ -107,6 +108,17 @@ impl Call {
             Error::RolloutConcluded
         } else {
             Error::Cancelled("the server is shutting down; retry on another server".into())
+        }
+    }
+
+    /// A context-length error stops the rollout with `context_length` (a clean truncation):
+    /// the harness then gets 400 `rollout stopped: context_length`. Other errors pass.
+    fn stop_on_context_length(&self, e: &Error) -> Error {
+        if matches!(e, Error::UpstreamStatus { .. }) && is_context_length_error(&e.to_string()) {
+            self.entry.session.stop("context_length");
+            Error::RolloutStopped("context_length".into())
+        } else {
+            e.clone()
         }
     }
 
@@ -197,7 +209,12 @@ impl Call {
                     };
                     (outcome, resp)
                 }
-                Err(e) => (Outcome::failed(&e), error_response(&*self.dialect, &e)),
+                Err(e) => {
+                    let answered = self.stop_on_context_length(&e);
+                    let mut outcome = Outcome::failed(&e);
+                    outcome.status = answered.status();
+                    (outcome, error_response(&*self.dialect, &answered))
+                }
             },
             Ok(Err((recorded, answered))) => {
                 let mut outcome = Outcome::failed(&recorded);
@@ -478,4 +495,83 @@ fn ms_since(start: SystemTime, at: Instant) -> f64 {
         .and_then(|t| t.duration_since(start).ok())
         .map(|d| d.as_secs_f64() * 1000.0)
         .unwrap_or(0.0)
+}
+
+/// A relayed auxiliary call (`/v1/messages/count_tokens`): authenticated, model forced,
+/// forwarded with the harness's headers, never recorded.
+pub(crate) async fn aux_call(
+    shared: Arc<Shared>,
+    dialect: Arc<dyn Dialect>,
+    upstream_path: &str,
+    req: http::Request<Incoming>,
+) -> Response<ResponseBody> {
+    let fail = |e: Error| error_response(&*dialect, &e);
+    let Some(secret) = dialect
+        .secret(req.headers())
+        .map(intercept_core::Secret::new)
+    else {
+        return fail(Error::Unauthorized);
+    };
+    let Some(entry) = shared.registry.by_model(&secret) else {
+        return fail(if shared.registry.was_released(&secret) {
+            Error::RolloutConcluded
+        } else {
+            Error::Unauthorized
+        });
+    };
+    let Some(_guard) = entry.enter() else {
+        return fail(Error::RolloutConcluded);
+    };
+    let (parts, body) = req.into_parts();
+    let limit = shared.config.body_limit;
+    let bytes = match read_all(body, limit).await {
+        Ok(b) => b,
+        Err(ReadError::TooLarge) => return fail(Error::PayloadTooLarge { limit }),
+        Err(ReadError::Body(e)) => {
+            return fail(Error::invalid(format!(
+                "could not read the request body: {e}"
+            )))
+        }
+    };
+    let mut body = match JsonBody::parse(bytes) {
+        Ok(b) => b,
+        Err(e) => return fail(e),
+    };
+    if let Err(e) = body.set("model", entry.session.model()) {
+        return fail(e);
+    }
+    let request = match UpstreamClient::request(
+        &*dialect,
+        entry.session.upstream(),
+        None,
+        upstream_path,
+        &parts.headers,
+        &body,
+    ) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let cancel = entry.cancel.clone();
+    let work = async {
+        let resp = shared.upstream.send(request).await?;
+        let status = resp.status();
+        let body = read_all(resp.into_body(), 64 << 20).await.map_err(|_| {
+            Error::UpstreamUnavailable("the upstream connection broke mid-response".into())
+        })?;
+        Ok::<_, Error>((status, body))
+    };
+    let result = tokio::select! {
+        biased;
+        _ = cancel.cancelled() => Err(Error::RolloutConcluded),
+        r = work => r,
+    };
+    match result {
+        Ok((status, body)) if status.is_success() => json_response(status, body),
+        Ok((status, body)) => fail(Error::UpstreamStatus {
+            status: status.as_u16(),
+            body: String::from_utf8_lossy(&body).into_owned(),
+            retry_after: None,
+        }),
+        Err(e) => fail(e),
+    }
 }

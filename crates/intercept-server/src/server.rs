@@ -16,7 +16,7 @@ use hyper_util::server::conn::auto;
 use intercept_core::interception::join_errors;
 use intercept_core::{
     CallError, CallInfo, ChatDialect, Dialect, Endpoint, Error, HookAction, Interception, JsonBody,
-    Secret, Session, Slot, SlotGuard, SlotRelease,
+    MessagesDialect, ResponsesDialect, Secret, Session, Slot, SlotGuard, SlotRelease,
 };
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
@@ -68,7 +68,7 @@ pub(crate) struct Shared {
     /// Cancels every call (parent of each session's token).
     pub(crate) calls_cancel: CancellationToken,
     pub(crate) stats: Stats,
-    chat: Arc<dyn Dialect>,
+    dialects: Vec<Arc<dyn Dialect>>,
 }
 
 impl fmt::Debug for Shared {
@@ -139,7 +139,11 @@ impl InterceptionServer {
             tasks: TaskTracker::new(),
             calls_cancel: CancellationToken::new(),
             stats: Stats::default(),
-            chat: Arc::new(ChatDialect),
+            dialects: vec![
+                Arc::new(ChatDialect),
+                Arc::new(ResponsesDialect),
+                Arc::new(MessagesDialect),
+            ],
             config,
         };
         Ok(InterceptionServer {
@@ -389,15 +393,33 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationTo
 async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ResponseBody> {
     let path = req.uri().path();
     let method = req.method().clone();
-    if shared.chat.routes().contains(&path) {
-        if method != Method::POST {
-            return plain_error(&Error::MethodNotAllowed {
-                method: method.to_string(),
-                path: path.to_owned(),
-            });
+    for dialect in &shared.dialects {
+        if dialect.routes().contains(&path) {
+            let dialect = dialect.clone();
+            if method != Method::POST {
+                let e = Error::MethodNotAllowed {
+                    method: method.to_string(),
+                    path: path.to_owned(),
+                };
+                return error_response(&*dialect, &e);
+            }
+            return model_call(shared, dialect, req).await;
         }
-        let dialect = shared.chat.clone();
-        return model_call(shared, dialect, req).await;
+        if let Some((_, upstream_path)) = dialect
+            .aux_routes()
+            .iter()
+            .find(|(route, _)| *route == path)
+        {
+            let dialect = dialect.clone();
+            if method != Method::POST {
+                let e = Error::MethodNotAllowed {
+                    method: method.to_string(),
+                    path: path.to_owned(),
+                };
+                return error_response(&*dialect, &e);
+            }
+            return crate::call::aux_call(shared, dialect, upstream_path, req).await;
+        }
     }
     match (path, &method) {
         ("/v1/models" | "/models", &Method::GET) => models(&shared, &req),

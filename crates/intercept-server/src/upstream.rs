@@ -83,11 +83,12 @@ impl UpstreamClient {
     pub(crate) fn request(
         dialect: &dyn Dialect,
         upstream: &Upstream,
-        session_id: &str,
+        session_id: Option<&str>,
+        path: &str,
         incoming: &HeaderMap,
         body: &JsonBody,
     ) -> Result<Request<SliceBody>, Error> {
-        let url = join_url(&upstream.base_url, dialect.upstream_path());
+        let url = join_url(&upstream.base_url, path);
         let uri: Uri = url.parse().map_err(|e| {
             Error::Internal(format!(
                 "the session's upstream URL `{url}` is not a valid URL: {e}"
@@ -102,9 +103,10 @@ impl UpstreamClient {
                 headers.insert(n, v);
             }
         }
-        if let Ok(v) = HeaderValue::try_from(session_id) {
+        if let Some(Ok(v)) = session_id.map(HeaderValue::try_from) {
             headers.insert(HeaderName::from_static("x-session-id"), v);
         }
+        dialect.upstream_headers(&mut headers);
         if let Some(key) = &upstream.api_key {
             dialect.upstream_auth(key, &mut headers);
         }

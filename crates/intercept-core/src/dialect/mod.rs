@@ -15,8 +15,12 @@ use crate::session::Sampling;
 use crate::sse::SseEvent;
 
 mod chat;
+mod messages;
+mod responses;
 
 pub use chat::ChatDialect;
+pub use messages::{MessagesDialect, ANTHROPIC_VERSION};
+pub use responses::{is_openai_reasoning_model, ResponsesDialect};
 
 /// Which wire format a call spoke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -113,6 +117,15 @@ pub trait Dialect: Send + Sync + fmt::Debug + 'static {
 
     /// Adds the upstream's authentication headers.
     fn upstream_auth(&self, api_key: &str, headers: &mut HeaderMap);
+
+    /// Sets headers the dialect always sends upstream (e.g. `anthropic-version`).
+    fn upstream_headers(&self, _headers: &mut HeaderMap) {}
+
+    /// Extra routes relayed without a record (e.g. `/v1/messages/count_tokens`), with
+    /// the upstream path each goes to.
+    fn aux_routes(&self) -> &'static [(&'static str, &'static str)] {
+        &[]
+    }
 
     /// The dialect's JSON error body for a status and message.
     fn error_body(&self, status: u16, message: &str) -> Bytes {

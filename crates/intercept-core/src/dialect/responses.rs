@@ -1,0 +1,400 @@
+//! OpenAI Responses.
+
+use http::{HeaderMap, HeaderValue};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::{
+    whitelisted, Assembled, Dialect, DialectKind, Prepared, Relay, StreamAssembler, Summary,
+};
+use crate::body::JsonBody;
+use crate::error::Error;
+use crate::record::Usage;
+use crate::session::Sampling;
+use crate::sse::SseEvent;
+
+const SAMPLING_KEYS: &[&str] = &[
+    "temperature",
+    "top_p",
+    "max_output_tokens",
+    "max_tool_calls",
+    "reasoning",
+    "text",
+    "tool_choice",
+    "parallel_tool_calls",
+    "top_logprobs",
+    "truncation",
+];
+
+/// Terminal event types of a Responses stream.
+const TERMINAL: &[&str] = &[
+    "response.completed",
+    "response.incomplete",
+    "response.failed",
+];
+
+/// OpenAI Responses: `POST /v1/responses`, secret in `Authorization: Bearer`; a stream
+/// ends with `response.completed`, `response.incomplete` or `response.failed` (withheld,
+/// with anything after it, until the call is recorded).
+///
+/// Overrides: `model` forced; the session's sampling is authoritative: the harness's
+/// `temperature`, `top_p`, `max_output_tokens` and `max_tokens` are dropped, then the
+/// session's `temperature`, `top_p`, `max_tokens` (as `max_output_tokens`) and
+/// `reasoning_effort` (as `reasoning.effort`) are applied. For OpenAI reasoning models
+/// (`gpt-5*`, `o1*`, `o3*`, `o4*`, not `-chat`), `include` gains
+/// `reasoning.encrypted_content` and `reasoning.summary` defaults to `auto`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ResponsesDialect;
+
+/// Whether a model name is an OpenAI reasoning model.
+pub fn is_openai_reasoning_model(model: &str) -> bool {
+    let (prefix_ok, name) = match model.rsplit_once('/') {
+        Some((prefix, name)) => (prefix == "openai", name),
+        None => (true, model),
+    };
+    prefix_ok
+        && ["gpt-5", "o1", "o3", "o4"]
+            .iter()
+            .any(|p| name.starts_with(p))
+        && !name.contains("-chat")
+}
+
+#[derive(Deserialize, Default)]
+struct WireUsage {
+    #[serde(default)]
+    input_tokens: u64,
+    #[serde(default)]
+    output_tokens: u64,
+    #[serde(default)]
+    input_tokens_details: Option<Details>,
+    #[serde(default)]
+    output_tokens_details: Option<Details>,
+}
+
+#[derive(Deserialize, Default)]
+struct Details {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
+}
+
+/// Reads a response object: status check, finish reason, usage.
+fn read_response(v: &Value) -> Result<Summary, Error> {
+    let obj = v
+        .as_object()
+        .ok_or_else(|| Error::UpstreamMalformed("expected a response object".into()))?;
+    let status = obj.get("status").and_then(Value::as_str);
+    if let Some(status) =
+        status.filter(|s| !matches!(*s, "completed" | "incomplete" | "in_progress"))
+    {
+        let err = obj.get("error").cloned().unwrap_or(Value::Null);
+        let code = err.get("code").and_then(Value::as_str).unwrap_or("");
+        let message = err.get("message").and_then(Value::as_str).unwrap_or("");
+        let body =
+            format!("upstream Responses request did not complete: {status}: {code}: {message}");
+        let http = match code {
+            "context_length_exceeded" => 400,
+            "rate_limit_exceeded" | "rate_limit_error" => 429,
+            "invalid_prompt" => 400,
+            _ => 502,
+        };
+        let body = if code == "context_length_exceeded" {
+            format!("{body} (context_length_exceeded)")
+        } else {
+            body
+        };
+        return Err(Error::UpstreamStatus {
+            status: http,
+            body,
+            retry_after: None,
+        });
+    }
+    let output = obj.get("output").and_then(Value::as_array);
+    let has_calls = output.into_iter().flatten().any(|item| {
+        item.get("type")
+            .and_then(Value::as_str)
+            .is_some_and(|t| t.ends_with("_call") && t != "web_search_call")
+    });
+    let finish = if status == Some("incomplete") {
+        "length"
+    } else if has_calls {
+        "tool_calls"
+    } else {
+        "stop"
+    };
+    let usage = obj
+        .get("usage")
+        .filter(|u| !u.is_null())
+        .map(|u| serde_json::from_value::<WireUsage>(u.clone()))
+        .transpose()
+        .map_err(|e| Error::UpstreamMalformed(format!("unreadable Responses usage: {e}")))?
+        .unwrap_or_default();
+    Ok(Summary {
+        finish_reason: Some(finish.to_owned()),
+        usage: Usage {
+            prompt_tokens: usage.input_tokens,
+            completion_tokens: usage.output_tokens,
+            cached_input_tokens: usage
+                .input_tokens_details
+                .and_then(|d| d.cached_tokens)
+                .unwrap_or(0),
+            reasoning_tokens: usage
+                .output_tokens_details
+                .and_then(|d| d.reasoning_tokens)
+                .unwrap_or(0),
+        },
+    })
+}
+
+impl Dialect for ResponsesDialect {
+    fn kind(&self) -> DialectKind {
+        DialectKind::Responses
+    }
+
+    fn routes(&self) -> &'static [&'static str] {
+        &["/v1/responses", "/responses"]
+    }
+
+    fn upstream_path(&self) -> &'static str {
+        "/responses"
+    }
+
+    fn upstream_auth(&self, api_key: &str, headers: &mut HeaderMap) {
+        if let Ok(v) = HeaderValue::from_str(&format!("Bearer {api_key}")) {
+            headers.insert(http::header::AUTHORIZATION, v);
+        }
+    }
+
+    fn prepare(
+        &self,
+        body: &mut JsonBody,
+        model: &str,
+        sampling: &Sampling,
+    ) -> Result<Prepared, Error> {
+        if !body.contains("input") && !body.contains("previous_response_id") {
+            return Err(Error::invalid(
+                "`input` is required: send the conversation as a string or an array of input items",
+            ));
+        }
+        body.set("model", model)?;
+        for key in ["temperature", "top_p", "max_output_tokens", "max_tokens"] {
+            body.remove(key);
+        }
+        for key in ["temperature", "top_p"] {
+            if let Some(v) = sampling.get(key).filter(|v| !v.is_null()) {
+                body.set(key, v)?;
+            }
+        }
+        if let Some(v) = sampling
+            .get("max_tokens")
+            .or_else(|| sampling.get("max_output_tokens"))
+            .filter(|v| !v.is_null())
+        {
+            body.set("max_output_tokens", v)?;
+        }
+        let effort = sampling
+            .get("reasoning_effort")
+            .filter(|v| !v.is_null())
+            .cloned();
+        let reasoning_model = is_openai_reasoning_model(model);
+        if effort.is_some() || reasoning_model {
+            let mut reasoning: Map<String, Value> = match body.value("reasoning") {
+                Some(Value::Object(o)) => o,
+                _ => Map::new(),
+            };
+            if let Some(e) = effort {
+                reasoning.insert("effort".into(), e);
+            }
+            if reasoning_model {
+                let mut merged = Map::new();
+                merged.insert("summary".into(), json!("auto"));
+                merged.extend(reasoning);
+                reasoning = merged;
+                let mut include: Vec<Value> = match body.value("include") {
+                    Some(Value::Array(a)) => a,
+                    _ => Vec::new(),
+                };
+                if !include.iter().any(|v| v == "reasoning.encrypted_content") {
+                    include.push(json!("reasoning.encrypted_content"));
+                }
+                body.set("include", &include)?;
+            }
+            body.set("reasoning", &reasoning)?;
+        }
+        Ok(Prepared {
+            stream: body.is_true("stream"),
+            hide_stream_usage: false,
+        })
+    }
+
+    fn sampling_of(&self, body: &JsonBody) -> Sampling {
+        whitelisted(body, SAMPLING_KEYS)
+    }
+
+    fn summarize(&self, response: &[u8]) -> Result<Summary, Error> {
+        let v: Value = serde_json::from_slice(response)
+            .map_err(|e| Error::UpstreamMalformed(format!("expected a response object: {e}")))?;
+        read_response(&v)
+    }
+
+    fn assembler(&self, _prepared: &Prepared) -> Box<dyn StreamAssembler> {
+        Box::<ResponsesAssembler>::default()
+    }
+}
+
+#[derive(Debug, Default)]
+struct ResponsesAssembler {
+    terminal: Option<Value>,
+    upstream_error: Option<String>,
+    unreadable: Option<String>,
+}
+
+impl StreamAssembler for ResponsesAssembler {
+    fn push(&mut self, event: &SseEvent<'_>) -> Relay {
+        if self.terminal.is_some() {
+            return Relay::Withhold;
+        }
+        let Some(data) = event.data() else {
+            return Relay::Forward;
+        };
+        if data.trim_ascii() == b"[DONE]" {
+            return Relay::Forward;
+        }
+        let v: Value = match serde_json::from_slice(&data) {
+            Ok(v) => v,
+            Err(e) => {
+                self.unreadable
+                    .get_or_insert_with(|| format!("unreadable Responses event: {e}"));
+                return Relay::Forward;
+            }
+        };
+        let ty = v.get("type").and_then(Value::as_str).unwrap_or("");
+        if TERMINAL.contains(&ty) {
+            self.terminal = Some(v.get("response").cloned().unwrap_or(Value::Null));
+            return Relay::Withhold;
+        }
+        if ty == "error" {
+            let message = v
+                .get("message")
+                .or_else(|| v.get("error").and_then(|e| e.get("message")))
+                .and_then(Value::as_str)
+                .unwrap_or("the upstream sent an error event");
+            self.upstream_error = Some(message.to_owned());
+        }
+        Relay::Forward
+    }
+
+    fn saw_terminal(&self) -> bool {
+        self.terminal.is_some()
+    }
+
+    fn finish(self: Box<Self>) -> Result<Assembled, Error> {
+        if let Some(message) = self.upstream_error {
+            return Err(Error::UpstreamStatus {
+                status: 502,
+                body: message,
+                retry_after: None,
+            });
+        }
+        let Some(response) = self.terminal else {
+            return Err(Error::UpstreamMalformed(match self.unreadable {
+                Some(e) => e,
+                None => "upstream stream ended before its terminal event (`response.completed`, `response.incomplete` or `response.failed`)".into(),
+            }));
+        };
+        let summary = read_response(&response)?;
+        Ok(Assembled { response, summary })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn body(v: Value) -> JsonBody {
+        JsonBody::parse(Bytes::from(serde_json::to_vec(&v).expect("json"))).expect("body")
+    }
+
+    #[test]
+    fn overrides_make_sampling_authoritative() {
+        let mut b = body(
+            json!({"model":"x","input":"hi","temperature":1.0,"max_tokens":9,"reasoning":{"effort":"low","summary":"detailed"}}),
+        );
+        let sampling =
+            json!({"temperature":0.3,"max_tokens":100,"reasoning_effort":"high","seed":1})
+                .as_object()
+                .cloned()
+                .unwrap_or_default();
+        ResponsesDialect
+            .prepare(&mut b, "gpt-5-mini", &sampling)
+            .expect("prepare");
+        let v = b.to_value();
+        assert_eq!(v["model"], "gpt-5-mini");
+        assert_eq!(v["temperature"], 0.3);
+        assert_eq!(v["max_output_tokens"], 100);
+        assert!(v.get("max_tokens").is_none() && v.get("seed").is_none());
+        assert_eq!(
+            v["reasoning"],
+            json!({"summary":"detailed","effort":"high"})
+        );
+        assert_eq!(v["include"], json!(["reasoning.encrypted_content"]));
+        // Idempotent.
+        let again = b.to_value();
+        let mut b2 = body(again.clone());
+        ResponsesDialect
+            .prepare(&mut b2, "gpt-5-mini", &sampling)
+            .expect("prepare");
+        assert_eq!(b2.to_value(), again);
+    }
+
+    #[test]
+    fn reasoning_model_names() {
+        assert!(is_openai_reasoning_model("o3-mini"));
+        assert!(is_openai_reasoning_model("openai/gpt-5"));
+        assert!(!is_openai_reasoning_model("gpt-5-chat-latest"));
+        assert!(!is_openai_reasoning_model("qwen/o3"));
+        assert!(!is_openai_reasoning_model("gpt-4o"));
+    }
+
+    #[test]
+    fn failed_statuses_map_to_errors() {
+        let ok = ResponsesDialect
+            .summarize(br#"{"status":"completed","output":[{"type":"function_call"}],"usage":{"input_tokens":4,"output_tokens":2}}"#)
+            .expect("ok");
+        assert_eq!(ok.finish_reason.as_deref(), Some("tool_calls"));
+        assert_eq!(ok.usage.prompt_tokens, 4);
+        let e = ResponsesDialect
+            .summarize(
+                br#"{"status":"failed","error":{"code":"rate_limit_exceeded","message":"slow"}}"#,
+            )
+            .expect_err("failed");
+        assert_eq!(e.status(), 429);
+        let e = ResponsesDialect
+            .summarize(br#"{"status":"failed","error":{"code":"context_length_exceeded","message":"too long"}}"#)
+            .expect_err("failed");
+        assert!(crate::error::is_context_length_error(&e.to_string()));
+    }
+
+    #[test]
+    fn stream_withholds_the_terminal_event_and_after() {
+        let mut a = ResponsesDialect.assembler(&Prepared::default());
+        let created = r#"data: {"type":"response.created","response":{"status":"in_progress"}}"#;
+        assert_eq!(
+            a.push(&SseEvent::new(format!("{created}\n\n").as_bytes())),
+            Relay::Forward
+        );
+        let done = r#"event: response.completed
+data: {"type":"response.completed","response":{"status":"completed","output":[],"usage":{"input_tokens":1,"output_tokens":2}}}"#;
+        assert_eq!(
+            a.push(&SseEvent::new(format!("{done}\n\n").as_bytes())),
+            Relay::Withhold
+        );
+        assert_eq!(a.push(&SseEvent::new(b"data: [DONE]\n\n")), Relay::Withhold);
+        let out = a.finish().expect("assembled");
+        assert_eq!(out.summary.usage.completion_tokens, 2);
+        let b = ResponsesDialect.assembler(&Prepared::default());
+        assert!(b.finish().is_err());
+    }
+}

@@ -1,0 +1,382 @@
+//! Scripted replies.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
+use http::StatusCode;
+use serde::Serialize;
+
+/// The message of [`Reply::context_length_error`], in the words vLLM and OpenAI use.
+pub const CONTEXT_LENGTH_MESSAGE: &str = "This model's maximum context length is 4096 tokens. \
+     However, your messages resulted in 5000 tokens.";
+
+/// One scripted answer of the mock, pushed with
+/// [`MockUpstream::push`](super::MockUpstream::push) and used by the next request.
+///
+/// Start from a constructor ([`Reply::text`], [`Reply::tool_call`], [`Reply::error`],
+/// [`Reply::raw`], [`Reply::hang`], ...) and refine it with the `with_*` methods. A
+/// completion ([`Reply::echo`], [`Reply::text`], [`Reply::tool_call`],
+/// [`Reply::tool_calls`]) is rendered as a `chat.completion` object, or as a
+/// `chat.completion.chunk` event stream when the request has `"stream": true`; every other
+/// kind is sent the same way whatever the request asked for.
+///
+/// ```
+/// use std::time::Duration;
+/// use intercept_test::{Reply, ToolCall};
+///
+/// let truncated = Reply::text("Once upon a").with_finish_reason("length").with_usage(10, 3);
+/// let thinking = Reply::text("42").with_reasoning("6 times 7").with_chunks(2);
+/// let tools = Reply::tool_call("search", r#"{"q":"rust"}"#)
+///     .with_tool_call(ToolCall::new("open", r#"{"url":"x"}"#).with_id("call_b"));
+/// let slow = Reply::echo().with_header_delay(Duration::from_millis(50));
+/// let limited = Reply::error(429, "slow down").with_retry_after(2);
+/// let broken = Reply::text("never finished").disconnect_after(3);
+/// # let _ = (truncated, thinking, tools, slow, limited, broken);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub(crate) kind: ReplyKind,
+    pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
+    pub(crate) header_delay: Option<Duration>,
+    pub(crate) chunk_delay: Option<Duration>,
+    pub(crate) chunks: Option<usize>,
+    pub(crate) crlf: bool,
+    pub(crate) done: bool,
+    pub(crate) disconnect_after: Option<usize>,
+}
+
+/// What a reply sends.
+#[derive(Debug, Clone)]
+pub(crate) enum ReplyKind {
+    /// A chat completion (JSON or stream, as the request asks).
+    Completion(Completion),
+    /// A fixed status, content type and body.
+    Fixed {
+        status: StatusCode,
+        content_type: HeaderValue,
+        body: Bytes,
+    },
+    /// Verbatim SSE events, one body frame each.
+    Events(Vec<Bytes>),
+    /// No answer until the server shuts down.
+    Hang,
+    /// Close the connection without an answer.
+    Drop,
+}
+
+/// The parts of a completion reply; `None` fields are derived from the request.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Completion {
+    /// Compute content and tool calls from the request (the echo behaviour).
+    pub(crate) echo: bool,
+    pub(crate) content: Option<String>,
+    pub(crate) reasoning: Option<String>,
+    pub(crate) tool_calls: Vec<ToolCall>,
+    pub(crate) finish_reason: Option<String>,
+    pub(crate) usage: Option<Usage>,
+    pub(crate) model: Option<String>,
+}
+
+/// A function call made by the mock model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    /// The call id; `None` lets the mock number it (`call_N`).
+    pub id: Option<String>,
+    /// The function name.
+    pub name: String,
+    /// The arguments, a JSON document as a string (as OpenAI sends them).
+    pub arguments: String,
+}
+
+impl ToolCall {
+    /// A call of `name` with `arguments` (a JSON document as a string) and a generated id.
+    pub fn new(name: impl Into<String>, arguments: impl Into<String>) -> Self {
+        Self {
+            id: None,
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
+    /// Sets the call id instead of a generated `call_N`.
+    pub fn with_id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+}
+
+/// Token usage as reported in a completion's `usage` object.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    /// Tokens of the prompt.
+    pub prompt_tokens: u64,
+    /// Tokens of the answer.
+    pub completion_tokens: u64,
+    /// Their sum.
+    pub total_tokens: u64,
+}
+
+impl Usage {
+    /// Usage with the given counts; `total_tokens` is their (saturating) sum.
+    pub fn new(prompt_tokens: u64, completion_tokens: u64) -> Self {
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens.saturating_add(completion_tokens),
+        }
+    }
+}
+
+impl Reply {
+    fn new(kind: ReplyKind) -> Self {
+        Self {
+            kind,
+            headers: Vec::new(),
+            header_delay: None,
+            chunk_delay: None,
+            chunks: None,
+            crlf: false,
+            done: true,
+            disconnect_after: None,
+        }
+    }
+
+    fn completion(completion: Completion) -> Self {
+        Self::new(ReplyKind::Completion(completion))
+    }
+
+    /// The default behaviour (what an empty queue does), as a reply that can be refined
+    /// (delays, finish reason, usage, ...). Content and tool calls come from the request:
+    /// `echo: <last user text>`, `tool said: <content>` after a tool message, or a call of
+    /// the first tool when tools are offered and the last user text says `use a tool`.
+    pub fn echo() -> Self {
+        Self::completion(Completion {
+            echo: true,
+            ..Completion::default()
+        })
+    }
+
+    /// An assistant message with this content; finish reason `stop`.
+    pub fn text(content: impl Into<String>) -> Self {
+        Self::completion(Completion {
+            content: Some(content.into()),
+            ..Completion::default()
+        })
+    }
+
+    /// One call of function `name` with `arguments` (a JSON document as a string); content
+    /// `null`, finish reason `tool_calls`, id `call_N`.
+    pub fn tool_call(name: impl Into<String>, arguments: impl Into<String>) -> Self {
+        Self::tool_calls([ToolCall::new(name, arguments)])
+    }
+
+    /// Several tool calls in one message; content `null`, finish reason `tool_calls`.
+    pub fn tool_calls(calls: impl IntoIterator<Item = ToolCall>) -> Self {
+        Self::completion(Completion {
+            tool_calls: calls.into_iter().collect(),
+            ..Completion::default()
+        })
+    }
+
+    /// An error answer in OpenAI's shape,
+    /// `{"error":{"message":..,"type":..,"param":null,"code":null}}`, where the type
+    /// follows the status (`invalid_request_error` for 400, `rate_limit_error` for 429,
+    /// `server_error` for 5xx, ...). A status outside 100..=999 becomes 500.
+    pub fn error(status: u16, message: impl Into<String>) -> Self {
+        let status = status_or_500(status);
+        let body = serde_json::json!({
+            "error": {
+                "message": message.into(),
+                "type": error_type(status),
+                "param": null,
+                "code": null,
+            }
+        });
+        Self::error_json(status.as_u16(), body)
+    }
+
+    /// An error answer with this status and JSON body, sent as is.
+    pub fn error_json(status: u16, body: serde_json::Value) -> Self {
+        Self::new(ReplyKind::Fixed {
+            status: status_or_500(status),
+            content_type: HeaderValue::from_static("application/json"),
+            body: Bytes::from(body.to_string()),
+        })
+    }
+
+    /// The 400 a server answers when the prompt is too long: message
+    /// [`CONTEXT_LENGTH_MESSAGE`], type `invalid_request_error`, code
+    /// `context_length_exceeded`.
+    pub fn context_length_error() -> Self {
+        let body = serde_json::json!({
+            "error": {
+                "message": CONTEXT_LENGTH_MESSAGE,
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        });
+        Self::error_json(400, body)
+    }
+
+    /// Any body with any status and content type, sent verbatim whatever the request
+    /// asked for: malformed JSON, an HTML error page, JSON to a streaming request. A
+    /// status outside 100..=999 becomes 500; an invalid content type becomes
+    /// `application/octet-stream`.
+    pub fn raw(status: u16, content_type: &str, body: impl Into<Bytes>) -> Self {
+        let content_type = HeaderValue::from_str(content_type)
+            .unwrap_or_else(|_| HeaderValue::from_static("application/octet-stream"));
+        Self::new(ReplyKind::Fixed {
+            status: status_or_500(status),
+            content_type,
+            body: body.into(),
+        })
+    }
+
+    /// A `text/event-stream` answer made of these events, written verbatim (include the
+    /// `data: ` prefix and the blank line yourself), one body frame each, separated by the
+    /// chunk delay. Use it for streams the mock would not make itself: comments, `event:`
+    /// lines, an event split across frames, an error object mid-stream.
+    pub fn events<I>(events: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<Bytes>,
+    {
+        Self::new(ReplyKind::Events(
+            events.into_iter().map(Into::into).collect(),
+        ))
+    }
+
+    /// Never answers: the request stays open until the mock shuts down (then the
+    /// connection is closed) or the client gives up.
+    pub fn hang() -> Self {
+        Self::new(ReplyKind::Hang)
+    }
+
+    /// Closes the connection without sending a response at all.
+    pub fn drop_connection() -> Self {
+        Self::new(ReplyKind::Drop)
+    }
+
+    fn completion_mut(&mut self) -> Option<&mut Completion> {
+        match &mut self.kind {
+            ReplyKind::Completion(completion) => Some(completion),
+            _ => None,
+        }
+    }
+
+    /// Adds reasoning text: `message.reasoning_content`, or `delta.reasoning_content`
+    /// events (before the content) in a stream. No effect on non-completion replies.
+    pub fn with_reasoning(mut self, reasoning: impl Into<String>) -> Self {
+        if let Some(completion) = self.completion_mut() {
+            completion.reasoning = Some(reasoning.into());
+        }
+        self
+    }
+
+    /// Appends a tool call (after the content, if any; on [`Reply::echo`], before what
+    /// the echo produces). The finish reason becomes `tool_calls` unless set explicitly.
+    /// No effect on non-completion replies.
+    pub fn with_tool_call(mut self, call: ToolCall) -> Self {
+        if let Some(completion) = self.completion_mut() {
+            completion.tool_calls.push(call);
+        }
+        self
+    }
+
+    /// Sets the finish reason (e.g. `"length"`). No effect on non-completion replies.
+    pub fn with_finish_reason(mut self, reason: impl Into<String>) -> Self {
+        if let Some(completion) = self.completion_mut() {
+            completion.finish_reason = Some(reason.into());
+        }
+        self
+    }
+
+    /// Reports this usage instead of the computed word counts. No effect on
+    /// non-completion replies.
+    pub fn with_usage(mut self, prompt_tokens: u64, completion_tokens: u64) -> Self {
+        if let Some(completion) = self.completion_mut() {
+            completion.usage = Some(Usage::new(prompt_tokens, completion_tokens));
+        }
+        self
+    }
+
+    /// Answers with this model name instead of the request's. No effect on non-completion
+    /// replies.
+    pub fn with_model(mut self, model: impl Into<String>) -> Self {
+        if let Some(completion) = self.completion_mut() {
+            completion.model = Some(model.into());
+        }
+        self
+    }
+
+    /// Adds a response header (appended; does not replace the mock's own headers).
+    pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers.push((name, value));
+        self
+    }
+
+    /// Adds `retry-after: <seconds>`.
+    pub fn with_retry_after(self, seconds: u64) -> Self {
+        self.with_header(RETRY_AFTER, HeaderValue::from(seconds))
+    }
+
+    /// Waits this long before sending the response headers (overrides
+    /// [`MockConfig::header_delay`](super::MockConfig::header_delay)).
+    pub fn with_header_delay(mut self, delay: Duration) -> Self {
+        self.header_delay = Some(delay);
+        self
+    }
+
+    /// Waits this long between two stream events (overrides
+    /// [`MockConfig::chunk_delay`](super::MockConfig::chunk_delay)).
+    pub fn with_chunk_delay(mut self, delay: Duration) -> Self {
+        self.chunk_delay = Some(delay);
+        self
+    }
+
+    /// Splits each streamed text into this many pieces (overrides
+    /// [`MockConfig::chunks`](super::MockConfig::chunks)).
+    pub fn with_chunks(mut self, chunks: usize) -> Self {
+        self.chunks = Some(chunks);
+        self
+    }
+
+    /// Ends each line of a generated stream with CRLF (`data: ...\r\n\r\n`).
+    pub fn with_crlf(mut self) -> Self {
+        self.crlf = true;
+        self
+    }
+
+    /// Ends a generated stream without the `data: [DONE]` event (the body still ends
+    /// cleanly).
+    pub fn without_done(mut self) -> Self {
+        self.done = false;
+        self
+    }
+
+    /// Drops the connection after `events` stream events were sent, with no clean end of
+    /// the body. A non-streamed answer sends its headers and the first half of its body,
+    /// then drops the connection. (To send nothing at all use [`Reply::drop_connection`].)
+    pub fn disconnect_after(mut self, events: usize) -> Self {
+        self.disconnect_after = Some(events);
+        self
+    }
+}
+
+fn status_or_500(status: u16) -> StatusCode {
+    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+/// OpenAI's error `type` for a status.
+pub(crate) fn error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 | 404 | 405 | 409 | 413 | 422 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        429 => "rate_limit_error",
+        500..=599 => "server_error",
+        _ => "api_error",
+    }
+}
