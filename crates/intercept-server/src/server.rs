@@ -355,6 +355,8 @@ impl SlotRelease for Release {
 async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let builder = auto::Builder::new(TokioExecutor::new());
+    // Every connection task is owned here and awaited before the accept loop ends.
+    let connections = TaskTracker::new();
     loop {
         let (stream, peer) = tokio::select! {
             biased;
@@ -379,7 +381,7 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationTo
             .serve_connection(TokioIo::new(stream), service)
             .into_owned();
         let conn = graceful.watch(conn);
-        tokio::spawn(async move {
+        connections.spawn(async move {
             if let Err(e) = conn.await {
                 debug!(%peer, error = %e, "connection ended with an error");
             }
@@ -388,6 +390,8 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationTo
     drop(listener);
     // In-flight responses finish; idle connections close.
     graceful.shutdown().await;
+    connections.close();
+    connections.wait().await;
 }
 
 async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ResponseBody> {

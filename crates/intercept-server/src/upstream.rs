@@ -270,7 +270,8 @@ mod tests {
         let req = UpstreamClient::request(
             &intercept_core::ChatDialect,
             &upstream,
-            "r-1",
+            Some("r-1"),
+            "/chat/completions",
             &incoming,
             &body,
         )

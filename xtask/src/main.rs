@@ -1,0 +1,67 @@
+//! `cargo xtask`: the one automation entry point of the intercept workspace. CI runs
+//! `cargo xtask ci`; see the library docs for what each task does.
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Project automation for intercept.
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Run every CI check in order: fmt, clippy, tests, doctests, tidy. Stops at the
+    /// first failure and names the step.
+    Ci(CiArgs),
+    /// Check the layering and hygiene rules (listed in docs/architecture.md).
+    Tidy,
+    /// Run the demo on the embedded mock model (release build); extra arguments go to
+    /// `intercept demo`.
+    Demo(PassThrough),
+    /// Run `cargo bench --workspace` (criterion micro-benchmarks); extra arguments go to
+    /// `cargo bench`.
+    Bench(PassThrough),
+}
+
+#[derive(Debug, Args)]
+struct CiArgs {
+    /// Run the tests with `cargo test` even when cargo-nextest is installed.
+    #[arg(long)]
+    no_nextest: bool,
+}
+
+#[derive(Debug, Args)]
+struct PassThrough {
+    /// Arguments passed through unchanged.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<OsString>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let root = xtask::workspace_root();
+    let result = match cli.task {
+        Task::Ci(args) => xtask::ci(
+            &root,
+            &xtask::CiOptions {
+                no_nextest: args.no_nextest,
+            },
+        ),
+        Task::Tidy => xtask::tidy::run(&root),
+        Task::Demo(p) => xtask::demo(&root, &p.args),
+        Task::Bench(p) => xtask::bench(&root, &p.args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

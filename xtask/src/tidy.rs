@@ -1,0 +1,612 @@
+//! Mechanical checks of the rules in `docs/architecture.md`.
+//!
+//! Each check returns the [`Violation`]s it found; [`check`] runs them all and [`run`]
+//! turns any violation into an error that names the rule and where it broke. The same
+//! checks run as plain tests (`xtask/tests/tidy.rs`), so `cargo test --workspace`
+//! enforces them too.
+//!
+//! | rule | what it checks |
+//! |------|----------------|
+//! | `core-isolated` | `intercept-core`'s normal dependency tree has no hyper crate, no sibling `intercept-*` crate, and no tokio with the `net`, `process` or `full` features |
+//! | `one-way-deps` | dependencies point one way: the server and the tunnels never depend on each other, on the pool or on the cli; the pool never on the cli |
+//! | `server-names-no-tunnel` | `intercept-server`'s manifest names no `intercept-tunnel` dependency of any kind (not even for tests) |
+//! | `fakes-stay-in-tests` | no publishable crate has a normal dependency on the unpublished fakes (`intercept-test`) |
+//! | `no-placeholders` | no placeholder macros or ignored tests in the Rust sources under `crates/`, `xtask/` and `tests/` |
+//! | `workspace-lints` | every member's `Cargo.toml` has `[lints] workspace = true` |
+//! | `crate-docs` | every member's library root (`src/lib.rs`) starts with a `//!` crate doc |
+
+use std::fmt;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::{capture, cargo, metadata, packages};
+
+/// One broken rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// The rule's name (see the table in this module's docs).
+    pub rule: &'static str,
+    /// Where: a crate, a manifest or `file:line`.
+    pub location: String,
+    /// What is wrong and what to do about it.
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{}] {}: {}", self.rule, self.location, self.detail)
+    }
+}
+
+/// Runs every check; fails with a list of the violations, one per line.
+pub fn run(root: &Path) -> Result<()> {
+    let violations = check(root)?;
+    if violations.is_empty() {
+        println!("tidy: all rules hold");
+        return Ok(());
+    }
+    bail!("{}", report(&violations))
+}
+
+/// Formats violations as an error message.
+pub fn report(violations: &[Violation]) -> String {
+    let mut out = format!("tidy found {} problem(s):", violations.len());
+    for v in violations {
+        out.push_str("\n  ");
+        out.push_str(&v.to_string());
+    }
+    out
+}
+
+/// Runs every check and returns what broke. An `Err` means a check could not run at all
+/// (cargo failed, a file could not be read), not that a rule broke.
+pub fn check(root: &Path) -> Result<Vec<Violation>> {
+    let mut all = Vec::new();
+    all.extend(core_isolated(root)?);
+    all.extend(one_way_deps(root)?);
+    all.extend(manifest_rules(root)?);
+    all.extend(no_placeholders(root)?);
+    Ok(all)
+}
+
+/// One package in a `cargo tree` listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeEntry {
+    /// Package name.
+    pub name: String,
+    /// Package version as printed (`v1.2.3`).
+    pub version: String,
+    /// Enabled features of the package.
+    pub features: Vec<String>,
+}
+
+/// The normal (non-dev, non-build) dependency tree of a workspace package, for every
+/// target platform, with the features each package is built with when that package is
+/// built alone. The first entry is the package itself.
+pub fn normal_tree(root: &Path, package: &str) -> Result<Vec<TreeEntry>> {
+    let out = capture(
+        cargo()
+            .args(["tree", "-p", package, "-e", "normal", "--target", "all"])
+            .args(["--prefix", "none", "--format", "{p}|{f}"])
+            .current_dir(root),
+    )
+    .with_context(|| format!("could not list the dependency tree of {package}"))?;
+    Ok(parse_tree(&out))
+}
+
+/// Parses `cargo tree --prefix none --format '{p}|{f}'` output.
+pub fn parse_tree(out: &str) -> Vec<TreeEntry> {
+    out.lines()
+        .filter_map(|line| {
+            let (package, features) = line.split_once('|')?;
+            let mut words = package.split_whitespace();
+            let name = words.next()?.to_owned();
+            let version = words.next().unwrap_or_default().to_owned();
+            let features = features
+                .trim()
+                .trim_end_matches("(*)")
+                .split(',')
+                .map(str::trim)
+                .filter(|f| !f.is_empty())
+                .map(str::to_owned)
+                .collect();
+            Some(TreeEntry {
+                name,
+                version,
+                features,
+            })
+        })
+        .collect()
+}
+
+const CORE: &str = "intercept-core";
+
+/// Tokio features that give a crate sockets or child processes (`full` implies both).
+const TOKIO_IO_FEATURES: &[&str] = &["net", "process", "full"];
+
+/// `core-isolated`: see the module docs.
+pub fn core_isolated(root: &Path) -> Result<Vec<Violation>> {
+    Ok(core_violations(&normal_tree(root, CORE)?))
+}
+
+/// The `core-isolated` rule applied to a listing of `intercept-core`'s tree.
+pub fn core_violations(tree: &[TreeEntry]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for entry in tree.iter().skip(1) {
+        if !seen.insert((entry.name.clone(), entry.version.clone())) {
+            continue;
+        }
+        let location = format!("{CORE} -> {} {}", entry.name, entry.version);
+        if entry.name == "hyper" || entry.name.starts_with("hyper-") {
+            out.push(Violation {
+                rule: "core-isolated",
+                location,
+                detail: "intercept-core must not pull an HTTP stack; move the code that needs \
+                         it to intercept-server"
+                    .into(),
+            });
+        } else if entry.name.starts_with("intercept-") {
+            out.push(Violation {
+                rule: "core-isolated",
+                location,
+                detail: "intercept-core is the bottom layer and depends on no sibling crate".into(),
+            });
+        } else if entry.name == "tokio" {
+            let io: Vec<&str> = TOKIO_IO_FEATURES
+                .iter()
+                .copied()
+                .filter(|f| entry.features.iter().any(|e| e == f))
+                .collect();
+            if !io.is_empty() {
+                out.push(Violation {
+                    rule: "core-isolated",
+                    location,
+                    detail: format!(
+                        "intercept-core does no I/O, but tokio is built with feature(s) {}",
+                        io.join(", ")
+                    ),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Which sibling crates each layer must never reach through its normal dependencies.
+pub const FORBIDDEN: &[(&str, &[&str])] = &[
+    (
+        "intercept-server",
+        &["intercept-tunnel", "intercept-pool", "intercept-cli"],
+    ),
+    (
+        "intercept-tunnel",
+        &["intercept-server", "intercept-pool", "intercept-cli"],
+    ),
+    ("intercept-pool", &["intercept-cli"]),
+];
+
+/// `one-way-deps` and `fakes-stay-in-tests`: see the module docs.
+pub fn one_way_deps(root: &Path) -> Result<Vec<Violation>> {
+    let meta = metadata(root)?;
+    let mut out = Vec::new();
+    for pkg in packages(&meta) {
+        let Some(name) = pkg.get("name").and_then(|n| n.as_str()) else {
+            continue;
+        };
+        // intercept-core is covered by `core-isolated`, which forbids every sibling.
+        if !name.starts_with("intercept-") || name == CORE {
+            continue;
+        }
+        let forbidden = FORBIDDEN
+            .iter()
+            .find(|(layer, _)| *layer == name)
+            .map(|(_, f)| *f)
+            .unwrap_or(&[]);
+        let publishable = is_publishable(pkg);
+        if forbidden.is_empty() && !publishable {
+            continue;
+        }
+        let tree = normal_tree(root, name)?;
+        let mut reported = std::collections::BTreeSet::new();
+        for entry in tree.iter().skip(1) {
+            if !reported.insert(entry.name.clone()) {
+                continue;
+            }
+            if forbidden.contains(&entry.name.as_str()) {
+                out.push(Violation {
+                    rule: "one-way-deps",
+                    location: format!("{name} -> {}", entry.name),
+                    detail: format!(
+                        "dependencies point one way (core <- server, core <- tunnel, \
+                         (server, tunnel) <- pool <- cli); {name} must not depend on {}",
+                        entry.name
+                    ),
+                });
+            }
+            if publishable && entry.name == "intercept-test" {
+                out.push(Violation {
+                    rule: "fakes-stay-in-tests",
+                    location: format!("{name} -> intercept-test"),
+                    detail: format!(
+                        "{name} is publishable but has a normal dependency on the unpublished \
+                         fakes; make it a dev-dependency"
+                    ),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Whether a `cargo metadata` package may be published (`publish` is `null`, or a
+/// non-empty list of registries).
+fn is_publishable(pkg: &serde_json::Value) -> bool {
+    match pkg.get("publish") {
+        None | Some(serde_json::Value::Null) => true,
+        Some(serde_json::Value::Array(registries)) => !registries.is_empty(),
+        Some(_) => true,
+    }
+}
+
+/// `server-names-no-tunnel`, `workspace-lints` and `crate-docs`: see the module docs.
+pub fn manifest_rules(root: &Path) -> Result<Vec<Violation>> {
+    let meta = metadata(root)?;
+    let mut out = Vec::new();
+    for pkg in packages(&meta) {
+        let name = pkg.get("name").and_then(|n| n.as_str()).unwrap_or("?");
+        let Some(manifest) = pkg.get("manifest_path").and_then(|m| m.as_str()) else {
+            continue;
+        };
+        let manifest = PathBuf::from(manifest);
+        let shown = relative(root, &manifest);
+
+        if name == "intercept-server" {
+            for dep in pkg
+                .get("dependencies")
+                .and_then(|d| d.as_array())
+                .into_iter()
+                .flatten()
+            {
+                if dep.get("name").and_then(|n| n.as_str()) == Some("intercept-tunnel") {
+                    let kind = dep.get("kind").and_then(|k| k.as_str()).unwrap_or("normal");
+                    out.push(Violation {
+                        rule: "server-names-no-tunnel",
+                        location: shown.clone(),
+                        detail: format!(
+                            "intercept-server has a {kind} dependency on intercept-tunnel; the \
+                             server holds a `dyn Tunnel` from intercept-core and never names \
+                             a backend (tests use the fake tunnel of intercept-test)"
+                        ),
+                    });
+                }
+            }
+        }
+
+        let text = fs::read_to_string(&manifest)
+            .with_context(|| format!("could not read {}", manifest.display()))?;
+        if !has_workspace_lints(&text) {
+            out.push(Violation {
+                rule: "workspace-lints",
+                location: shown.clone(),
+                detail: "add `[lints]` with `workspace = true` so the workspace lints apply".into(),
+            });
+        }
+
+        for target in pkg
+            .get("targets")
+            .and_then(|t| t.as_array())
+            .into_iter()
+            .flatten()
+        {
+            let is_lib = target
+                .get("kind")
+                .and_then(|k| k.as_array())
+                .is_some_and(|k| {
+                    k.iter().any(|k| {
+                        matches!(
+                            k.as_str(),
+                            Some("lib" | "rlib" | "dylib" | "cdylib" | "staticlib" | "proc-macro")
+                        )
+                    })
+                });
+            let Some(src) = target.get("src_path").and_then(|s| s.as_str()) else {
+                continue;
+            };
+            if !is_lib {
+                continue;
+            }
+            let src = PathBuf::from(src);
+            let text = match fs::read_to_string(&src) {
+                Ok(text) => text,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    out.push(Violation {
+                        rule: "crate-docs",
+                        location: relative(root, &src),
+                        detail: format!("{name}'s library root does not exist"),
+                    });
+                    continue;
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| format!("could not read {}", src.display()))
+                }
+            };
+            if !starts_with_crate_doc(&text) {
+                out.push(Violation {
+                    rule: "crate-docs",
+                    location: format!("{}:1", relative(root, &src)),
+                    detail: format!(
+                        "{name}'s library root must open with a `//!` doc saying what the \
+                         crate is for"
+                    ),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Whether a manifest opts into the workspace lints: a `[lints]` table with
+/// `workspace = true`, or `lints.workspace = true` / `lints = { workspace = true }` in
+/// the root table.
+pub fn has_workspace_lints(manifest: &str) -> bool {
+    let mut table = String::new();
+    for line in manifest.lines() {
+        let line = strip_comment(line).trim();
+        if line.is_empty() {
+            continue;
+        }
+        if line.starts_with('[') {
+            table = line
+                .trim_matches(|c| c == '[' || c == ']')
+                .chars()
+                .filter(|c| !c.is_whitespace())
+                .collect();
+            continue;
+        }
+        let compact: String = line.chars().filter(|c| !c.is_whitespace()).collect();
+        let holds = match table.as_str() {
+            "lints" => compact == "workspace=true",
+            "" => compact == "lints.workspace=true" || compact == "lints={workspace=true}",
+            _ => false,
+        };
+        if holds {
+            return true;
+        }
+    }
+    false
+}
+
+/// A TOML line without its trailing comment (a `#` outside a string).
+fn strip_comment(line: &str) -> &str {
+    let mut in_string: Option<char> = None;
+    for (i, c) in line.char_indices() {
+        match (in_string, c) {
+            (None, '#') => return &line[..i],
+            (None, '"' | '\'') => in_string = Some(c),
+            (Some(q), c) if c == q => in_string = None,
+            _ => {}
+        }
+    }
+    line
+}
+
+/// Whether a source file's first non-blank line is a `//!` doc comment.
+pub fn starts_with_crate_doc(source: &str) -> bool {
+    source
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .is_some_and(|l| l.starts_with("//!"))
+}
+
+/// The folders whose Rust sources [`no_placeholders`] reads.
+pub const SOURCE_DIRS: &[&str] = &["crates", "xtask", "tests"];
+
+/// What [`no_placeholders`] looks for, spelt in pieces so that this file does not
+/// contain them.
+fn placeholders() -> [(String, &'static str); 3] {
+    [
+        (
+            ["todo", "!("].concat(),
+            "unfinished code: finish it, or return an error that says what is missing",
+        ),
+        (
+            ["unimplemented", "!("].concat(),
+            "unfinished code: finish it, or return an error that says what is missing",
+        ),
+        (
+            ["#[", "ignore"].concat(),
+            "ignored test: make it pass deterministically or delete it",
+        ),
+    ]
+}
+
+/// `no-placeholders`: see the module docs.
+pub fn no_placeholders(root: &Path) -> Result<Vec<Violation>> {
+    let mut files = Vec::new();
+    for dir in SOURCE_DIRS {
+        let dir = root.join(dir);
+        if dir.is_dir() {
+            rust_files(&dir, &mut files)?;
+        }
+    }
+    files.sort();
+    let mut out = Vec::new();
+    for file in files {
+        let text = fs::read_to_string(&file)
+            .with_context(|| format!("could not read {}", file.display()))?;
+        for (line, pattern, detail) in find_placeholders(&text) {
+            out.push(Violation {
+                rule: "no-placeholders",
+                location: format!("{}:{line}", relative(root, &file)),
+                detail: format!("`{pattern}`: {detail}"),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The placeholders in one source text: (1-based line, pattern, advice).
+pub fn find_placeholders(source: &str) -> Vec<(usize, String, &'static str)> {
+    let patterns = placeholders();
+    let mut out = Vec::new();
+    for (i, line) in source.lines().enumerate() {
+        for (pattern, detail) in &patterns {
+            if line.contains(pattern.as_str()) {
+                out.push((i + 1, pattern.clone(), *detail));
+            }
+        }
+    }
+    out
+}
+
+/// Every `.rs` file under `dir`, skipping `target` and hidden folders.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let entries = fs::read_dir(dir).with_context(|| format!("could not list {}", dir.display()))?;
+    for entry in entries {
+        let entry = entry.with_context(|| format!("could not list {}", dir.display()))?;
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let kind = entry
+            .file_type()
+            .with_context(|| format!("could not stat {}", path.display()))?;
+        if kind.is_dir() {
+            if name != "target" && !name.starts_with('.') {
+                rust_files(&path, out)?;
+            }
+        } else if kind.is_file() && name.ends_with(".rs") {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+fn relative(root: &Path, path: &Path) -> String {
+    path.strip_prefix(root)
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str, features: &[&str]) -> TreeEntry {
+        TreeEntry {
+            name: name.into(),
+            version: "v1.0.0".into(),
+            features: features.iter().map(|f| (*f).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn tree_lines_parse_with_features_and_dedup_marks() {
+        let out = "intercept-core v0.1.0 (/w/crates/intercept-core)|\n\
+                   tokio v1.48.0|bytes,default,net,rt (*)\n\
+                   async-trait v0.1.92 (proc-macro)|\n";
+        let tree = parse_tree(out);
+        assert_eq!(tree.len(), 3);
+        assert_eq!(tree[0].name, "intercept-core");
+        assert_eq!(tree[1], {
+            let mut e = entry("tokio", &["bytes", "default", "net", "rt"]);
+            e.version = "v1.48.0".into();
+            e
+        });
+        assert_eq!(tree[2].name, "async-trait");
+        assert!(tree[2].features.is_empty());
+    }
+
+    #[test]
+    fn core_rule_flags_hyper_siblings_and_tokio_io() {
+        let clean = [
+            entry("intercept-core", &[]),
+            entry("tokio", &["rt", "sync", "macros"]),
+            entry("http", &["std"]),
+        ];
+        assert!(core_violations(&clean).is_empty());
+
+        let dirty = [
+            entry("intercept-core", &[]),
+            entry("hyper", &[]),
+            entry("hyper-util", &[]),
+            entry("intercept-server", &[]),
+            entry("tokio", &["rt", "net"]),
+            entry("tokio", &["rt", "net"]),
+        ];
+        let v = core_violations(&dirty);
+        assert_eq!(v.len(), 4, "{v:?}");
+        assert!(v.iter().all(|v| v.rule == "core-isolated"));
+        assert!(v[3].detail.contains("net"), "{}", v[3]);
+        let full = [entry("intercept-core", &[]), entry("tokio", &["full"])];
+        assert_eq!(core_violations(&full).len(), 1);
+    }
+
+    #[test]
+    fn workspace_lints_are_found_in_each_spelling() {
+        assert!(has_workspace_lints(
+            "[package]\nname = \"a\"\n\n[lints]\nworkspace = true\n"
+        ));
+        assert!(has_workspace_lints(
+            "[ lints ]\n  workspace=true # shared\n"
+        ));
+        assert!(has_workspace_lints(
+            "lints.workspace = true\n[package]\nname = \"a\"\n"
+        ));
+        assert!(has_workspace_lints("lints = { workspace = true }\n"));
+        assert!(!has_workspace_lints("[package]\nworkspace = true\n"));
+        assert!(!has_workspace_lints("[lints]\n# workspace = true\n"));
+        assert!(!has_workspace_lints(
+            "[lints.rust]\nworkspace = true\n[dependencies]\n"
+        ));
+        assert!(!has_workspace_lints("[package]\nname = \"a\"\n"));
+    }
+
+    #[test]
+    fn crate_docs_must_come_first() {
+        assert!(starts_with_crate_doc("//! What it is.\n\nmod a;\n"));
+        assert!(starts_with_crate_doc("\n  //! Indented.\n"));
+        assert!(!starts_with_crate_doc("// plain comment\n//! doc\n"));
+        assert!(!starts_with_crate_doc("fn main() {}\n"));
+        assert!(!starts_with_crate_doc(""));
+    }
+
+    #[test]
+    fn placeholders_are_found_with_their_lines() {
+        let todo = ["to", "do!()"].concat();
+        let ignore = ["#[ig", "nore]"].concat();
+        let unimpl = ["unimpl", "emented!(\"x\")"].concat();
+        let src = format!("fn a() {{ {todo} }}\nfn b() {{}}\n{ignore}\nfn c() {{ {unimpl} }}\n");
+        let found: Vec<usize> = find_placeholders(&src).iter().map(|f| f.0).collect();
+        assert_eq!(found, vec![1, 3, 4]);
+        assert!(find_placeholders("fn todo() {}\n// ignored\n").is_empty());
+    }
+
+    #[test]
+    fn violations_read_as_rule_location_detail() {
+        let v = Violation {
+            rule: "crate-docs",
+            location: "crates/x/src/lib.rs:1".into(),
+            detail: "add a doc".into(),
+        };
+        assert_eq!(
+            v.to_string(),
+            "[crate-docs] crates/x/src/lib.rs:1: add a doc"
+        );
+        assert!(report(&[v]).starts_with("tidy found 1 problem(s):\n  [crate-docs]"));
+    }
+
+    #[test]
+    fn publish_field_is_read_like_cargo_does() {
+        assert!(is_publishable(&serde_json::json!({"publish": null})));
+        assert!(is_publishable(&serde_json::json!({})));
+        assert!(!is_publishable(&serde_json::json!({"publish": []})));
+        assert!(is_publishable(
+            &serde_json::json!({"publish": ["crates-io"]})
+        ));
+    }
+}
