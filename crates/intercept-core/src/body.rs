@@ -138,6 +138,11 @@ impl JsonBody {
         Ok(JsonBody { source, members })
     }
 
+    /// The bytes the body was parsed from (as the harness sent them).
+    pub fn source(&self) -> &Bytes {
+        &self.source
+    }
+
     /// The number of bytes this body serialises to.
     pub fn encoded_len(&self) -> usize {
         self.chunks().iter().map(Bytes::len).sum()

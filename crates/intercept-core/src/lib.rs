@@ -54,7 +54,7 @@ pub use record::{CallError, CallRecord, Usage};
 pub use secret::Secret;
 pub use session::{
     CallInfo, HookAction, Limits, RecordSink, RolloutSession, Sampling, Session, SessionConfig,
-    SessionStatus, Totals, Trace, Upstream,
+    SessionStatus, ToolAction, ToolPhase, Totals, Trace, Upstream,
 };
 pub use slot::Slot;
 pub use tunnel::{BindAddr, Endpoint, Health, Tunnel};

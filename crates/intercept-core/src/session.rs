@@ -126,6 +126,35 @@ pub enum HookAction {
     Stop(String),
 }
 
+/// When a tool hook runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolPhase {
+    /// Before the harness uses the tool result (may short-circuit it).
+    Before,
+    /// After the tool ran.
+    After,
+}
+
+/// What a tool hook decided.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ToolAction {
+    /// Use the result as it is.
+    Allow,
+    /// Use this tool message instead.
+    Rewrite {
+        /// The replacement tool message.
+        message: serde_json::Value,
+    },
+    /// Stop the rollout.
+    Stop {
+        /// The stop condition.
+        reason: String,
+    },
+}
+
 /// What the server tells a request hook about the call.
 #[derive(Debug, Clone)]
 pub struct CallInfo {
@@ -183,6 +212,35 @@ pub trait Session: Send + Sync + fmt::Debug + 'static {
         Ok(HookAction::Continue)
     }
 
+    /// Whether [`Session::on_response`] must see responses. When true, streams are
+    /// buffered (memory up to a bound, then a temporary file) until the hook has run;
+    /// keepalive comments flow meanwhile.
+    fn inspects_responses(&self) -> bool {
+        false
+    }
+
+    /// Runs on the complete response (for a stream, the assembled one) before the
+    /// harness sees it, when [`Session::inspects_responses`] is true. May rewrite it (a
+    /// rewritten stream is re-emitted as a minimal valid stream of the dialect) or stop
+    /// the rollout (the call is recorded; the harness gets `rollout stopped: <name>`).
+    async fn on_response(
+        &self,
+        _call: &CallInfo,
+        _response: &mut serde_json::Value,
+    ) -> Result<HookAction, Error> {
+        Ok(HookAction::Continue)
+    }
+
+    /// A harness-run tool's result, before (`phase = before`) or after it is used. May
+    /// allow it, rewrite it or stop the rollout. Served on `POST /tool`.
+    async fn on_tool(
+        &self,
+        _phase: ToolPhase,
+        _message: &serde_json::Value,
+    ) -> Result<ToolAction, Error> {
+        Ok(ToolAction::Allow)
+    }
+
     /// Receives every finished call.
     fn record(&self, record: CallRecord);
 
@@ -208,6 +266,11 @@ pub trait Session: Send + Sync + fmt::Debug + 'static {
     fn task(&self) -> Option<serde_json::Value> {
         None
     }
+
+    /// Called when a marked SDK retry was answered without an upstream call (a replay
+    /// of the last served response, or a share of an identical attempt in flight).
+    /// Such answers add no record.
+    fn on_replay(&self) {}
 
     /// Called once when the rollout's slot is released, after every in-flight call has
     /// recorded. Nothing reaches the session afterwards.
@@ -261,6 +324,9 @@ pub struct Trace {
     pub stop_condition: Option<String>,
     /// Every call, in the order they ended.
     pub calls: Vec<CallRecord>,
+    /// SDK retries answered without an upstream call (replayed or coalesced).
+    #[serde(default)]
+    pub replays: u64,
 }
 
 #[derive(Debug, Default)]
@@ -270,6 +336,7 @@ struct Inner {
     stop: Option<String>,
     state: serde_json::Value,
     released: bool,
+    replays: u64,
 }
 
 /// The ready session: imposes a model and sampling, enforces [`Limits`], keeps the
@@ -324,6 +391,7 @@ impl RolloutSession {
             id: self.config.id.clone(),
             stop_condition: inner.stop.clone(),
             calls: inner.calls.clone(),
+            replays: inner.replays,
         }
     }
 
@@ -420,6 +488,10 @@ impl Session for RolloutSession {
 
     fn task(&self) -> Option<serde_json::Value> {
         self.config.task.clone()
+    }
+
+    fn on_replay(&self) {
+        self.inner.lock().replays += 1;
     }
 
     fn on_release(&self) {

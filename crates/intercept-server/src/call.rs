@@ -15,7 +15,8 @@ use intercept_core::error::is_context_length_error;
 use intercept_core::record::epoch_seconds;
 use intercept_core::sse::{SseEvent, SseSplitter};
 use intercept_core::{
-    Assembled, CallError, CallRecord, Dialect, Error, JsonBody, Prepared, RawJson, Relay, Summary,
+    Assembled, CallError, CallInfo, CallRecord, Dialect, Error, HookAction, JsonBody, Prepared,
+    RawJson, Relay, Summary,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::sleep_until;
@@ -38,13 +39,44 @@ const ERROR_BODY_LIMIT: u64 = 64 * 1024;
 pub(crate) struct Call {
     pub(crate) shared: Arc<Shared>,
     pub(crate) entry: Arc<Entry>,
-    pub(crate) guard: InflightGuard,
+    /// Held for its `Drop`: keeps the session unsealed until the call recorded.
+    pub(crate) _guard: InflightGuard,
     pub(crate) dialect: Arc<dyn Dialect>,
     pub(crate) prepared: Prepared,
     pub(crate) seq: u64,
     pub(crate) body: JsonBody,
     pub(crate) headers: HeaderMap,
     pub(crate) started: SystemTime,
+    /// Ownership of this attempt for retry coalescing (non-streamed calls).
+    pub(crate) claim: Option<crate::retry::FlightClaim>,
+}
+
+/// What a response hook decided.
+enum HookOutcome {
+    Unchanged,
+    Rewritten(serde_json::Value),
+    Stop(String),
+}
+
+/// Whether the response head of a stream went out.
+enum Head {
+    Pending(oneshot::Sender<Response<ResponseBody>>),
+    Sent { client_gone: bool },
+}
+
+/// The head of a relayed event stream.
+fn sse_head(rx: mpsc::Receiver<Bytes>) -> Response<ResponseBody> {
+    let mut head = Response::new(ResponseBody::Channel(rx));
+    let h = head.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache"),
+    );
+    head
 }
 
 /// How the call ended, for the record.
@@ -169,7 +201,7 @@ impl Call {
         }
     }
 
-    async fn run_json(self, reply: oneshot::Sender<Response<ResponseBody>>) {
+    async fn run_json(mut self, reply: oneshot::Sender<Response<ResponseBody>>) {
         let cancel = self.entry.cancel.clone();
         let work = async {
             let (resp, head_at) = self.open().await?;
@@ -195,11 +227,25 @@ impl Call {
         let (outcome, response) = match result {
             Ok(Ok((body, content_type, head_at))) => match self.dialect.summarize(&body) {
                 Ok(summary) => {
-                    let mut resp = json_response(StatusCode::OK, body.clone());
-                    if let Some(ct) = content_type {
-                        resp.headers_mut().insert(http::header::CONTENT_TYPE, ct);
+                    // A response hook may rewrite the answer or stop the rollout.
+                    let mut served = body.clone();
+                    let mut stop: Option<String> = None;
+                    let mut hook_error: Option<Error> = None;
+                    if self.entry.session.inspects_responses() {
+                        match serde_json::from_slice::<serde_json::Value>(&body) {
+                            Ok(value) => match self.response_hook(&value).await {
+                                Ok(HookOutcome::Unchanged) => {}
+                                Ok(HookOutcome::Rewritten(v)) => {
+                                    served =
+                                        Bytes::from(serde_json::to_vec(&v).unwrap_or_default());
+                                }
+                                Ok(HookOutcome::Stop(reason)) => stop = Some(reason),
+                                Err(e) => hook_error = Some(e),
+                            },
+                            Err(e) => hook_error = Some(Error::UpstreamMalformed(e.to_string())),
+                        }
                     }
-                    let outcome = Outcome {
+                    let mut outcome = Outcome {
                         status: 200,
                         response: Some(RawJson::new(body)),
                         summary,
@@ -207,7 +253,27 @@ impl Call {
                         client_disconnected: false,
                         error: None,
                     };
-                    (outcome, resp)
+                    if let Some(e) = hook_error {
+                        outcome.error = Some(CallError::from(&e));
+                        outcome.status = e.status();
+                        (outcome, error_response(&*self.dialect, &e))
+                    } else if let Some(reason) = stop {
+                        self.entry.session.stop(&reason);
+                        let e = Error::RolloutStopped(
+                            self.entry.session.stop_condition().unwrap_or(reason),
+                        );
+                        outcome.status = e.status();
+                        (outcome, error_response(&*self.dialect, &e))
+                    } else {
+                        if let Some(claim) = self.claim.take() {
+                            claim.served(served.clone());
+                        }
+                        let mut resp = json_response(StatusCode::OK, served);
+                        if let Some(ct) = content_type {
+                            resp.headers_mut().insert(http::header::CONTENT_TYPE, ct);
+                        }
+                        (outcome, resp)
+                    }
                 }
                 Err(e) => {
                     let answered = self.stop_on_context_length(&e);
@@ -239,14 +305,71 @@ impl Call {
         let _ = reply.send(response);
     }
 
+    /// Ends a stream that failed before relaying began: an HTTP error when the response
+    /// head is not sent yet, else a dialect-shaped SSE error event.
+    async fn fail_stream(
+        &self,
+        head: Head,
+        tx: &mpsc::Sender<Bytes>,
+        recorded: &Error,
+        answered: Error,
+    ) {
+        let mut outcome = Outcome::failed(recorded);
+        match head {
+            Head::Pending(reply) => {
+                outcome.status = answered.status();
+                outcome.client_disconnected = reply.is_closed();
+                self.record(outcome);
+                let _ = reply.send(error_response(&*self.dialect, &answered));
+            }
+            Head::Sent { client_gone } => {
+                outcome.status = 200;
+                outcome.client_disconnected = client_gone;
+                self.record(outcome);
+                let _ = tx
+                    .send(
+                        self.dialect
+                            .error_event(answered.status(), &answered.to_string()),
+                    )
+                    .await;
+            }
+        }
+    }
+
     async fn run_stream(self, reply: oneshot::Sender<Response<ResponseBody>>) {
         let cancel = self.entry.cancel.clone();
-        let opened = tokio::select! {
-            biased;
-            _ = cancel.cancelled() => Err(self.cancellation()),
-            r = self.open() => r,
+        let keepalive = self.shared.config.keepalive;
+        let (tx, rx) = mpsc::channel::<Bytes>(self.shared.config.stream_buffer.max(1));
+        let mut rx = Some(rx);
+        let mut head = Head::Pending(reply);
+        // Slow first byte: past the threshold, answer 200 and keep the connection alive
+        // with keepalive comments (tunnels cut requests without response headers).
+        let early_at = tokio::time::Instant::now() + self.shared.config.first_byte_timeout;
+        let mut next_keepalive: Option<tokio::time::Instant> = None;
+        let open = self.open();
+        tokio::pin!(open);
+        let opened = loop {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => break Err(self.cancellation()),
+                r = &mut open => break r,
+                _ = sleep_until(early_at), if matches!(head, Head::Pending(_)) => {
+                    if let (Head::Pending(reply), Some(rx)) = (std::mem::replace(&mut head, Head::Sent { client_gone: false }), rx.take()) {
+                        let gone = reply.send(sse_head(rx)).is_err();
+                        head = Head::Sent { client_gone: gone };
+                        debug!("slow first byte: stream answered early, keeping it alive");
+                    }
+                    next_keepalive = Some(tokio::time::Instant::now());
+                }
+                _ = sleep_until(next_keepalive.unwrap_or(early_at)), if next_keepalive.is_some() => {
+                    if tx.send(Bytes::from_static(KEEPALIVE)).await.is_err() {
+                        head = Head::Sent { client_gone: true };
+                    }
+                    next_keepalive = Some(tokio::time::Instant::now() + keepalive);
+                }
+            }
         };
-        let (resp, head_at) = match opened {
+        let (resp, _head_at) = match opened {
             Ok(r) => r,
             Err(e) => {
                 let answered = if matches!(e, Error::Cancelled(_)) {
@@ -254,57 +377,35 @@ impl Call {
                 } else {
                     e.clone()
                 };
-                let mut outcome = Outcome::failed(&e);
-                outcome.status = answered.status();
-                outcome.client_disconnected = reply.is_closed();
-                self.record(outcome);
-                let _ = reply.send(error_response(&*self.dialect, &answered));
+                self.fail_stream(head, &tx, &e, answered).await;
                 return;
             }
         };
         if !resp.status().is_success() {
             let (recorded, answered) = self.upstream_failure(resp).await;
-            let mut outcome = Outcome::failed(&recorded);
-            outcome.status = answered.status();
-            outcome.client_disconnected = reply.is_closed();
-            self.record(outcome);
-            let _ = reply.send(error_response(&*self.dialect, &answered));
+            self.fail_stream(head, &tx, &recorded, answered).await;
             return;
         }
-        let is_sse = resp
+        let content_type = resp
             .headers()
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("text/event-stream"));
-        if !is_sse {
-            let ct = resp
-                .headers()
-                .get(http::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("no content type")
-                .to_owned();
+            .unwrap_or("no content type")
+            .to_ascii_lowercase();
+        if !content_type.starts_with("text/event-stream") {
             let e = Error::UpstreamMalformed(format!(
-                "the upstream answered a streaming request with `{ct}` instead of an event stream"
+                "the upstream answered a streaming request with `{content_type}` instead of an event stream"
             ));
-            let mut outcome = Outcome::failed(&e);
-            outcome.client_disconnected = reply.is_closed();
-            self.record(outcome);
-            let _ = reply.send(error_response(&*self.dialect, &e));
+            self.fail_stream(head, &tx, &e, e.clone()).await;
             return;
         }
-
-        let (tx, rx) = mpsc::channel::<Bytes>(self.shared.config.stream_buffer.max(1));
-        let mut head = Response::new(ResponseBody::Channel(rx));
-        let h = head.headers_mut();
-        h.insert(
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        h.insert(
-            http::header::CACHE_CONTROL,
-            HeaderValue::from_static("no-cache"),
-        );
-        let mut client_gone = reply.send(head).is_err();
+        let mut client_gone = match head {
+            Head::Pending(reply) => match rx.take() {
+                Some(rx) => reply.send(sse_head(rx)).is_err(),
+                None => true,
+            },
+            Head::Sent { client_gone } => client_gone,
+        };
         let mut gone_deadline =
             client_gone.then(|| tokio::time::Instant::now() + self.shared.config.disconnect_grace);
 
@@ -318,7 +419,8 @@ impl Call {
         let mut next_keepalive = tokio::time::Instant::now() + keepalive;
         let mut events: Vec<Bytes> = Vec::new();
         let mut upstream_done = false;
-        let _ = head_at;
+        let inspect = self.entry.session.inspects_responses();
+        let mut spool = crate::spool::Spool::new(self.shared.config.inspect_memory);
 
         'relay: loop {
             let frame = tokio::select! {
@@ -374,6 +476,14 @@ impl Call {
                     Some(Bytes::from_static(KEEPALIVE))
                 } else {
                     match assembler.push(&parsed) {
+                        Relay::Forward | Relay::Withhold if inspect => {
+                            // Held back until the response hook has run.
+                            if let Err(e) = spool.push(ev).await {
+                                failure =
+                                    Some(Error::Internal(format!("cannot buffer the stream: {e}")));
+                            }
+                            None
+                        }
                         Relay::Forward => Some(ev),
                         Relay::Withhold => {
                             withheld.push(ev);
@@ -396,10 +506,22 @@ impl Call {
             }
         }
 
-        let assembled: Result<Assembled, Error> = match failure {
+        let mut assembled: Result<Assembled, Error> = match failure {
             Some(e) => Err(e),
             None => assembler.finish(),
         };
+        let mut rewritten: Option<serde_json::Value> = None;
+        let mut stopped: Option<String> = None;
+        if inspect {
+            if let Ok(a) = &assembled {
+                match self.response_hook(&a.response).await {
+                    Ok(HookOutcome::Unchanged) => {}
+                    Ok(HookOutcome::Rewritten(v)) => rewritten = Some(v),
+                    Ok(HookOutcome::Stop(reason)) => stopped = Some(reason),
+                    Err(e) => assembled = Err(e),
+                }
+            }
+        }
         let outcome = match &assembled {
             Ok(a) => Outcome {
                 status: 200,
@@ -418,8 +540,28 @@ impl Call {
             }
         };
         self.record(outcome);
-        if !client_gone {
+        if let Some(reason) = stopped {
+            self.entry.session.stop(&reason);
+            let e = Error::RolloutStopped(self.entry.session.stop_condition().unwrap_or(reason));
+            let _ = tx
+                .send(self.dialect.error_event(e.status(), &e.to_string()))
+                .await;
+        } else if !client_gone {
             match assembled {
+                Ok(_) if inspect => match rewritten {
+                    Some(v) => {
+                        for ev in self.dialect.synthesize_stream(&v) {
+                            if tx.send(ev).await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                    None => {
+                        if let Err(e) = spool.replay(&tx).await {
+                            warn!(error = %e, "could not replay a buffered stream");
+                        }
+                    }
+                },
                 Ok(_) => {
                     for ev in withheld {
                         if tx.send(ev).await.is_err() {
@@ -431,7 +573,7 @@ impl Call {
                     let shown = if matches!(e, Error::Cancelled(_)) {
                         self.cancellation_reply()
                     } else {
-                        e
+                        self.stop_on_context_length(&e)
                     };
                     let _ = tx
                         .send(self.dialect.error_event(shown.status(), &shown.to_string()))
@@ -440,7 +582,22 @@ impl Call {
             }
         }
         drop(tx);
-        drop(self.guard);
+    }
+
+    /// Runs the session's response hook on a complete response.
+    async fn response_hook(&self, response: &serde_json::Value) -> Result<HookOutcome, Error> {
+        let info = CallInfo {
+            dialect: self.dialect.kind(),
+            stream: self.prepared.stream,
+            seq: self.seq,
+        };
+        let mut value = response.clone();
+        match self.entry.session.on_response(&info, &mut value).await {
+            Ok(HookAction::Stop(reason)) => Ok(HookOutcome::Stop(reason)),
+            Ok(_) if value != *response => Ok(HookOutcome::Rewritten(value)),
+            Ok(_) => Ok(HookOutcome::Unchanged),
+            Err(e) => Err(Error::Internal(format!("response hook failed: {e}"))),
+        }
     }
 
     /// Records the call. The in-flight guard stays with `self`, so the session cannot be

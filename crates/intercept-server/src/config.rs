@@ -19,6 +19,11 @@ pub struct ServerConfig {
     /// On stop, in-flight calls may finish for this long before they are cancelled
     /// (default 30 s).
     pub shutdown_grace: Duration,
+    /// A streaming call whose upstream has sent no response headers for this long is
+    /// answered 200 at once and kept alive with keepalive comments (default 10 s); an
+    /// upstream error after that reaches the harness as an SSE error event. Errors that
+    /// arrive earlier keep their HTTP status, so SDK retries still work.
+    pub first_byte_timeout: Duration,
     /// After a harness disconnects mid-stream, the upstream stream is still read (and
     /// recorded) for at most this long (default 120 s).
     pub disconnect_grace: Duration,
@@ -28,6 +33,9 @@ pub struct ServerConfig {
     /// the upstream takes: agentic completions are slow, and the rollout's own timeout is
     /// the backstop. When it elapses the harness gets 504.
     pub upstream_timeout: Option<Duration>,
+    /// When a session inspects responses, a stream is held in memory up to this many
+    /// bytes, then in a temporary file (default 4 MiB).
+    pub inspect_memory: usize,
     /// Events buffered between the upstream and a slow harness (default 16).
     pub stream_buffer: usize,
     /// Released secrets remembered so that stragglers get 409 `rollout concluded`
@@ -35,6 +43,9 @@ pub struct ServerConfig {
     pub released_memory: usize,
     /// Idle upstream connections kept per upstream host (default 256).
     pub upstream_idle_per_host: usize,
+    /// Secrets of shared tool servers: with one of them and the
+    /// `X-Intercept-State-Route: <session id>` header, `/state` of any session is reachable.
+    pub service_secrets: Vec<intercept_core::Secret>,
     /// Where to listen. `None` asks the tunnel (if any), else binds `127.0.0.1:0`.
     pub listen: Option<SocketAddr>,
     /// The tunnel that exposes the server, if consumers are off this host.
@@ -47,12 +58,15 @@ impl Default for ServerConfig {
             body_limit: 1 << 30,
             keepalive: Duration::from_secs(3),
             shutdown_grace: Duration::from_secs(30),
+            first_byte_timeout: Duration::from_secs(10),
             disconnect_grace: Duration::from_secs(120),
             connect_timeout: Duration::from_secs(5),
             upstream_timeout: None,
+            inspect_memory: 4 << 20,
             stream_buffer: 16,
             released_memory: 65_536,
             upstream_idle_per_host: 256,
+            service_secrets: Vec::new(),
             listen: None,
             tunnel: None,
         }
@@ -73,6 +87,7 @@ impl fmt::Debug for ServerConfig {
             .field("body_limit", &self.body_limit)
             .field("keepalive", &self.keepalive)
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("first_byte_timeout", &self.first_byte_timeout)
             .field("disconnect_grace", &self.disconnect_grace)
             .field("connect_timeout", &self.connect_timeout)
             .field("upstream_timeout", &self.upstream_timeout)

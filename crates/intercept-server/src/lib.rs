@@ -49,10 +49,12 @@ mod config;
 mod http_body;
 mod registry;
 mod respond;
+mod retry;
 mod server;
+mod spool;
 mod upstream;
 
 pub use config::ServerConfig;
 pub use http_body::ResponseBody;
 pub use respond::GENERATED_HEADER;
-pub use server::{InterceptionServer, Stats};
+pub use server::{InterceptionServer, Stats, STATE_ROUTE_HEADER};

@@ -22,6 +22,7 @@ pub(crate) struct Entry {
     drained: Notify,
     released: AtomicBool,
     sealed: AtomicBool,
+    pub(crate) retry: Mutex<crate::retry::RetryState>,
 }
 
 impl fmt::Debug for Entry {
@@ -46,6 +47,7 @@ impl Entry {
             drained: Notify::new(),
             released: AtomicBool::new(false),
             sealed: AtomicBool::new(false),
+            retry: Mutex::new(crate::retry::RetryState::default()),
         }
     }
 

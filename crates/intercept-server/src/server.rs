@@ -430,6 +430,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Respons
         ("/state", &Method::GET | &Method::PUT) | ("/task", &Method::GET) => {
             state_route(shared, req).await
         }
+        ("/tool", &Method::POST) => tool_route(shared, req).await,
         ("/healthz", &Method::GET) => json_response(StatusCode::OK, &b"{\"status\":\"ok\"}"[..]),
         _ => plain_error(&Error::NotFound {
             method: method.to_string(),
@@ -437,6 +438,10 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Respons
         }),
     }
 }
+
+/// The header naming the session when a shared tool server reaches `/state` with a
+/// service secret.
+pub const STATE_ROUTE_HEADER: &str = "x-intercept-state-route";
 
 /// A flat `{"error": <text>}` body, as the state and task channels answer.
 fn flat_error(error: &Error) -> Response<ResponseBody> {
@@ -453,10 +458,36 @@ fn flat_error(error: &Error) -> Response<ResponseBody> {
 /// `GET /state`, `PUT /state`, `GET /task`: the state capability (the state secret, never
 /// the model secret).
 async fn state_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ResponseBody> {
-    let Some(entry) = intercept_core::dialect::bearer(req.headers())
-        .and_then(|s| shared.registry.by_state(&Secret::new(s)))
-    else {
-        return flat_error(&Error::Unauthorized);
+    let bearer = intercept_core::dialect::bearer(req.headers()).map(Secret::new);
+    let is_state = req.uri().path() == "/state";
+    let entry = match &bearer {
+        None => None,
+        Some(secret) => shared.registry.by_state(secret).or_else(|| {
+            // Shared tool servers: a service secret plus the session id in a header.
+            let service = shared
+                .config
+                .service_secrets
+                .iter()
+                .any(|s| s.matches(secret.expose()));
+            let route = req
+                .headers()
+                .get(STATE_ROUTE_HEADER)
+                .and_then(|v| v.to_str().ok());
+            match (is_state && service, route) {
+                (true, Some(id)) => shared.registry.by_id(id),
+                _ => None,
+            }
+        }),
+    };
+    let Some(entry) = entry else {
+        let released = bearer
+            .as_ref()
+            .is_some_and(|s| shared.registry.was_released(s));
+        return flat_error(&if released {
+            Error::RolloutConcluded
+        } else {
+            Error::Unauthorized
+        });
     };
     let Some(_guard) = entry.enter() else {
         return flat_error(&Error::RolloutConcluded);
@@ -496,6 +527,69 @@ async fn state_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Re
                 Err(e) => flat_error(&e),
             }
         }
+    }
+}
+
+/// `POST /tool`: a harness-run tool's result passes the session's tool hook (model
+/// secret, `Authorization: Bearer` only).
+async fn tool_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ResponseBody> {
+    let Some(secret) = intercept_core::dialect::bearer(req.headers()).map(Secret::new) else {
+        return flat_error(&Error::Unauthorized);
+    };
+    let Some(entry) = shared.registry.by_model(&secret) else {
+        let released = shared.registry.was_released(&secret);
+        return flat_error(&if released {
+            Error::RolloutConcluded
+        } else {
+            Error::Unauthorized
+        });
+    };
+    let Some(_guard) = entry.enter() else {
+        return flat_error(&Error::RolloutConcluded);
+    };
+    let session = entry.session.clone();
+    let ok = |v: &intercept_core::ToolAction| {
+        json_response(StatusCode::OK, serde_json::to_vec(v).unwrap_or_default())
+    };
+    if let Some(reason) = session.stop_condition() {
+        return ok(&intercept_core::ToolAction::Stop { reason });
+    }
+    let bytes = match read_all(req.into_body(), shared.config.body_limit).await {
+        Ok(b) => b,
+        Err(ReadError::TooLarge) => {
+            return flat_error(&Error::PayloadTooLarge {
+                limit: shared.config.body_limit,
+            })
+        }
+        Err(ReadError::Body(e)) => {
+            return flat_error(&Error::invalid(format!("could not read the body: {e}")))
+        }
+    };
+    #[derive(serde::Deserialize)]
+    struct ToolCall {
+        phase: intercept_core::ToolPhase,
+        message: serde_json::Value,
+    }
+    let call: ToolCall = match serde_json::from_slice(&bytes) {
+        Ok(c) => c,
+        Err(e) => {
+            return flat_error(&Error::invalid(format!(
+                "expected {{\"phase\": \"before\"|\"after\", \"message\": <tool message>}}: {e}"
+            )))
+        }
+    };
+    if !call.message.is_object() {
+        return flat_error(&Error::invalid("`message` must be a tool message object"));
+    }
+    match session.on_tool(call.phase, &call.message).await {
+        Ok(intercept_core::ToolAction::Stop { reason }) => {
+            session.stop(&reason);
+            ok(&intercept_core::ToolAction::Stop {
+                reason: session.stop_condition().unwrap_or(reason),
+            })
+        }
+        Ok(action) => ok(&action),
+        Err(e) => flat_error(&e),
     }
 }
 
@@ -559,9 +653,42 @@ async fn model_call(
         Ok(p) => p,
         Err(e) => return fail(e),
     };
+    // Retry atomicity (non-streamed calls): replay before any refusal check.
+    let retry = if prepared.stream {
+        None
+    } else {
+        let marked = crate::retry::is_marked_retry(&parts.headers);
+        let digest = crate::retry::digest(body.source()).await;
+        if let Some(recorded) = crate::retry::replay(&entry, &digest, marked) {
+            debug!(session = session.id(), "intercept replay");
+            session.on_replay();
+            return json_response(StatusCode::OK, recorded);
+        }
+        Some((digest, marked))
+    };
     if entry.is_released() {
         return fail(Error::RolloutConcluded);
     }
+    if let Some(reason) = session.stop_condition() {
+        return fail(Error::RolloutStopped(reason));
+    }
+    let claim = match retry {
+        None => None,
+        Some((digest, marked)) => match crate::retry::coalesce_or_claim(&entry, digest, marked) {
+            crate::retry::Decision::Claim(c) => Some(c),
+            crate::retry::Decision::Coalesce(rx) => {
+                debug!(session = session.id(), "intercept coalesce");
+                drop(guard);
+                return match crate::retry::wait(rx).await {
+                    Some(b) => {
+                        session.on_replay();
+                        json_response(StatusCode::OK, b)
+                    }
+                    None => fail(Error::UpstreamUnavailable("upstream attempt failed".into())),
+                };
+            }
+        },
+    };
     if let Err(reason) = session.check() {
         return fail(Error::RolloutStopped(reason));
     }
@@ -586,13 +713,14 @@ async fn model_call(
     let call = Call {
         shared: shared.clone(),
         entry,
-        guard,
+        _guard: guard,
         dialect: dialect.clone(),
         prepared,
         seq,
         body,
         headers: parts.headers,
         started: SystemTime::now(),
+        claim,
     };
     let (tx, rx) = oneshot::channel();
     shared.tasks.spawn(call.run(tx));

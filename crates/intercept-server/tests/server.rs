@@ -735,3 +735,64 @@ async fn secrets_never_reach_the_logs() {
         assert!(!logs.contains(secret), "a secret leaked into the logs");
     }
 }
+
+#[tokio::test]
+async fn slow_first_byte_is_answered_early_and_kept_alive() {
+    let config = ServerConfig {
+        first_byte_timeout: Duration::from_millis(50),
+        keepalive: Duration::from_millis(30),
+        ..ServerConfig::default()
+    };
+    let h = Harness::with_config(config).await;
+    let (session, _w, guard) = h.session("rollout-slow-head").await;
+    h.upstream
+        .push(Reply::text("late but fine").with_header_delay(Duration::from_millis(250)));
+    let (status, text) = read_stream(
+        &guard.base_url,
+        guard.model_secret.expose(),
+        &chat_body("x", true),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(text.starts_with(": keepalive\n"), "{text}");
+    assert_eq!(sse_data(&text).last().map(String::as_str), Some("[DONE]"));
+    assert!(session.trace().calls[0].error.is_none());
+
+    // An upstream error after the early answer arrives as an SSE error event.
+    h.upstream
+        .push(Reply::error(503, "overloaded").with_header_delay(Duration::from_millis(250)));
+    let (status, text) = read_stream(
+        &guard.base_url,
+        guard.model_secret.expose(),
+        &chat_body("x", true),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let last = sse_data(&text).pop().expect("an event");
+    let v: serde_json::Value = serde_json::from_str(&last).expect("error event");
+    assert_eq!(v["error"]["type"], "api_error");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .expect("msg")
+            .contains("overloaded"),
+        "{text}"
+    );
+    let calls = session.trace().calls;
+    assert_eq!(calls.len(), 2);
+    assert_eq!(
+        calls[1].error.as_ref().expect("err").kind,
+        ErrorKind::UpstreamStatus
+    );
+
+    // Before the threshold, errors keep their status.
+    h.upstream.push(Reply::error(429, "slow down"));
+    let a = post_json(
+        &guard.base_url,
+        Some(guard.model_secret.expose()),
+        &chat_body("x", true),
+    )
+    .await;
+    assert_eq!(a.status, 429);
+    guard.close().await;
+}

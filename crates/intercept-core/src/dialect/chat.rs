@@ -207,6 +207,34 @@ impl Dialect for ChatDialect {
             ..ChatAssembler::default()
         })
     }
+
+    fn synthesize_stream(&self, response: &Value) -> Vec<bytes::Bytes> {
+        let choice = &response["choices"][0];
+        let mut delta = choice
+            .get("message")
+            .cloned()
+            .unwrap_or_else(|| json!({"role": "assistant"}));
+        if let Some(Value::Array(calls)) = delta.get_mut("tool_calls") {
+            for (i, call) in calls.iter_mut().enumerate() {
+                call["index"] = json!(i);
+            }
+        }
+        let mut chunk = Map::new();
+        for key in ["id", "created", "model", "system_fingerprint"] {
+            if let Some(v) = response.get(key) {
+                chunk.insert(key.to_owned(), v.clone());
+            }
+        }
+        chunk.insert("object".into(), json!("chat.completion.chunk"));
+        chunk.insert(
+            "choices".into(),
+            json!([{"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason").cloned().unwrap_or(json!("stop"))}]),
+        );
+        vec![
+            super::data_event(&Value::Object(chunk)),
+            bytes::Bytes::from_static(b"data: [DONE]\n\n"),
+        ]
+    }
 }
 
 #[derive(Debug, Default)]

@@ -210,6 +210,72 @@ impl Dialect for MessagesDialect {
     fn assembler(&self, _prepared: &Prepared) -> Box<dyn StreamAssembler> {
         Box::<MessagesAssembler>::default()
     }
+
+    fn synthesize_stream(&self, response: &Value) -> Vec<Bytes> {
+        let mut start = response.clone();
+        start["content"] = json!([]);
+        start["stop_reason"] = Value::Null;
+        start["stop_sequence"] = Value::Null;
+        let usage = response.get("usage").cloned().unwrap_or_else(|| json!({}));
+        let mut start_usage = usage.clone();
+        start_usage["output_tokens"] = json!(0);
+        start["usage"] = start_usage;
+        let mut events = vec![super::named_event(
+            "message_start",
+            &json!({"type": "message_start", "message": start}),
+        )];
+        for (i, block) in response["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let (empty, delta) = match block["type"].as_str() {
+                Some("text") => (
+                    json!({"type": "text", "text": ""}),
+                    json!({"type": "text_delta", "text": block["text"]}),
+                ),
+                Some("thinking") => (
+                    json!({"type": "thinking", "thinking": ""}),
+                    json!({"type": "thinking_delta", "thinking": block["thinking"]}),
+                ),
+                Some("tool_use") => {
+                    let mut empty = block.clone();
+                    empty["input"] = json!({});
+                    let partial =
+                        serde_json::to_string(&block["input"]).unwrap_or_else(|_| "{}".into());
+                    (
+                        empty,
+                        json!({"type": "input_json_delta", "partial_json": partial}),
+                    )
+                }
+                _ => (block.clone(), Value::Null),
+            };
+            events.push(super::named_event(
+                "content_block_start",
+                &json!({"type": "content_block_start", "index": i, "content_block": empty}),
+            ));
+            if !delta.is_null() {
+                events.push(super::named_event(
+                    "content_block_delta",
+                    &json!({"type": "content_block_delta", "index": i, "delta": delta}),
+                ));
+            }
+            events.push(super::named_event(
+                "content_block_stop",
+                &json!({"type": "content_block_stop", "index": i}),
+            ));
+        }
+        events.push(super::named_event(
+            "message_delta",
+            &json!({"type": "message_delta", "delta": {"stop_reason": response["stop_reason"], "stop_sequence": response["stop_sequence"]}, "usage": usage}),
+        ));
+        events.push(super::named_event(
+            "message_stop",
+            &json!({"type": "message_stop"}),
+        ));
+        events
+    }
 }
 
 #[derive(Debug, Default)]

@@ -160,6 +160,26 @@ pub trait Dialect: Send + Sync + fmt::Debug + 'static {
 
     /// A fresh stream assembler for one call.
     fn assembler(&self, prepared: &Prepared) -> Box<dyn StreamAssembler>;
+
+    /// A minimal valid stream (raw SSE events, terminal event last) that carries a
+    /// complete response; used when a hook rewrote a streamed response.
+    fn synthesize_stream(&self, response: &serde_json::Value) -> Vec<Bytes>;
+}
+
+/// One `data:` event.
+pub(crate) fn data_event(value: &serde_json::Value) -> Bytes {
+    let mut out = b"data: ".to_vec();
+    out.extend_from_slice(&serde_json::to_vec(value).unwrap_or_default());
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+/// One `event:` + `data:` event.
+pub(crate) fn named_event(name: &str, value: &serde_json::Value) -> Bytes {
+    let mut out = format!("event: {name}\ndata: ").into_bytes();
+    out.extend_from_slice(&serde_json::to_vec(value).unwrap_or_default());
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
 }
 
 /// The value of `Authorization: Bearer <token>`, if present.
@@ -246,5 +266,39 @@ mod tests {
             http::HeaderValue::from_static("bearer  "),
         );
         assert_eq!(bearer(&h), None);
+    }
+}
+
+#[cfg(test)]
+mod synthesis_tests {
+    use super::*;
+    use crate::sse::{SseEvent, SseSplitter};
+    use serde_json::json;
+
+    /// A synthesised stream assembles back into the response it carries.
+    fn round_trip(dialect: &dyn Dialect, response: serde_json::Value) -> serde_json::Value {
+        let events = dialect.synthesize_stream(&response);
+        let mut splitter = SseSplitter::new();
+        let mut assembler = dialect.assembler(&Prepared::default());
+        for e in events {
+            splitter.push(&e);
+        }
+        while let Some(e) = splitter.next_event() {
+            assembler.push(&SseEvent::new(&e));
+        }
+        assert!(assembler.saw_terminal());
+        assembler.finish().expect("assembled").response
+    }
+
+    #[test]
+    fn chat_messages_and_responses_synthesis_round_trips() {
+        let chat = json!({"id":"c","created":1,"model":"m","object":"chat.completion",
+            "choices":[{"index":0,"message":{"role":"assistant","content":"rewritten"},"finish_reason":"stop","logprobs":null}]});
+        let back = round_trip(&ChatDialect, chat.clone());
+        assert_eq!(back["choices"][0]["message"]["content"], "rewritten");
+        let msg = json!({"id":"m1","type":"message","role":"assistant","model":"m","content":[{"type":"text","text":"hi"},{"type":"tool_use","id":"t","name":"f","input":{"a":1}}],"stop_reason":"tool_use","stop_sequence":null,"usage":{"input_tokens":3,"output_tokens":4}});
+        assert_eq!(round_trip(&MessagesDialect, msg.clone()), msg);
+        let resp = json!({"id":"r","object":"response","status":"completed","output":[{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"output_text","text":"x"}]}],"usage":{"input_tokens":1,"output_tokens":1}});
+        assert_eq!(round_trip(&ResponsesDialect, resp.clone()), resp);
     }
 }

@@ -241,6 +241,72 @@ impl Dialect for ResponsesDialect {
     fn assembler(&self, _prepared: &Prepared) -> Box<dyn StreamAssembler> {
         Box::<ResponsesAssembler>::default()
     }
+
+    fn synthesize_stream(&self, response: &Value) -> Vec<bytes::Bytes> {
+        let text: String = response["output"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|i| i["type"] == "message")
+            .flat_map(|i| i["content"].as_array().cloned().unwrap_or_default())
+            .filter_map(|p| p["text"].as_str().map(str::to_owned))
+            .collect();
+        let item_id = response["output"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|i| i["type"] == "message")
+            .and_then(|i| i["id"].as_str())
+            .unwrap_or("msg_intercepted")
+            .to_owned();
+        let mut created = response.clone();
+        created["status"] = json!("in_progress");
+        created["output"] = json!([]);
+        let part = json!({"type": "output_text", "text": text, "annotations": []});
+        let item = json!({"id": item_id, "type": "message", "role": "assistant", "status": "completed", "content": [part]});
+        let events = [
+            (
+                "response.created",
+                json!({"type": "response.created", "response": created}),
+            ),
+            (
+                "response.output_item.added",
+                json!({"type": "response.output_item.added", "output_index": 0, "item": {"id": item_id, "type": "message", "role": "assistant", "status": "in_progress", "content": []}}),
+            ),
+            (
+                "response.content_part.added",
+                json!({"type": "response.content_part.added", "item_id": item_id, "output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
+            ),
+            (
+                "response.output_text.delta",
+                json!({"type": "response.output_text.delta", "item_id": item_id, "output_index": 0, "content_index": 0, "delta": text}),
+            ),
+            (
+                "response.output_text.done",
+                json!({"type": "response.output_text.done", "item_id": item_id, "output_index": 0, "content_index": 0, "text": text}),
+            ),
+            (
+                "response.content_part.done",
+                json!({"type": "response.content_part.done", "item_id": item_id, "output_index": 0, "content_index": 0, "part": part}),
+            ),
+            (
+                "response.output_item.done",
+                json!({"type": "response.output_item.done", "output_index": 0, "item": item}),
+            ),
+            (
+                "response.completed",
+                json!({"type": "response.completed", "response": response}),
+            ),
+        ];
+        events
+            .into_iter()
+            .enumerate()
+            .map(|(n, (name, mut v))| {
+                v["sequence_number"] = json!(n);
+                super::named_event(name, &v)
+            })
+            .collect()
+    }
 }
 
 #[derive(Debug, Default)]

@@ -1,0 +1,206 @@
+//! The command line (clap), kept apart from `main` so tests can parse it in-process.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{ConfigError, Layers, ServeConfig, CONFIG_ENV};
+use crate::demo::DemoOptions;
+
+/// `intercept`: intercept the LLM API calls of RL rollouts' agent programs.
+#[derive(Debug, Parser)]
+#[command(name = "intercept", version, about)]
+pub struct Cli {
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run an interception as a sidecar with a loopback control API.
+    Serve(Box<ServeArgs>),
+    /// Run simulated rollouts against an embedded mock model and print a summary.
+    Demo(DemoArgs),
+}
+
+/// Flags of `intercept serve`. Each overrides the config file and `INTERCEPT_*`.
+///
+/// Values are checked by the same parser as the other layers, so errors name the flag.
+#[derive(Debug, Default, Args)]
+pub struct ServeArgs {
+    /// TOML config file (also `INTERCEPT_CONFIG`).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Default upstream: an OpenAI-compatible base URL with its version segment
+    /// (`http://127.0.0.1:8000/v1`), or `mock` for the embedded mock model.
+    #[arg(long, value_name = "URL|mock")]
+    pub upstream: Option<String>,
+    /// Name of the environment variable holding the upstream API key.
+    #[arg(long, value_name = "VAR")]
+    pub upstream_api_key_env: Option<String>,
+    /// Default model imposed on sessions that name none.
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+    /// Control API address (loopback only) [default: 127.0.0.1:0].
+    #[arg(long, value_name = "ADDR")]
+    pub control: Option<String>,
+    /// Control API token (else `INTERCEPT_CONTROL_TOKEN`, else generated).
+    #[arg(long, value_name = "TOKEN")]
+    pub control_token: Option<String>,
+    /// Interception shape: server (static and elastic are not available in this build yet).
+    #[arg(long, value_name = "server|static|elastic")]
+    pub interception: Option<String>,
+    /// Sessions per server in an elastic pool [default: 32].
+    #[arg(long, value_name = "N")]
+    pub multiplex: Option<String>,
+    /// Tunnel: none (custom, prime and bore are not available in this build yet).
+    #[arg(long, value_name = "none|custom|prime|bore")]
+    pub tunnel: Option<String>,
+    /// Append each call record to `<DIR>/<session id>.jsonl` as the call ends.
+    #[arg(long, value_name = "DIR")]
+    pub trace_dir: Option<String>,
+    /// Log filter, `RUST_LOG` syntax [default: $RUST_LOG, else info].
+    #[arg(long, value_name = "FILTER")]
+    pub log: Option<String>,
+    /// Log format on stderr: text or json [default: text].
+    #[arg(long, value_name = "text|json")]
+    pub log_format: Option<String>,
+    /// Seconds in-flight calls may take to finish on shutdown [default: 30].
+    #[arg(long, value_name = "SECS")]
+    pub shutdown_grace_secs: Option<String>,
+    /// Released sessions whose traces stay readable [default: 4096].
+    #[arg(long, value_name = "N")]
+    pub released_retention: Option<String>,
+}
+
+impl ServeArgs {
+    /// The flags that were given, as (setting key, value).
+    pub fn flags(&self) -> Vec<(&'static str, String)> {
+        [
+            ("upstream", &self.upstream),
+            ("upstream_api_key_env", &self.upstream_api_key_env),
+            ("model", &self.model),
+            ("control", &self.control),
+            ("control_token", &self.control_token),
+            ("interception", &self.interception),
+            ("multiplex", &self.multiplex),
+            ("tunnel", &self.tunnel),
+            ("trace_dir", &self.trace_dir),
+            ("log", &self.log),
+            ("log_format", &self.log_format),
+            ("shutdown_grace_secs", &self.shutdown_grace_secs),
+            ("released_retention", &self.released_retention),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.clone().map(|v| (k, v)))
+        .collect()
+    }
+
+    /// Resolves the settings: the config file (`--config`, else `INTERCEPT_CONFIG`) <
+    /// `env` < these flags.
+    pub fn resolve(&self, env: &[(String, String)]) -> Result<ServeConfig, ConfigError> {
+        let path = self.config.clone().or_else(|| {
+            env.iter()
+                .find(|(k, _)| k == CONFIG_ENV)
+                .map(|(_, v)| PathBuf::from(v))
+        });
+        let text = match &path {
+            Some(p) => Some(std::fs::read_to_string(p).map_err(|e| ConfigError::File {
+                path: p.clone(),
+                message: e.to_string(),
+            })?),
+            None => None,
+        };
+        let flags = self.flags();
+        ServeConfig::from_layers(Layers {
+            file: path.as_deref().zip(text.as_deref()),
+            env,
+            flags: &flags,
+        })
+    }
+}
+
+/// Flags of `intercept demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Concurrent simulated rollouts.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub rollouts: u32,
+    /// User turns per rollout [default: 3 to 5, varying].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub turns: Option<u32>,
+    /// Where to write the JSONL traces [default: a fresh directory under the temp dir].
+    #[arg(long, value_name = "DIR")]
+    pub trace_dir: Option<PathBuf>,
+}
+
+impl DemoArgs {
+    /// The demo options.
+    pub fn options(&self) -> DemoOptions {
+        DemoOptions {
+            rollouts: self.rollouts as usize,
+            turns: self.turns.map(|t| t as usize),
+            trace_dir: self.trace_dir.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_layers_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("intercept.toml");
+        std::fs::write(
+            &file,
+            "upstream = \"mock\"\nmultiplex = 4\nmodel = \"file\"\n",
+        )
+        .unwrap();
+        let cli = Cli::try_parse_from([
+            "intercept",
+            "serve",
+            "--model",
+            "flag",
+            "--trace-dir",
+            "/tmp/t",
+        ])
+        .unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("not serve");
+        };
+        let env = vec![
+            (CONFIG_ENV.to_string(), file.display().to_string()),
+            ("INTERCEPT_MULTIPLEX".to_string(), "6".to_string()),
+        ];
+        let c = args.resolve(&env).unwrap();
+        assert_eq!(c.model.as_deref(), Some("flag"));
+        assert_eq!(c.multiplex, 6);
+        assert_eq!(c.upstream, Some(crate::config::UpstreamSetting::Mock));
+        assert_eq!(c.trace_dir, Some(PathBuf::from("/tmp/t")));
+
+        let missing = ServeArgs {
+            config: Some(dir.path().join("absent.toml")),
+            ..ServeArgs::default()
+        };
+        assert!(matches!(
+            missing.resolve(&[]),
+            Err(ConfigError::File { .. })
+        ));
+    }
+
+    #[test]
+    fn demo_flags() {
+        let cli =
+            Cli::try_parse_from(["intercept", "demo", "--rollouts", "3", "--turns", "2"]).unwrap();
+        let Command::Demo(args) = cli.command else {
+            panic!("not demo");
+        };
+        let o = args.options();
+        assert_eq!((o.rollouts, o.turns), (3, Some(2)));
+        assert!(Cli::try_parse_from(["intercept", "demo", "--rollouts", "0"]).is_err());
+    }
+}

@@ -1,0 +1,584 @@
+//! The control API: create and release sessions, read their traces, metrics and health.
+//!
+//! Every route but `GET /healthz` needs `Authorization: Bearer <token>`; every error is
+//! `{"error": {"message", "type"}}`.
+//!
+//! | route | answer |
+//! |---|---|
+//! | `POST /v1/sessions` | `201` `{id, base_url, model_secret, state_secret, env}` |
+//! | `GET /v1/sessions` | `{"sessions": [{id, status, calls}]}` |
+//! | `GET /v1/sessions/{id}` | `{id, status, stop_condition, calls, usage}` |
+//! | `GET /v1/sessions/{id}/trace` | `{id, stop_condition, calls: [CallRecord]}` |
+//! | `DELETE /v1/sessions/{id}` | releases the slot, returns the final trace |
+//! | `GET /v1/interception` | `{shape, servers: [{base_url, load, healthy}]}` |
+//! | `GET /metrics` | Prometheus text |
+//! | `GET /healthz` | `{"status": "ok"}` (no token) |
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt as _, Full, Limited};
+use hyper::body::Incoming;
+use intercept_core::{
+    Interception, Limits, RecordSink, RolloutSession, Sampling, Session, SessionConfig,
+    SessionStatus, Upstream,
+};
+use serde_json::{json, Map, Value};
+use tracing::{info, warn};
+
+use crate::config::check_base_url;
+use crate::jsonl::JsonlSink;
+use crate::sidecar::{ControlState, Held};
+
+/// Largest control request body accepted (16 MiB).
+pub const BODY_LIMIT: usize = 16 << 20;
+
+/// Longest session id accepted.
+pub const MAX_ID_LEN: usize = 128;
+
+type Resp = Response<Full<Bytes>>;
+
+fn respond(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Resp {
+    let mut resp = Response::new(Full::new(body.into()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(content_type),
+    );
+    resp
+}
+
+fn ok_json(status: StatusCode, value: &Value) -> Resp {
+    respond(
+        status,
+        "application/json",
+        serde_json::to_vec(value).unwrap_or_default(),
+    )
+}
+
+/// An error answer: one status, one `type`, a message naming what is wrong.
+fn error(status: StatusCode, message: impl Into<String>) -> Resp {
+    let kind = match status {
+        StatusCode::BAD_REQUEST => "invalid_request_error",
+        StatusCode::UNAUTHORIZED => "authentication_error",
+        StatusCode::NOT_FOUND => "not_found_error",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed_error",
+        StatusCode::CONFLICT => "conflict_error",
+        StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large_error",
+        StatusCode::SERVICE_UNAVAILABLE => "unavailable_error",
+        _ => "internal_error",
+    };
+    ok_json(
+        status,
+        &json!({"error": {"message": message.into(), "type": kind}}),
+    )
+}
+
+/// Handles one control request.
+pub(crate) async fn handle(state: Arc<ControlState>, req: Request<Incoming>) -> Resp {
+    let path = req.uri().path().to_owned();
+    let method = req.method().clone();
+    if path == "/healthz" {
+        return match method {
+            Method::GET => ok_json(StatusCode::OK, &json!({"status": "ok"})),
+            _ => not_allowed(&method, &path),
+        };
+    }
+    let authorized = intercept_core::dialect::bearer(req.headers())
+        .is_some_and(|candidate| state.token.matches(candidate));
+    if !authorized {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong control token: send `Authorization: Bearer <token>` with the \
+             token from the ready line",
+        );
+    }
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match (segments.as_slice(), &method) {
+        (["v1", "sessions"], &Method::POST) => create(&state, req).await,
+        (["v1", "sessions"], &Method::GET) => list(&state),
+        (["v1", "sessions", id], &Method::GET) => status(&state, id),
+        (["v1", "sessions", id], &Method::DELETE) => delete(&state, id).await,
+        (["v1", "sessions", id, "trace"], &Method::GET) => trace(&state, id),
+        (["v1", "interception"], &Method::GET) => interception(&state),
+        (["metrics"], &Method::GET) => respond(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            state.metrics.render(state.gauges()),
+        ),
+        (["v1", "sessions"], _)
+        | (["v1", "sessions", _], _)
+        | (["v1", "sessions", _, "trace"], _)
+        | (["v1", "interception"], _)
+        | (["metrics"], _) => not_allowed(&method, &path),
+        _ => error(
+            StatusCode::NOT_FOUND,
+            format!("no route {method} {path}; see docs/sidecar.md for the control API"),
+        ),
+    }
+}
+
+fn not_allowed(method: &Method, path: &str) -> Resp {
+    error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{method} is not allowed on {path}"),
+    )
+}
+
+/// What `POST /v1/sessions` may carry.
+struct CreateRequest {
+    id: Option<String>,
+    model: Option<String>,
+    sampling: Sampling,
+    limits: Limits,
+    upstream: Option<Upstream>,
+    task: Option<Value>,
+}
+
+fn bad(message: impl Into<String>) -> Resp {
+    error(StatusCode::BAD_REQUEST, message)
+}
+
+/// Checks a session id: 1–128 characters of `A-Z a-z 0-9 . _ -`, not starting with `.`
+/// (it names the trace file).
+pub fn check_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > MAX_ID_LEN {
+        return Err(format!("id: must be 1 to {MAX_ID_LEN} characters"));
+    }
+    if id.starts_with('.')
+        || !id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    {
+        return Err(format!(
+            "id: {id:?} may hold only letters, digits, `.`, `_` and `-`, and must not start \
+             with `.`"
+        ));
+    }
+    Ok(())
+}
+
+fn parse_create(body: &[u8]) -> Result<CreateRequest, String> {
+    let mut out = CreateRequest {
+        id: None,
+        model: None,
+        sampling: Sampling::new(),
+        limits: Limits::default(),
+        upstream: None,
+        task: None,
+    };
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(out);
+    }
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| format!("the body is not valid JSON: {e}"))?;
+    let Value::Object(fields) = value else {
+        return Err("the body must be a JSON object".into());
+    };
+    let string = |key: &str, v: &Value| -> Result<Option<String>, String> {
+        match v {
+            Value::Null => Ok(None),
+            Value::String(s) => Ok(Some(s.clone())),
+            _ => Err(format!("{key}: expected a string")),
+        }
+    };
+    for (key, v) in &fields {
+        match key.as_str() {
+            "id" => {
+                out.id = string("id", v)?;
+                if let Some(id) = &out.id {
+                    check_id(id)?;
+                }
+            }
+            "model" => {
+                out.model = string("model", v)?;
+                if out.model.as_deref().is_some_and(|m| m.trim().is_empty()) {
+                    return Err("model: must not be empty".into());
+                }
+            }
+            "sampling" => match v {
+                Value::Null => {}
+                Value::Object(map) => out.sampling = map.clone(),
+                _ => {
+                    return Err(
+                        "sampling: expected an object such as {\"temperature\": 0.7}".into(),
+                    )
+                }
+            },
+            "limits" => {
+                if !v.is_null() {
+                    out.limits = serde_json::from_value(v.clone()).map_err(|e| {
+                        format!(
+                            "limits: {e} (known: max_turns, max_input_tokens, \
+                             max_output_tokens, max_total_tokens; non-negative integers)"
+                        )
+                    })?;
+                }
+            }
+            "upstream" => match v {
+                Value::Null => {}
+                Value::Object(map) => out.upstream = Some(parse_upstream(map)?),
+                _ => {
+                    return Err(
+                        "upstream: expected an object {\"base_url\", \"api_key_env\"}".into(),
+                    )
+                }
+            },
+            "task" => {
+                if !v.is_null() {
+                    out.task = Some(v.clone());
+                }
+            }
+            other => {
+                return Err(format!(
+                    "unknown field {other:?}; known: id, model, sampling, limits, upstream, task"
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn parse_upstream(map: &Map<String, Value>) -> Result<Upstream, String> {
+    let mut base_url = None;
+    let mut key_env = None;
+    for (key, v) in map {
+        match (key.as_str(), v) {
+            ("base_url", Value::String(s)) => {
+                base_url = Some(check_base_url(s).map_err(|e| format!("upstream.base_url: {e}"))?)
+            }
+            ("base_url", _) => return Err("upstream.base_url: expected a string".into()),
+            ("api_key_env", Value::String(s)) => key_env = Some(s.clone()),
+            ("api_key_env", Value::Null) => {}
+            ("api_key_env", _) => return Err("upstream.api_key_env: expected a string".into()),
+            (other, _) => {
+                return Err(format!(
+                    "upstream: unknown field {other:?}; known: base_url, api_key_env"
+                ))
+            }
+        }
+    }
+    let base_url = base_url.ok_or("upstream.base_url: required")?;
+    let mut upstream = Upstream::new(base_url);
+    if let Some(var) = key_env {
+        let key = std::env::var(&var).map_err(|_| {
+            format!("upstream.api_key_env: the environment variable {var:?} is not set in the sidecar's environment")
+        })?;
+        upstream.api_key = Some(key);
+    }
+    Ok(upstream)
+}
+
+async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
+    if !state.accepting.load(Ordering::SeqCst) {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the sidecar is shutting down; no new sessions",
+        );
+    }
+    let body = match Limited::new(req.into_body(), BODY_LIMIT).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the body exceeds {BODY_LIMIT} bytes"),
+            )
+        }
+        Err(e) => return bad(format!("could not read the body: {e}")),
+    };
+    let request = match parse_create(&body) {
+        Ok(r) => r,
+        Err(message) => return bad(message),
+    };
+    let Some(model) = request.model.or_else(|| state.default_model.clone()) else {
+        return bad("model: required (the sidecar has no default model; start it with --model)");
+    };
+    let Some(upstream) = request.upstream.or_else(|| state.default_upstream.clone()) else {
+        return bad(
+            "upstream: required (the sidecar has no default upstream; start it with --upstream)",
+        );
+    };
+    let id = match request.id {
+        Some(id) => id,
+        None => match generate_id(state) {
+            Some(id) => id,
+            None => {
+                return error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "could not generate a free id",
+                )
+            }
+        },
+    };
+    let sink = match &state.config.trace_dir {
+        Some(dir) => {
+            if state.sessions.lock().contains_key(&id) {
+                return duplicate(&id);
+            }
+            match JsonlSink::open(dir.join(format!("{id}.jsonl"))) {
+                Ok(s) => Some(Arc::new(s)),
+                Err(e) => {
+                    return error(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!(
+                            "cannot open the trace file of {id:?} in {}: {e}",
+                            dir.display()
+                        ),
+                    )
+                }
+            }
+        }
+        None => None,
+    };
+    let mut session = RolloutSession::new(SessionConfig {
+        id: id.clone(),
+        model,
+        sampling: request.sampling,
+        upstream,
+        limits: request.limits,
+        task: request.task,
+    })
+    .with_sink(state.metrics.clone() as Arc<dyn RecordSink>);
+    if let Some(sink) = &sink {
+        session = session.with_sink(sink.clone() as Arc<dyn RecordSink>);
+    }
+    let session = Arc::new(session);
+    {
+        let mut sessions = state.sessions.lock();
+        if sessions.contains_key(&id) {
+            return duplicate(&id);
+        }
+        sessions.insert(
+            id.clone(),
+            Held {
+                session: session.clone(),
+                guard: None,
+                sink,
+                released: false,
+            },
+        );
+    }
+    let guard = match state
+        .server
+        .acquire(session.clone() as Arc<dyn Session>)
+        .await
+    {
+        Ok(g) => g,
+        Err(e) => {
+            state.sessions.lock().remove(&id);
+            warn!(session = %id, error = %e, "could not acquire a slot");
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("could not acquire a slot: {e}"),
+            );
+        }
+    };
+    let slot = guard.slot().clone();
+    {
+        let mut sessions = state.sessions.lock();
+        match sessions.get_mut(&id) {
+            Some(held) if !held.released => held.guard = Some(guard),
+            // Shut down while acquiring: the guard drops here and frees the slot.
+            _ => {
+                return error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the sidecar is shutting down; no new sessions",
+                )
+            }
+        }
+    }
+    state.metrics.session_created();
+    info!(session = %id, "session created");
+    let env: Map<String, Value> = slot
+        .harness_env()
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), Value::String(v)))
+        .collect();
+    ok_json(
+        StatusCode::CREATED,
+        &json!({
+            "id": id,
+            "base_url": slot.base_url,
+            "model_secret": slot.model_secret.expose(),
+            "state_secret": slot.state_secret.expose(),
+            "env": env,
+        }),
+    )
+}
+
+fn duplicate(id: &str) -> Resp {
+    error(
+        StatusCode::CONFLICT,
+        format!("a session with id {id:?} already exists; ids must be unique"),
+    )
+}
+
+fn generate_id(state: &ControlState) -> Option<String> {
+    let sessions = state.sessions.lock();
+    (0..1024).find_map(|_| {
+        let n = state.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = format!("session-{n}");
+        (!sessions.contains_key(&id)).then_some(id)
+    })
+}
+
+fn unknown(id: &str) -> Resp {
+    error(
+        StatusCode::NOT_FOUND,
+        format!("no session {id:?} (never created, or released long enough ago to be forgotten)"),
+    )
+}
+
+fn status_name(s: SessionStatus) -> &'static str {
+    match s {
+        SessionStatus::Active => "active",
+        SessionStatus::Stopped => "stopped",
+        SessionStatus::Released => "released",
+    }
+}
+
+fn session_of(state: &ControlState, id: &str) -> Option<(Arc<RolloutSession>, bool)> {
+    state
+        .sessions
+        .lock()
+        .get(id)
+        .map(|h| (h.session.clone(), h.released))
+}
+
+fn list(state: &ControlState) -> Resp {
+    let mut sessions: Vec<Value> = state
+        .sessions
+        .lock()
+        .iter()
+        .map(|(id, h)| {
+            let status = if h.released {
+                SessionStatus::Released
+            } else {
+                h.session.status()
+            };
+            json!({"id": id, "status": status_name(status), "calls": h.session.calls()})
+        })
+        .collect();
+    sessions.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
+    ok_json(StatusCode::OK, &json!({ "sessions": sessions }))
+}
+
+fn status(state: &ControlState, id: &str) -> Resp {
+    let Some((session, released)) = session_of(state, id) else {
+        return unknown(id);
+    };
+    let status = if released {
+        SessionStatus::Released
+    } else {
+        session.status()
+    };
+    ok_json(
+        StatusCode::OK,
+        &json!({
+            "id": id,
+            "status": status_name(status),
+            "stop_condition": session.stop_condition(),
+            "calls": session.calls(),
+            "usage": session.totals(),
+        }),
+    )
+}
+
+fn trace(state: &ControlState, id: &str) -> Resp {
+    match session_of(state, id) {
+        Some((session, _)) => ok_json(
+            StatusCode::OK,
+            &serde_json::to_value(session.trace()).unwrap_or(Value::Null),
+        ),
+        None => unknown(id),
+    }
+}
+
+async fn delete(state: &ControlState, id: &str) -> Resp {
+    let (session, guard) = {
+        let mut sessions = state.sessions.lock();
+        let Some(held) = sessions.get_mut(id) else {
+            return unknown(id);
+        };
+        if !held.released && held.guard.is_none() {
+            return error(
+                StatusCode::CONFLICT,
+                format!("session {id:?} is still being created; retry"),
+            );
+        }
+        held.released = true;
+        (held.session.clone(), held.guard.take())
+    };
+    if let Some(guard) = guard {
+        guard.close().await;
+        state.metrics.session_released();
+        state.retire(id);
+        info!(session = %id, calls = session.calls(), "session released");
+    }
+    ok_json(
+        StatusCode::OK,
+        &serde_json::to_value(session.trace()).unwrap_or(Value::Null),
+    )
+}
+
+fn interception(state: &ControlState) -> Resp {
+    let servers: Vec<Value> = state
+        .server
+        .base_url()
+        .map(|url| json!({"base_url": url, "load": state.server.load(), "healthy": true}))
+        .into_iter()
+        .collect();
+    ok_json(
+        StatusCode::OK,
+        &json!({"shape": state.config.interception.as_str(), "servers": servers}),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids() {
+        assert!(check_id("rollout-7.a_b").is_ok());
+        for bad in ["", ".hidden", "a/b", "..", "sp ace", &"x".repeat(129)] {
+            assert!(check_id(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn create_bodies() {
+        let r = parse_create(b"").unwrap();
+        assert!(r.id.is_none() && r.upstream.is_none());
+        let r = parse_create(
+            br#"{"id":"a","model":"m","sampling":{"temperature":0.5},"limits":{"max_turns":3},
+                "upstream":{"base_url":"http://127.0.0.1:9/v1/"},"task":{"q":1}}"#,
+        )
+        .unwrap();
+        assert_eq!(r.limits.max_turns, Some(3));
+        assert_eq!(r.upstream.unwrap().base_url, "http://127.0.0.1:9/v1");
+        assert_eq!(r.sampling["temperature"], 0.5);
+        for (body, needle) in [
+            (&br#"[1]"#[..], "JSON object"),
+            (b"{", "not valid JSON"),
+            (br#"{"idd":"a"}"#, "\"idd\""),
+            (br#"{"id":5}"#, "id:"),
+            (br#"{"model":""}"#, "model:"),
+            (br#"{"sampling":3}"#, "sampling:"),
+            (br#"{"limits":{"max_turn":3}}"#, "limits:"),
+            (br#"{"limits":{"max_turns":-3}}"#, "limits:"),
+            (br#"{"upstream":{"base_url":"ftp://x"}}"#, "upstream.base_url"),
+            (br#"{"upstream":{}}"#, "upstream.base_url"),
+            (br#"{"upstream":{"url":"http://x"}}"#, "upstream:"),
+            (
+                br#"{"upstream":{"base_url":"http://x","api_key_env":"INTERCEPT_TEST_SURELY_UNSET_VAR"}}"#,
+                "upstream.api_key_env",
+            ),
+        ] {
+            let e = parse_create(body).err().unwrap();
+            assert!(e.contains(needle), "{}: {e}", String::from_utf8_lossy(body));
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! Prometheus metrics of the sidecar, fed by a [`RecordSink`] shared by every session and
+//! rendered as Prometheus text on `GET /metrics`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use intercept_core::{CallRecord, ErrorKind, RecordSink};
+use parking_lot::Mutex;
+
+/// Upper bounds (seconds) of the latency histograms' buckets.
+pub const BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+#[derive(Debug, Default)]
+struct Histogram {
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn observe(&mut self, value: f64) {
+        if self.counts.is_empty() {
+            self.counts = vec![0; BUCKETS.len()];
+        }
+        for (i, bound) in BUCKETS.iter().enumerate() {
+            if value <= *bound {
+                self.counts[i] += 1;
+            }
+        }
+        self.sum += value;
+        self.count += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (i, bound) in BUCKETS.iter().enumerate() {
+            let c = self.counts.get(i).copied().unwrap_or(0);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {c}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum {}", self.sum);
+        let _ = writeln!(out, "{name}_count {}", self.count);
+    }
+}
+
+#[derive(Debug, Default)]
+struct Calls {
+    by_label: BTreeMap<(String, u16), u64>,
+    latency: Histogram,
+    ttfb: Histogram,
+}
+
+/// Gauges read at render time.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Gauges {
+    /// Sessions holding a slot.
+    pub active_sessions: usize,
+    /// Calls in flight.
+    pub inflight_calls: usize,
+    /// Interception servers running.
+    pub servers: usize,
+    /// Tunnels started.
+    pub tunnel_starts: u64,
+    /// Tunnel starts that failed.
+    pub tunnel_failures: u64,
+}
+
+/// The sidecar's counters and histograms.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    calls: Mutex<Calls>,
+    upstream_errors: AtomicU64,
+    sessions_created: AtomicU64,
+    sessions_released: AtomicU64,
+}
+
+impl Metrics {
+    /// Counts a created session.
+    pub fn session_created(&self) {
+        self.sessions_created.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a released session.
+    pub fn session_released(&self) {
+        self.sessions_released.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Prometheus text exposition (format 0.0.4).
+    pub fn render(&self, gauges: Gauges) -> String {
+        let mut out = String::new();
+        let calls = self.calls.lock();
+        out.push_str(
+            "# HELP intercept_calls_total Model calls recorded, by dialect and HTTP status.\n\
+             # TYPE intercept_calls_total counter\n",
+        );
+        for ((dialect, status), n) in &calls.by_label {
+            let _ = writeln!(
+                out,
+                "intercept_calls_total{{dialect=\"{dialect}\",status=\"{status}\"}} {n}"
+            );
+        }
+        calls.latency.render(
+            &mut out,
+            "intercept_call_duration_seconds",
+            "Duration of model calls, from request to record.",
+        );
+        calls.ttfb.render(
+            &mut out,
+            "intercept_time_to_first_byte_seconds",
+            "Time to the first upstream body byte of model calls.",
+        );
+        drop(calls);
+        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
+        };
+        let gauge = |out: &mut String, name: &str, help: &str, v: usize| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        };
+        counter(
+            &mut out,
+            "intercept_upstream_errors_total",
+            "Calls that failed because of the upstream (error status, timeout, unreachable, malformed).",
+            self.upstream_errors.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "intercept_sessions_created_total",
+            "Sessions created through the control API.",
+            self.sessions_created.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "intercept_sessions_released_total",
+            "Sessions released through the control API.",
+            self.sessions_released.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "intercept_tunnel_starts_total",
+            "Tunnels started.",
+            gauges.tunnel_starts,
+        );
+        counter(
+            &mut out,
+            "intercept_tunnel_failures_total",
+            "Tunnel starts that failed.",
+            gauges.tunnel_failures,
+        );
+        gauge(
+            &mut out,
+            "intercept_active_sessions",
+            "Sessions holding a slot.",
+            gauges.active_sessions,
+        );
+        gauge(
+            &mut out,
+            "intercept_inflight_calls",
+            "Model calls in flight.",
+            gauges.inflight_calls,
+        );
+        gauge(
+            &mut out,
+            "intercept_servers",
+            "Interception servers running.",
+            gauges.servers,
+        );
+        out
+    }
+}
+
+impl RecordSink for Metrics {
+    fn on_record(&self, record: &CallRecord) {
+        let upstream = record.error.as_ref().is_some_and(|e| {
+            matches!(
+                e.kind,
+                ErrorKind::UpstreamStatus
+                    | ErrorKind::UpstreamTimeout
+                    | ErrorKind::UpstreamUnavailable
+                    | ErrorKind::UpstreamMalformed
+            )
+        });
+        if upstream {
+            self.upstream_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut calls = self.calls.lock();
+        *calls
+            .by_label
+            .entry((record.dialect.as_str().to_owned(), record.status))
+            .or_default() += 1;
+        calls
+            .latency
+            .observe((record.ended_at - record.started_at).max(0.0));
+        if let Some(ms) = record.ttfb_ms {
+            calls.ttfb.observe(ms / 1000.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counts_and_buckets() {
+        let m = Metrics::default();
+        let mut r: CallRecord = serde_json::from_value(serde_json::json!({
+            "session": "s", "seq": 0, "dialect": "chat_completions", "endpoint": "/chat/completions",
+            "model": "m", "stream": false, "sampling": {}, "request": {},
+            "response": null, "finish_reason": null, "usage": {"prompt_tokens": 1,
+            "completion_tokens": 2, "cached_input_tokens": 0, "reasoning_tokens": 0},
+            "status": 200, "started_at": 10.0, "ended_at": 10.2, "ttfb_ms": 30.0, "error": null
+        }))
+        .unwrap();
+        m.on_record(&r);
+        r.status = 502;
+        r.error = Some(intercept_core::CallError {
+            kind: ErrorKind::UpstreamMalformed,
+            message: "x".into(),
+            status: 502,
+        });
+        m.on_record(&r);
+        m.session_created();
+        let text = m.render(Gauges {
+            active_sessions: 3,
+            servers: 1,
+            ..Gauges::default()
+        });
+        assert!(
+            text.contains("intercept_calls_total{dialect=\"chat_completions\",status=\"200\"} 1")
+        );
+        assert!(
+            text.contains("intercept_calls_total{dialect=\"chat_completions\",status=\"502\"} 1")
+        );
+        assert!(text.contains("intercept_call_duration_seconds_bucket{le=\"0.1\"} 0"));
+        assert!(text.contains("intercept_call_duration_seconds_bucket{le=\"0.25\"} 2"));
+        assert!(text.contains("intercept_time_to_first_byte_seconds_bucket{le=\"0.05\"} 2"));
+        assert!(text.contains("intercept_call_duration_seconds_count 2"));
+        assert!(text.contains("intercept_upstream_errors_total 1"));
+        assert!(text.contains("intercept_sessions_created_total 1"));
+        assert!(text.contains("intercept_active_sessions 3"));
+        assert!(text.contains("intercept_servers 1"));
+    }
+}

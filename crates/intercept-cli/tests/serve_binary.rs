@@ -1,0 +1,288 @@
+//! End to end: the built `intercept serve` binary, driven through its control API, with
+//! `async-openai` as the harness, then SIGTERM while calls are in flight.
+
+// Helpers outside #[test] functions panic on purpose, like the tests themselves.
+#![allow(clippy::unwrap_used)]
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use async_openai::config::OpenAIConfig;
+use async_openai::types::chat::{
+    ChatCompletionRequestUserMessageArgs, CreateChatCompletionRequest,
+    CreateChatCompletionRequestArgs,
+};
+use futures_util::StreamExt as _;
+use http::{Method, StatusCode};
+use intercept_cli::client::HttpClient;
+use intercept_cli::jsonl::read_trace_file;
+use intercept_test::{MockConfig, MockUpstream, Reply};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
+
+/// Bound on every wait of this test.
+const WAIT: Duration = Duration::from_secs(60);
+
+fn harness(env: &Value) -> async_openai::Client<OpenAIConfig> {
+    async_openai::Client::with_config(
+        OpenAIConfig::new()
+            .with_api_base(env["OPENAI_BASE_URL"].as_str().unwrap())
+            .with_api_key(env["OPENAI_API_KEY"].as_str().unwrap()),
+    )
+}
+
+fn request(text: &str) -> CreateChatCompletionRequest {
+    CreateChatCompletionRequestArgs::default()
+        .model("gpt-4o-mini")
+        .messages([ChatCompletionRequestUserMessageArgs::default()
+            .content(text)
+            .build()
+            .unwrap()
+            .into()])
+        .build()
+        .unwrap()
+}
+
+async fn streamed_text(client: &async_openai::Client<OpenAIConfig>, text: &str) -> String {
+    let mut stream = client.chat().create_stream(request(text)).await.unwrap();
+    let mut out = String::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.unwrap();
+        if let Some(c) = chunk.choices.first().and_then(|c| c.delta.content.clone()) {
+            out.push_str(&c);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_binary_end_to_end_with_sigterm_in_flight() {
+    let upstream = MockUpstream::start_with(MockConfig::default())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_intercept"))
+        .args([
+            "serve",
+            "--upstream",
+            &upstream.base_url(),
+            "--upstream-api-key-env",
+            "E2E_UPSTREAM_KEY",
+            "--model",
+            "policy-e2e",
+            "--trace-dir",
+            dir.path().to_str().unwrap(),
+            "--shutdown-grace-secs",
+            "30",
+        ])
+        .env_clear()
+        .env("E2E_UPSTREAM_KEY", "sk-upstream-e2e")
+        .env("INTERCEPT_LOG", "debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let stderr_task = tokio::spawn(async move {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s).await;
+        s
+    });
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    tokio::time::timeout(WAIT, stdout.read_line(&mut line))
+        .await
+        .expect("no ready line in time")
+        .unwrap();
+    let ready: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(ready["event"], "ready");
+    let control = ready["control_url"].as_str().unwrap().to_owned();
+    assert!(control.starts_with("http://127.0.0.1:"), "{control}");
+    let token = ready["token"].as_str().unwrap().to_owned();
+    let http = HttpClient::new();
+
+    // Two sessions, each with its own harness.
+    let mut sessions = Vec::new();
+    for id in ["e2e-a", "e2e-b"] {
+        let r = http
+            .send(
+                Method::POST,
+                &format!("{control}/v1/sessions"),
+                Some(&token),
+                Some(&json!({"id": id})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, StatusCode::CREATED);
+        sessions.push(r.json().unwrap());
+    }
+    let mut secrets: Vec<String> = vec![token.clone()];
+    for s in &sessions {
+        secrets.push(s["model_secret"].as_str().unwrap().to_owned());
+        let client = harness(&s["env"]);
+        let id = s["id"].as_str().unwrap();
+        let resp = client
+            .chat()
+            .create(request(&format!("hi from {id}")))
+            .await
+            .unwrap();
+        assert_eq!(
+            resp.choices[0].message.content.as_deref(),
+            Some(format!("echo: hi from {id}").as_str())
+        );
+        assert_eq!(resp.model, "policy-e2e");
+        assert_eq!(
+            streamed_text(&client, &format!("stream {id}")).await,
+            format!("echo: stream {id}")
+        );
+    }
+    let seen = upstream.requests();
+    assert_eq!(seen.len(), 4);
+    assert!(seen
+        .iter()
+        .all(|r| r.header("authorization") == Some("Bearer sk-upstream-e2e")));
+
+    for s in &sessions {
+        let id = s["id"].as_str().unwrap();
+        let r = http
+            .send(
+                Method::DELETE,
+                &format!("{control}/v1/sessions/{id}"),
+                Some(&token),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, StatusCode::OK);
+        let trace = r.json().unwrap();
+        let calls = trace["calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 2, "{id}");
+        assert_eq!(calls.iter().filter(|c| c["stream"] == true).count(), 1);
+        assert!(calls
+            .iter()
+            .all(|c| c["session"] == id && c["error"].is_null()));
+        let file = read_trace_file(&dir.path().join(format!("{id}.jsonl"))).unwrap();
+        assert_eq!(file.records.len(), 2);
+        assert!(file.skipped.is_empty());
+        // Released: the secret no longer works.
+        let late = harness(&s["env"]).chat().create(request("late")).await;
+        assert!(late.is_err(), "a released session still answered");
+    }
+
+    // SIGTERM while three slow streams are in flight: they finish and are recorded.
+    let r = http
+        .send(
+            Method::POST,
+            &format!("{control}/v1/sessions"),
+            Some(&token),
+            Some(&json!({"id": "e2e-term"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, StatusCode::CREATED);
+    let term = r.json().unwrap();
+    secrets.push(term["model_secret"].as_str().unwrap().to_owned());
+    let answer = "a slow answer that takes a while";
+    upstream.push_many((0..3).map(|_| {
+        Reply::text(answer)
+            .with_chunks(6)
+            .with_chunk_delay(Duration::from_millis(60))
+    }));
+    let before = upstream.request_count();
+    let client = harness(&term["env"]);
+    let calls: Vec<_> = (0..3)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move { streamed_text(&client, &format!("slow {i}")).await })
+        })
+        .collect();
+    tokio::time::timeout(WAIT, upstream.wait_for_requests(before + 3))
+        .await
+        .expect("the calls never reached the upstream");
+    let pid = child.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    for call in calls {
+        let text = tokio::time::timeout(WAIT, call)
+            .await
+            .expect("call hung")
+            .unwrap();
+        assert_eq!(text, answer);
+    }
+    let status = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .expect("no exit")
+        .unwrap();
+    assert!(status.success(), "exit status {status}");
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).await.unwrap();
+    assert_eq!(rest, "", "stdout holds only the ready line");
+    let file = read_trace_file(&dir.path().join("e2e-term.jsonl")).unwrap();
+    assert_eq!(file.records.len(), 3);
+    assert!(file.skipped.is_empty());
+    for r in &file.records {
+        assert!(r.is_ok(), "{:?}", r.error);
+        assert!(r.stream);
+        let response = serde_json::to_value(r.response.as_ref().unwrap()).unwrap();
+        assert_eq!(
+            response["choices"][0]["message"]["content"], answer,
+            "{response}"
+        );
+    }
+
+    let logs = tokio::time::timeout(WAIT, stderr_task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(logs.contains("shutdown signal received"), "{logs}");
+    for secret in &secrets {
+        assert!(
+            !logs.contains(secret.as_str()),
+            "a secret leaked into the logs"
+        );
+    }
+    assert!(
+        !logs.contains("sk-upstream-e2e"),
+        "the upstream key leaked into the logs"
+    );
+    upstream.shutdown().await;
+}
+
+#[tokio::test]
+async fn serve_binary_rejects_bad_settings_naming_the_key() {
+    for (args, env, needle) in [
+        (vec!["serve", "--multiplex", "zero"], vec![], "--multiplex"),
+        (
+            vec!["serve"],
+            vec![("INTERCEPT_TUNNEL", "prime")],
+            "INTERCEPT_TUNNEL",
+        ),
+        (
+            vec!["serve"],
+            vec![("INTERCEPT_NOPE", "1")],
+            "INTERCEPT_NOPE",
+        ),
+        (
+            vec!["serve", "--interception", "elastic"],
+            vec![],
+            "not available in this build yet",
+        ),
+    ] {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_intercept"))
+            .args(&args)
+            .env_clear()
+            .envs(env)
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        assert!(out.stdout.is_empty(), "no ready line on failure");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}

@@ -1,0 +1,148 @@
+//! The per-request work of the server that lives in `intercept-core`, each beside the
+//! obvious alternative it replaces:
+//!
+//! - `body/*`: `JsonBody::parse` + model/sampling override (`ChatDialect::prepare`) +
+//!   `chunks()`, against parsing the whole document into a `serde_json::Value`,
+//!   modifying it and serialising it again; for a 2 KiB and a 1 MiB chat request.
+//! - `sse/split`: `SseSplitter` cutting a 16-chunk chat stream delivered in 1 KiB reads.
+//! - `sse/split+assemble`: the same plus `ChatDialect`'s stream assembler, which is what
+//!   the relay does per stream.
+
+// `criterion_group!` generates an undocumented public function.
+#![allow(missing_docs)]
+
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use intercept_core::sse::{SseEvent, SseSplitter};
+use intercept_core::{ChatDialect, Dialect, JsonBody, Prepared, Sampling};
+use serde_json::json;
+
+fn chat_body(target: usize) -> Bytes {
+    let mut pad = String::new();
+    while pad.len() + 400 < target {
+        pad.push_str(" lorem ipsum dolor sit amet consectetur adipiscing elit");
+    }
+    let body = json!({
+        "model": "harness-model",
+        "messages": [
+            {"role": "system", "content": format!("You are careful.{pad}")},
+            {"role": "user", "content": "please summarise the transcript above in plain words"}
+        ],
+        "temperature": 0.7,
+        "max_tokens": 256,
+        "stream": false
+    });
+    Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+}
+
+fn sampling() -> Sampling {
+    json!({"temperature": 1.0, "top_p": 0.95})
+        .as_object()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn body(c: &mut Criterion) {
+    let sampling = sampling();
+    let mut group = c.benchmark_group("body");
+    for (name, size) in [("2KiB", 2usize << 10), ("1MiB", 1 << 20)] {
+        let source = chat_body(size);
+        group.throughput(Throughput::Bytes(source.len() as u64));
+        group.bench_with_input(
+            BenchmarkId::new("jsonbody_prepare_chunks", name),
+            &source,
+            |b, source| {
+                b.iter(|| {
+                    let mut body = JsonBody::parse(source.clone()).ok()?;
+                    ChatDialect.prepare(&mut body, "policy", &sampling).ok()?;
+                    Some(body.chunks())
+                })
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("serde_value_baseline", name),
+            &source,
+            |b, source| {
+                b.iter(|| {
+                    let mut v: serde_json::Value = serde_json::from_slice(source).ok()?;
+                    let obj = v.as_object_mut()?;
+                    for (k, val) in &sampling {
+                        obj.insert(k.clone(), val.clone());
+                    }
+                    obj.insert("model".into(), json!("policy"));
+                    serde_json::to_vec(&v).ok()
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+/// A Chat Completions stream of `pieces` content chunks, as vLLM sends it.
+fn chat_stream(pieces: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut event = |delta: serde_json::Value, finish: Option<&str>| {
+        let chunk = json!({
+            "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
+            "model": "policy",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
+        });
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(&serde_json::to_vec(&chunk).unwrap_or_default());
+        out.extend_from_slice(b"\n\n");
+    };
+    event(json!({"role": "assistant", "content": ""}), None);
+    for i in 0..pieces {
+        event(json!({"content": format!("word{i} and more ")}), None);
+    }
+    event(json!({}), Some("stop"));
+    let usage = json!({
+        "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "policy",
+        "choices": [], "usage": {"prompt_tokens": 100, "completion_tokens": 50, "total_tokens": 150}
+    });
+    out.extend_from_slice(b"data: ");
+    out.extend_from_slice(&serde_json::to_vec(&usage).unwrap_or_default());
+    out.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+    out
+}
+
+fn sse(c: &mut Criterion) {
+    let stream = chat_stream(16);
+    let reads: Vec<&[u8]> = stream.chunks(1024).collect();
+    let mut group = c.benchmark_group("sse");
+    group.throughput(Throughput::Bytes(stream.len() as u64));
+    group.bench_function("split_16_chunks", |b| {
+        b.iter(|| {
+            let mut splitter = SseSplitter::new();
+            let mut n = 0usize;
+            for read in &reads {
+                splitter.push(read);
+                while let Some(ev) = splitter.next_event() {
+                    n += ev.len();
+                }
+            }
+            n
+        })
+    });
+    let prepared = Prepared {
+        stream: true,
+        hide_stream_usage: true,
+    };
+    group.bench_function("split_assemble_16_chunks", |b| {
+        b.iter(|| {
+            let mut splitter = SseSplitter::new();
+            let mut assembler = ChatDialect.assembler(&prepared);
+            for read in &reads {
+                splitter.push(read);
+                while let Some(ev) = splitter.next_event() {
+                    assembler.push(&SseEvent::new(&ev));
+                }
+            }
+            assembler.finish().ok()
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, body, sse);
+criterion_main!(benches);
