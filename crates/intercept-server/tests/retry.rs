@@ -53,15 +53,33 @@ async fn unmarked_repeats_always_reach_the_upstream() {
     let secret = guard.model_secret.expose().to_owned();
     let mut answers = Vec::new();
     for _ in 0..2 {
-        let a = post(&guard.base_url, "/v1/chat/completions", Some(&secret), body(), &[]).await;
+        let a = post(
+            &guard.base_url,
+            "/v1/chat/completions",
+            Some(&secret),
+            body(),
+            &[],
+        )
+        .await;
         assert_eq!(a.status, 200);
         answers.push(a.body);
     }
-    assert_eq!(h.upstream.request_count(), 2, "a repeated body alone is no proof of a retry");
+    assert_eq!(
+        h.upstream.request_count(),
+        2,
+        "a repeated body alone is no proof of a retry"
+    );
     assert_eq!(session.trace().calls.len(), 2);
     // The fresh attempt superseded the first: a marked retry now gets the second answer.
     let retry = [("x-stainless-retry-count", "1")];
-    let r = post(&guard.base_url, "/v1/chat/completions", Some(&secret), body(), &retry).await;
+    let r = post(
+        &guard.base_url,
+        "/v1/chat/completions",
+        Some(&secret),
+        body(),
+        &retry,
+    )
+    .await;
     assert_eq!(r.status, 200);
     assert_eq!(r.body, answers[1]);
     assert_eq!(h.upstream.request_count(), 2);
