@@ -1,5 +1,8 @@
 //! Fakes shared by intercept's tests, benchmarks and demo, starting with a scriptable mock
-//! of an OpenAI-compatible model server ([`MockUpstream`]).
+//! model server ([`MockUpstream`]) that speaks OpenAI Chat Completions
+//! (`/v1/chat/completions`), OpenAI Responses (`/v1/responses`) and Anthropic Messages
+//! (`/v1/messages`, `/v1/messages/count_tokens`), the dialect chosen by the route. A
+//! scripted [`Reply`] is rendered in the dialect of the route that takes it.
 //!
 //! ```
 //! use intercept_test::{MockUpstream, Reply};
@@ -30,6 +33,7 @@
 //! # }
 //! ```
 
+pub mod prime;
 pub mod upstream;
 
 pub use upstream::*;

@@ -524,12 +524,20 @@ async fn scripted_replies_answer_any_post_path() {
         answer.text(),
         "event: response.created\ndata: {\"type\":\"response.created\"}\n\n: a comment\n\ndata: {\"type\":\"response.completed\"}\n\n"
     );
-    // With the queue empty, that path is unknown.
-    let answer = send(&client, &mock, Method::POST, "/v1/responses", "{}").await;
+    // A path of no dialect takes scripted replies too...
+    mock.push(Reply::text("embedded"));
+    let answer = send(&client, &mock, Method::POST, "/v1/embeddings", "{}").await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(
+        answer.json()["choices"][0]["message"]["content"],
+        "embedded"
+    );
+    // ... but with the queue empty it is unknown.
+    let answer = send(&client, &mock, Method::POST, "/v1/embeddings", "{}").await;
     assert_eq!(answer.status, StatusCode::NOT_FOUND);
     assert_eq!(
         answer.json()["error"]["message"],
-        "Invalid URL (POST /v1/responses)"
+        "Invalid URL (POST /v1/embeddings)"
     );
     assert_eq!(answer.json()["error"]["type"], "invalid_request_error");
 }

@@ -90,37 +90,13 @@ impl Message<'_> {
 
     /// The message text: the content string, or its parts' texts joined by newlines.
     fn text(&self) -> Cow<'_, str> {
-        match &self.content {
-            Some(Content::Text(text)) => Cow::Borrowed(text),
-            Some(Content::Parts(parts)) => {
-                let mut texts = parts.iter().filter_map(|part| part.text.as_ref());
-                match (texts.next(), texts.next()) {
-                    (None, _) => Cow::Borrowed(""),
-                    (Some(only), None) => Cow::Borrowed(&only.0),
-                    (Some(first), Some(second)) => {
-                        let mut joined = format!("{}\n{}", first.0, second.0);
-                        for text in texts {
-                            joined.push('\n');
-                            joined.push_str(&text.0);
-                        }
-                        Cow::Owned(joined)
-                    }
-                }
-            }
-            Some(Content::Other) | None => Cow::Borrowed(""),
-        }
+        self.content
+            .as_ref()
+            .map_or(Cow::Borrowed(""), Content::text)
     }
 
     fn words(&self) -> usize {
-        match &self.content {
-            Some(Content::Text(text)) => words(text),
-            Some(Content::Parts(parts)) => parts
-                .iter()
-                .filter_map(|part| part.text.as_ref())
-                .map(|text| words(&text.0))
-                .sum(),
-            Some(Content::Other) | None => 0,
-        }
+        self.content.as_ref().map_or(0, Content::words)
     }
 }
 
@@ -130,6 +106,50 @@ pub(crate) enum Content<'a> {
     Text(Cow<'a, str>),
     Parts(Vec<Part<'a>>),
     Other,
+}
+
+impl Content<'_> {
+    /// The text: the string, or the parts' `text`s joined by newlines.
+    pub(crate) fn text(&self) -> Cow<'_, str> {
+        match self {
+            Content::Text(text) => Cow::Borrowed(text),
+            Content::Parts(parts) => join_lines(parts.iter().filter_map(|part| part.text())),
+            Content::Other => Cow::Borrowed(""),
+        }
+    }
+
+    /// Words of the string, or of the parts' `text`s.
+    pub(crate) fn words(&self) -> usize {
+        match self {
+            Content::Text(text) => words(text),
+            Content::Parts(parts) => parts.iter().filter_map(Part::text).map(words).sum(),
+            Content::Other => 0,
+        }
+    }
+
+    /// The parts (none for a string).
+    pub(crate) fn parts(&self) -> &[Part<'_>] {
+        match self {
+            Content::Parts(parts) => parts,
+            Content::Text(_) | Content::Other => &[],
+        }
+    }
+}
+
+/// Joins texts with newlines, borrowing when there is at most one.
+pub(crate) fn join_lines<'t>(mut texts: impl Iterator<Item = &'t str>) -> Cow<'t, str> {
+    match (texts.next(), texts.next()) {
+        (None, _) => Cow::Borrowed(""),
+        (Some(only), None) => Cow::Borrowed(only),
+        (Some(first), Some(second)) => {
+            let mut joined = format!("{first}\n{second}");
+            for text in texts {
+                joined.push('\n');
+                joined.push_str(text);
+            }
+            Cow::Owned(joined)
+        }
+    }
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for Content<'a> {
@@ -183,10 +203,30 @@ impl<'de: 'a, 'a> Deserialize<'de> for Content<'a> {
     }
 }
 
-/// A content part; only its `text` matters (image parts have none).
+/// A content part (or an Anthropic content block); only its `type`, `text` and nested
+/// `content` (of a `tool_result` block) matter.
 #[derive(Debug)]
 pub(crate) struct Part<'a> {
+    kind: Option<Str<'a>>,
     text: Option<Str<'a>>,
+    content: Option<Box<Content<'a>>>,
+}
+
+impl Part<'_> {
+    /// The part's `type` (`""` when missing).
+    pub(crate) fn kind(&self) -> &str {
+        self.kind.as_ref().map_or("", |kind| &kind.0)
+    }
+
+    /// The part's `text`.
+    pub(crate) fn text(&self) -> Option<&str> {
+        self.text.as_ref().map(|text| &*text.0)
+    }
+
+    /// The part's nested `content` (a `tool_result` block's).
+    pub(crate) fn content(&self) -> Option<&Content<'_>> {
+        self.content.as_deref()
+    }
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for Part<'a> {
@@ -198,25 +238,42 @@ impl<'de: 'a, 'a> Deserialize<'de> for Part<'a> {
                 f.write_str("a content part")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut text = None;
+                let (mut kind, mut text, mut content) = (None, None, None);
                 while let Some(key) = map.next_key::<Str<'de>>()? {
-                    if key.0 == "text" && text.is_none() {
-                        text = map.next_value::<Option<Str<'de>>>()?;
-                    } else {
-                        map.next_value::<IgnoredAny>()?;
+                    match &*key.0 {
+                        "text" if text.is_none() => {
+                            text = map.next_value::<Option<Str<'de>>>()?;
+                        }
+                        "type" if kind.is_none() => {
+                            kind = map.next_value::<Option<Str<'de>>>()?;
+                        }
+                        "content" if content.is_none() => {
+                            content = map.next_value::<Option<Content<'de>>>()?.map(Box::new);
+                        }
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
                     }
                 }
-                Ok(Part { text })
+                Ok(Part {
+                    kind,
+                    text,
+                    content,
+                })
             }
             // A bare string in the list counts as a text part.
             fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
                 Ok(Part {
+                    kind: None,
                     text: Some(Str(Cow::Borrowed(v))),
+                    content: None,
                 })
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
                 Ok(Part {
+                    kind: None,
                     text: Some(Str(Cow::Owned(v.to_owned()))),
+                    content: None,
                 })
             }
         }
@@ -241,7 +298,7 @@ struct ToolFunction<'a> {
 }
 
 impl Tool<'_> {
-    fn name(&self) -> Option<&str> {
+    pub(crate) fn name(&self) -> Option<&str> {
         self.function
             .as_ref()
             .and_then(|function| function.name.as_ref())
@@ -255,17 +312,73 @@ pub(crate) fn words(text: &str) -> usize {
     text.split_whitespace().count()
 }
 
+/// What the echo and the usage need from a request, whatever its dialect.
+pub(crate) trait Conversation {
+    /// The request's `model`.
+    fn model(&self) -> Option<&str>;
+    /// The prompt's token count (the mock's deterministic count).
+    fn prompt_tokens(&self) -> u64;
+    /// The turn the echo answers.
+    fn last_turn(&self) -> LastTurn<'_>;
+    /// The name of the first tool offered.
+    fn first_tool(&self) -> Option<&str>;
+}
+
+/// The turn the echo answers.
+#[derive(Debug)]
+pub(crate) enum LastTurn<'a> {
+    /// The conversation ends with a tool result with this text.
+    ToolResult(Cow<'a, str>),
+    /// The text of the last user message (empty without one).
+    User(Cow<'a, str>),
+}
+
+impl Conversation for ChatRequest<'_> {
+    fn model(&self) -> Option<&str> {
+        self.model.as_ref().map(|model| &*model.0)
+    }
+
+    /// Words of every message's text plus 4 per message.
+    fn prompt_tokens(&self) -> u64 {
+        let messages = self.messages.as_deref().unwrap_or(&[]);
+        messages
+            .iter()
+            .map(|message| message.words() as u64 + 4)
+            .sum()
+    }
+
+    fn last_turn(&self) -> LastTurn<'_> {
+        let messages = self.messages.as_deref().unwrap_or(&[]);
+        if let Some(last) = messages.last().filter(|message| message.role() == "tool") {
+            return LastTurn::ToolResult(last.text());
+        }
+        LastTurn::User(
+            messages
+                .iter()
+                .rev()
+                .find(|message| message.role() == "user")
+                .map_or(Cow::Borrowed(""), Message::text),
+        )
+    }
+
+    fn first_tool(&self) -> Option<&str> {
+        first_tool(self.tools.as_deref())
+    }
+}
+
+/// The name of the first named tool.
+pub(crate) fn first_tool<'t>(tools: Option<&'t [Tool<'t>]>) -> Option<&'t str> {
+    tools.unwrap_or(&[]).iter().find_map(Tool::name)
+}
+
 /// The prompt's token count: words of every message's text plus 4 per message.
+#[cfg(test)]
 pub(crate) fn prompt_tokens(request: &ChatRequest<'_>) -> u64 {
-    let messages = request.messages.as_deref().unwrap_or(&[]);
-    messages
-        .iter()
-        .map(|message| message.words() as u64 + 4)
-        .sum()
+    request.prompt_tokens()
 }
 
 /// `needle` (ASCII, lower case) occurs in `haystack`, ignoring ASCII case.
-fn contains_ignore_case(haystack: &str, needle: &str) -> bool {
+pub(crate) fn contains_ignore_case(haystack: &str, needle: &str) -> bool {
     let needle = needle.as_bytes();
     haystack
         .as_bytes()
@@ -290,14 +403,24 @@ pub(crate) struct Answer<'a> {
     pub(crate) tool_calls: Vec<AnswerToolCall<'a>>,
     pub(crate) finish_reason: &'a str,
     pub(crate) usage: Usage,
+    /// Prompt tokens served from a cache (at most `usage.prompt_tokens`).
+    pub(crate) cached_tokens: u64,
+}
+
+impl Answer<'_> {
+    /// Reasoning tokens: the words of the reasoning, at most the completion tokens.
+    pub(crate) fn reasoning_tokens(&self) -> u64 {
+        (self.reasoning.map_or(0, words) as u64).min(self.usage.completion_tokens)
+    }
 }
 
 /// Resolves a completion reply against the request. `next_call_id` numbers tool calls
-/// that have no id.
+/// that have no id, which are then named `<call_prefix><N>`.
 pub(crate) fn resolve<'a>(
     completion: &'a Completion,
-    request: &'a ChatRequest<'a>,
+    request: &'a dyn Conversation,
     default_model: &'a str,
+    call_prefix: &str,
     next_call_id: &mut dyn FnMut() -> u64,
 ) -> Answer<'a> {
     let mut content: Option<Cow<'a, str>> = completion.content.as_deref().map(Cow::Borrowed);
@@ -307,14 +430,20 @@ pub(crate) fn resolve<'a>(
         .map(|call| AnswerToolCall {
             id: match &call.id {
                 Some(id) => Cow::Borrowed(id.as_str()),
-                None => Cow::Owned(format!("call_{}", next_call_id())),
+                None => Cow::Owned(format!("{call_prefix}{}", next_call_id())),
             },
             name: Cow::Borrowed(&call.name),
             arguments: Cow::Borrowed(&call.arguments),
         })
         .collect();
     if completion.echo {
-        echo(request, &mut content, &mut tool_calls, next_call_id);
+        echo(
+            request,
+            &mut content,
+            &mut tool_calls,
+            call_prefix,
+            next_call_id,
+        );
     }
 
     let reasoning = completion.reasoning.as_deref();
@@ -330,12 +459,12 @@ pub(crate) fn resolve<'a>(
                 .iter()
                 .map(|call| words(&call.name) + words(&call.arguments))
                 .sum::<usize>();
-        Usage::new(prompt_tokens(request), completion_words as u64)
+        Usage::new(request.prompt_tokens(), completion_words as u64)
     });
     let model = completion
         .model
         .as_deref()
-        .or_else(|| request.model.as_ref().map(|model| &*model.0))
+        .or_else(|| request.model())
         .unwrap_or(default_model);
     Answer {
         model,
@@ -344,33 +473,29 @@ pub(crate) fn resolve<'a>(
         tool_calls,
         finish_reason,
         usage,
+        cached_tokens: completion
+            .cached_tokens
+            .unwrap_or(0)
+            .min(usage.prompt_tokens),
     }
 }
 
 /// The echo behaviour: fills in content or a tool call from the request.
 fn echo<'a>(
-    request: &'a ChatRequest<'a>,
+    request: &'a dyn Conversation,
     content: &mut Option<Cow<'a, str>>,
     tool_calls: &mut Vec<AnswerToolCall<'a>>,
+    call_prefix: &str,
     next_call_id: &mut dyn FnMut() -> u64,
 ) {
-    let messages = request.messages.as_deref().unwrap_or(&[]);
-    if let Some(last) = messages.last().filter(|message| message.role() == "tool") {
-        *content = Some(Cow::Owned(format!("tool said: {}", last.text())));
-        return;
-    }
-    let user_text = messages
-        .iter()
-        .rev()
-        .find(|message| message.role() == "user")
-        .map(Message::text)
-        .unwrap_or(Cow::Borrowed(""));
-    let first_tool = request
-        .tools
-        .as_deref()
-        .unwrap_or(&[])
-        .iter()
-        .find_map(Tool::name);
+    let user_text = match request.last_turn() {
+        LastTurn::ToolResult(output) => {
+            *content = Some(Cow::Owned(format!("tool said: {output}")));
+            return;
+        }
+        LastTurn::User(text) => text,
+    };
+    let first_tool = request.first_tool();
     if let Some(name) = first_tool.filter(|_| contains_ignore_case(&user_text, "use a tool")) {
         #[derive(Serialize)]
         struct Query<'q> {
@@ -379,7 +504,7 @@ fn echo<'a>(
         let arguments = serde_json::to_string(&Query { query: &user_text })
             .unwrap_or_else(|_| String::from("{}"));
         tool_calls.push(AnswerToolCall {
-            id: Cow::Owned(format!("call_{}", next_call_id())),
+            id: Cow::Owned(format!("{call_prefix}{}", next_call_id())),
             name: Cow::Borrowed(name),
             arguments: Cow::Owned(arguments),
         });
@@ -399,7 +524,36 @@ struct CompletionOut<'a> {
     created: u64,
     model: &'a str,
     choices: [ChoiceOut<'a>; 1],
-    usage: Usage,
+    usage: ChatUsage,
+}
+
+/// `usage` of a chat answer: [`Usage`], plus `prompt_tokens_details` when some prompt
+/// tokens were cached.
+#[derive(Serialize, Clone, Copy)]
+struct ChatUsage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    total_tokens: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_tokens_details: Option<CachedTokens>,
+}
+
+#[derive(Serialize, Clone, Copy)]
+struct CachedTokens {
+    cached_tokens: u64,
+}
+
+impl ChatUsage {
+    fn of(answer: &Answer<'_>) -> Self {
+        Self {
+            prompt_tokens: answer.usage.prompt_tokens,
+            completion_tokens: answer.usage.completion_tokens,
+            total_tokens: answer.usage.total_tokens,
+            prompt_tokens_details: (answer.cached_tokens > 0).then_some(CachedTokens {
+                cached_tokens: answer.cached_tokens,
+            }),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -464,7 +618,7 @@ pub(crate) fn render_json(answer: &Answer<'_>, id: &str, created: u64) -> Bytes 
             finish_reason: answer.finish_reason,
             logprobs: None,
         }],
-        usage: answer.usage,
+        usage: ChatUsage::of(answer),
     };
     let mut buf = Vec::with_capacity(256 + answer.content.as_deref().map_or(0, str::len));
     write_json(&mut buf, &out);
@@ -479,7 +633,7 @@ struct ChunkOut<'a> {
     model: &'a str,
     choices: &'a [ChunkChoice<'a>],
     #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<Usage>,
+    usage: Option<ChatUsage>,
 }
 
 #[derive(Serialize)]
@@ -555,7 +709,7 @@ impl EventWriter<'_> {
         self.write(&choices, None);
     }
 
-    fn write(&mut self, choices: &[ChunkChoice<'_>], usage: Option<Usage>) {
+    fn write(&mut self, choices: &[ChunkChoice<'_>], usage: Option<ChatUsage>) {
         let out = ChunkOut {
             id: self.id,
             object: "chat.completion.chunk",
@@ -680,7 +834,7 @@ pub(crate) fn render_stream(
     }
     writer.chunk(Delta::default(), Some(answer.finish_reason));
     if shape.include_usage {
-        writer.write(&[], Some(answer.usage));
+        writer.write(&[], Some(ChatUsage::of(answer)));
     }
     if shape.done {
         writer.done();
@@ -690,7 +844,7 @@ pub(crate) fn render_stream(
 
 /// Serialises into `buf`. The output types here cannot fail to serialise; should one
 /// ever fail, `null` is written so the output stays JSON.
-fn write_json(buf: &mut Vec<u8>, value: &impl Serialize) {
+pub(crate) fn write_json(buf: &mut Vec<u8>, value: &impl Serialize) {
     let start = buf.len();
     if let Err(err) = serde_json::to_writer(&mut *buf, value) {
         tracing::error!(%err, "mock upstream: cannot serialise a response");
@@ -795,7 +949,7 @@ mod tests {
             echo: true,
             ..Completion::default()
         };
-        let answer = resolve(&completion, &request, "dflt", &mut next);
+        let answer = resolve(&completion, &request, "dflt", "call_", &mut next);
         assert_eq!(answer.model, "dflt");
         assert!(answer.content.is_none());
         assert_eq!(answer.finish_reason, "tool_calls");
@@ -810,7 +964,7 @@ mod tests {
                                     {"role":"tool","tool_call_id":"call_1","content":"42"}],
                         "tools":[{"name":"lookup"}]}"#;
         let request: ChatRequest<'_> = serde_json::from_slice(body).expect("valid request");
-        let answer = resolve(&completion, &request, "dflt", &mut next);
+        let answer = resolve(&completion, &request, "dflt", "call_", &mut next);
         assert_eq!(answer.content.as_deref(), Some("tool said: 42"));
         assert_eq!(answer.finish_reason, "stop");
         assert_eq!(answer.usage, Usage::new(10, 3));

@@ -1,33 +1,79 @@
-//! A scriptable mock of an OpenAI-compatible model server (vLLM-like).
+//! A scriptable mock of a model server (vLLM-like) that speaks three dialects, chosen by
+//! route: OpenAI Chat Completions, OpenAI Responses and Anthropic Messages.
 //!
 //! [`MockUpstream`] is a real HTTP server on `127.0.0.1` (HTTP/1.1 with keep-alive, and
-//! h2c) that answers `POST /v1/chat/completions`. With nothing scripted it *echoes*:
+//! h2c) that answers `POST /v1/chat/completions`, `POST /v1/responses`,
+//! `POST /v1/messages` and `POST /v1/messages/count_tokens`. With nothing scripted it
+//! *echoes*, the same way in every dialect:
 //!
 //! - the reply is `echo: <text of the last user message>`;
-//! - if the last message is a `tool` message, the reply is `tool said: <its content>`;
-//! - if the request offers `tools` and the last user message contains `use a tool` (any
-//!   case), the reply is one call of the first tool, id `call_N`, arguments
-//!   `{"query":"<last user text>"}`, content `null`, finish reason `tool_calls`;
+//! - if the conversation ends with a tool result (a Chat `tool` message, a Responses
+//!   `function_call_output` item, an Anthropic user message with `tool_result` blocks),
+//!   the reply is `tool said: <its text>` (several `tool_result`s joined by newlines);
+//! - if the request offers `tools` and the last user text contains `use a tool` (any
+//!   case), the reply is one call of the first tool, arguments
+//!   `{"query":"<last user text>"}`, no text, finish reason `tool_calls` (Anthropic
+//!   `tool_use`); generated call ids are `call_N` (Anthropic `toolu_N`);
 //! - usage counts whitespace-separated words: prompt = words of every message's text +
-//!   4 per message, completion = words of the reply (content, reasoning, tool-call names
-//!   and arguments);
-//! - ids are `chatcmpl-mock-N`, `created` is [`MockConfig::created`], `model` is the
-//!   request's (or [`MockConfig::default_model`]).
+//!   4 per message (Responses: per input item, plus the `instructions`; Anthropic: text
+//!   and `tool_result` blocks, plus the `system` prompt), completion = words of the reply
+//!   (content, reasoning, tool-call names and arguments);
+//! - `model` is the request's (or [`MockConfig::default_model`]); times are
+//!   [`MockConfig::created`].
 //!
-//! A request with `"stream": true` gets `text/event-stream`: a chunk with
+//! **Chat Completions** answers a `chat.completion` object (id `chatcmpl-mock-N`). A request
+//! with `"stream": true` gets `text/event-stream`: a chunk with
 //! `delta: {"role":"assistant","content":""}`, the reasoning (`delta.reasoning_content`)
 //! and content split into [`MockConfig::chunks`] pieces, each tool call as OpenAI streams
 //! it (a head delta with index, id, type, name and empty arguments, then argument
 //! fragments), a chunk with the finish reason, a usage chunk with empty `choices` when
 //! `stream_options.include_usage` is true, and `data: [DONE]`.
 //!
-//! [`MockUpstream::push`] queues [`Reply`]s. Every `POST`, whatever its path, takes the
-//! next one (FIFO); with the queue empty the echo applies to `/v1/chat/completions`,
-//! other paths get a 404 and other methods a 405 (an OpenAI-shaped error either way),
-//! and a body the echo cannot read gets a 400 with type `invalid_request_error`.
+//! **Responses** reads `instructions` and `input` (a string, or items: messages with string
+//! or `input_text` content, `function_call`, `function_call_output`, ...) and answers a
+//! `response` object: `id` `resp_mock_N`, `object: "response"`, `created_at`, `status`
+//! (`completed`, or `incomplete` with `incomplete_details: {"reason":
+//! "max_output_tokens"}` for finish reason `length`), `error: null`, `instructions`,
+//! `model`, `output` (a `reasoning` item `rs_mock_N` with one `reasoning_text` part if
+//! there is reasoning, a `message` item `msg_mock_N` with one `output_text` part if there
+//! is text, a `function_call` item `fc_mock_N_i` with `call_id`, `name`, `arguments` per
+//! tool call) and `usage` (`input_tokens`, `input_tokens_details.cached_tokens`,
+//! `output_tokens`, `output_tokens_details.reasoning_tokens`, `total_tokens`). Streamed,
+//! each event is `event: <type>` + `data: <json>` with a `sequence_number` from 0:
+//! `response.created` and `response.in_progress` (status `in_progress`, empty output,
+//! `usage: null`); per item `response.output_item.added`, then for text
+//! `response.content_part.added`, `response.output_text.delta`s, `response.output_text.done`,
+//! `response.content_part.done` (reasoning the same with `response.reasoning_text.*`), for
+//! a call `response.function_call_arguments.delta`s and `.done`, then
+//! `response.output_item.done`; finally `response.completed` (or `response.incomplete`)
+//! carrying the whole response. No `data: [DONE]` unless [`Reply::with_done_sentinel`].
+//!
+//! **Anthropic Messages** reads `system` (string or text blocks) and `messages` (string or
+//! block content: `text`, `tool_result` with string or text-block content, ...) and
+//! answers a `message` object: `id` `msg_mock_N`, `type: "message"`, `role: "assistant"`,
+//! `model`, `content` (a `thinking` block with `signature` `sig_mock_N` if there is
+//! reasoning, a `text` block if there is text, a `tool_use` block per call with `input`
+//! the arguments parsed as JSON, `{}` if empty or unreadable), `stop_reason` (`end_turn`,
+//! `max_tokens` for finish reason `length`, `tool_use`, other finish reasons as they are),
+//! `stop_sequence: null`, `usage` (`input_tokens`, `cache_creation_input_tokens: 0`,
+//! `cache_read_input_tokens`, `output_tokens`). Streamed: `message_start` (the message
+//! with empty content, `stop_reason: null`, `output_tokens: 1`), `ping`, per block
+//! `content_block_start` (empty block), `content_block_delta`s (`thinking_delta` pieces and
+//! one `signature_delta`, `text_delta`, or `input_json_delta` with `partial_json` pieces),
+//! `content_block_stop`, then `message_delta` (`delta: {stop_reason, stop_sequence}`,
+//! `usage: {output_tokens}`) and `message_stop`. `POST /v1/messages/count_tokens` answers
+//! `{"input_tokens": N}` with the prompt count `/v1/messages` would report; it never takes
+//! a scripted reply (clients call it between turns).
+//!
+//! [`MockUpstream::push`] queues [`Reply`]s, rendered in the dialect of the route that
+//! takes them. Every other `POST`, whatever its path, takes the next one (FIFO); with the
+//! queue empty the echo applies to the three model routes, other paths get a 404 and
+//! other methods a 405, and a body the echo cannot read gets a 400 with type
+//! `invalid_request_error` (all in the route's error shape, OpenAI's for unknown paths).
 //!
 //! Every request is counted and (unless [`MockConfig::log_requests`] is off) logged as a
-//! [`ReceivedRequest`]; accepted TCP connections are counted too, so tests can see
+//! [`ReceivedRequest`] with its path and all its headers (`authorization`, `x-api-key`,
+//! `anthropic-version`, ...); accepted TCP connections are counted too, so tests can see
 //! whether a client reused connections.
 //!
 //! The server's tasks (accept loop, connections, HTTP/2 streams) belong to the
@@ -35,12 +81,15 @@
 //! value stops them without waiting. Either way open connections are closed at once:
 //! streams in flight are cut and [`Reply::hang`] requests see the connection close.
 
+mod anthropic;
 mod body;
 mod chat;
 mod config;
 mod log;
 mod reply;
+mod responses;
 mod server;
+mod sse;
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -56,10 +105,19 @@ use tokio_util::task::TaskTracker;
 
 pub use config::MockConfig;
 pub use log::{ReceivedRequest, RequestBody};
-pub use reply::{Reply, ToolCall, Usage, CONTEXT_LENGTH_MESSAGE};
+pub use reply::{Reply, ToolCall, Usage, ANTHROPIC_CONTEXT_LENGTH_MESSAGE, CONTEXT_LENGTH_MESSAGE};
 
 /// The path of the Chat Completions route.
 pub const CHAT_COMPLETIONS_PATH: &str = "/v1/chat/completions";
+
+/// The path of the OpenAI Responses route.
+pub const RESPONSES_PATH: &str = "/v1/responses";
+
+/// The path of the Anthropic Messages route.
+pub const MESSAGES_PATH: &str = "/v1/messages";
+
+/// The path of the Anthropic token-counting route.
+pub const COUNT_TOKENS_PATH: &str = "/v1/messages/count_tokens";
 
 /// A running mock model server. See the [module docs](self) for what it answers.
 ///
@@ -204,6 +262,27 @@ impl MockUpstream {
     /// The URL of the Chat Completions route, `<base_url>/chat/completions`.
     pub fn chat_completions_url(&self) -> String {
         format!("http://{}{CHAT_COMPLETIONS_PATH}", self.addr)
+    }
+
+    /// The URL of the Responses route, `<base_url>/responses`.
+    pub fn responses_url(&self) -> String {
+        format!("http://{}{RESPONSES_PATH}", self.addr)
+    }
+
+    /// The Anthropic base URL, `http://127.0.0.1:<port>` (what `ANTHROPIC_BASE_URL`
+    /// takes: the SDK appends `/v1/messages`).
+    pub fn anthropic_base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The URL of the Anthropic Messages route, `<anthropic_base_url>/v1/messages`.
+    pub fn messages_url(&self) -> String {
+        format!("http://{}{MESSAGES_PATH}", self.addr)
+    }
+
+    /// The URL of the token-counting route, `<anthropic_base_url>/v1/messages/count_tokens`.
+    pub fn count_tokens_url(&self) -> String {
+        format!("http://{}{COUNT_TOKENS_PATH}", self.addr)
     }
 
     /// The configuration the mock runs with.

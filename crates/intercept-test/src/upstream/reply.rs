@@ -7,19 +7,30 @@ use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use http::StatusCode;
 use serde::Serialize;
 
-/// The message of [`Reply::context_length_error`], in the words vLLM and OpenAI use.
+/// The message of [`Reply::context_length_error`] on the OpenAI routes (Chat Completions
+/// and Responses), in the words vLLM and OpenAI use.
 pub const CONTEXT_LENGTH_MESSAGE: &str = "This model's maximum context length is 4096 tokens. \
      However, your messages resulted in 5000 tokens.";
+
+/// The message of [`Reply::context_length_error`] on the Anthropic route, in Anthropic's
+/// words.
+pub const ANTHROPIC_CONTEXT_LENGTH_MESSAGE: &str = "prompt is too long: 5000 tokens > 4096 maximum";
 
 /// One scripted answer of the mock, pushed with
 /// [`MockUpstream::push`](super::MockUpstream::push) and used by the next request.
 ///
 /// Start from a constructor ([`Reply::text`], [`Reply::tool_call`], [`Reply::error`],
-/// [`Reply::raw`], [`Reply::hang`], ...) and refine it with the `with_*` methods. A
-/// completion ([`Reply::echo`], [`Reply::text`], [`Reply::tool_call`],
-/// [`Reply::tool_calls`]) is rendered as a `chat.completion` object, or as a
-/// `chat.completion.chunk` event stream when the request has `"stream": true`; every other
-/// kind is sent the same way whatever the request asked for.
+/// [`Reply::raw`], [`Reply::hang`], ...) and refine it with the `with_*` methods.
+///
+/// A reply is rendered in the dialect of the route that takes it. A completion
+/// ([`Reply::echo`], [`Reply::text`], [`Reply::tool_call`], [`Reply::tool_calls`],
+/// [`Reply::stream_error`]) becomes a `chat.completion` object on
+/// `/v1/chat/completions`, a `response` object on `/v1/responses` and a `message` object
+/// on `/v1/messages`, or that dialect's event stream when the request has
+/// `"stream": true`. [`Reply::error`], [`Reply::context_length_error`] and
+/// [`Reply::responses_failed`] take the route's error shape (any other path gets
+/// OpenAI's). [`Reply::raw`], [`Reply::error_json`] and [`Reply::events`] are sent
+/// verbatim whatever the route and the request asked for.
 ///
 /// ```
 /// use std::time::Duration;
@@ -43,14 +54,21 @@ pub struct Reply {
     pub(crate) chunks: Option<usize>,
     pub(crate) crlf: bool,
     pub(crate) done: bool,
+    pub(crate) sentinel: bool,
     pub(crate) disconnect_after: Option<usize>,
 }
 
 /// What a reply sends.
 #[derive(Debug, Clone)]
 pub(crate) enum ReplyKind {
-    /// A chat completion (JSON or stream, as the request asks).
+    /// A completion (JSON or stream, as the request asks) in the route's dialect.
     Completion(Completion),
+    /// An error with this status and message in the route's error shape.
+    Error { status: StatusCode, message: String },
+    /// The route's context-length error.
+    ContextLength,
+    /// A Responses `failed` response with this error code and message.
+    Failed { code: String, message: String },
     /// A fixed status, content type and body.
     Fixed {
         status: StatusCode,
@@ -75,7 +93,18 @@ pub(crate) struct Completion {
     pub(crate) tool_calls: Vec<ToolCall>,
     pub(crate) finish_reason: Option<String>,
     pub(crate) usage: Option<Usage>,
+    pub(crate) cached_tokens: Option<u64>,
     pub(crate) model: Option<String>,
+    /// End a stream with this error event instead of its terminal events.
+    pub(crate) stream_error: Option<StreamError>,
+}
+
+/// An error sent inside a stream: its type (Anthropic's `error.type`, OpenAI's `code` or
+/// `type`) and message.
+#[derive(Debug, Clone)]
+pub(crate) struct StreamError {
+    pub(crate) kind: String,
+    pub(crate) message: String,
 }
 
 /// A function call made by the mock model.
@@ -138,6 +167,7 @@ impl Reply {
             chunks: None,
             crlf: false,
             done: true,
+            sentinel: false,
             disconnect_after: None,
         }
     }
@@ -179,21 +209,24 @@ impl Reply {
         })
     }
 
-    /// An error answer in OpenAI's shape,
-    /// `{"error":{"message":..,"type":..,"param":null,"code":null}}`, where the type
-    /// follows the status (`invalid_request_error` for 400, `rate_limit_error` for 429,
-    /// `server_error` for 5xx, ...). A status outside 100..=999 becomes 500.
+    /// An error answer in the route's shape, its type following the status:
+    ///
+    /// - OpenAI (Chat Completions, Responses, any other path):
+    ///   `{"error":{"message":..,"type":..,"param":null,"code":null}}`, type
+    ///   `invalid_request_error` for 400, `authentication_error` for 401,
+    ///   `rate_limit_error` for 429, `server_error` for 5xx, ...;
+    /// - Anthropic (`/v1/messages`): `{"type":"error","error":{"type":..,"message":..}}`,
+    ///   type `invalid_request_error` for 400, `authentication_error` for 401,
+    ///   `permission_error` for 403, `not_found_error` for 404, `request_too_large` for
+    ///   413, `rate_limit_error` for 429, `overloaded_error` for 503 and 529, `api_error`
+    ///   for other 5xx.
+    ///
+    /// A status outside 100..=999 becomes 500.
     pub fn error(status: u16, message: impl Into<String>) -> Self {
-        let status = status_or_500(status);
-        let body = serde_json::json!({
-            "error": {
-                "message": message.into(),
-                "type": error_type(status),
-                "param": null,
-                "code": null,
-            }
-        });
-        Self::error_json(status.as_u16(), body)
+        Self::new(ReplyKind::Error {
+            status: status_or_500(status),
+            message: message.into(),
+        })
     }
 
     /// An error answer with this status and JSON body, sent as is.
@@ -205,19 +238,34 @@ impl Reply {
         })
     }
 
-    /// The 400 a server answers when the prompt is too long: message
-    /// [`CONTEXT_LENGTH_MESSAGE`], type `invalid_request_error`, code
-    /// `context_length_exceeded`.
+    /// The 400 a server answers when the prompt is too long, in the route's shape:
+    ///
+    /// - Chat Completions: message [`CONTEXT_LENGTH_MESSAGE`], type
+    ///   `invalid_request_error`, param `messages`, code `context_length_exceeded`;
+    /// - Responses: the same with param `input`;
+    /// - Anthropic: `{"type":"error","error":{"type":"invalid_request_error","message":
+    ///   `[`ANTHROPIC_CONTEXT_LENGTH_MESSAGE`]`}}`.
     pub fn context_length_error() -> Self {
-        let body = serde_json::json!({
-            "error": {
-                "message": CONTEXT_LENGTH_MESSAGE,
-                "type": "invalid_request_error",
-                "param": "messages",
-                "code": "context_length_exceeded",
-            }
-        });
-        Self::error_json(400, body)
+        Self::new(ReplyKind::ContextLength)
+    }
+
+    /// A Responses answer whose generation failed: status `failed`, `error: {code,
+    /// message}`, no output, `usage: null`. As JSON it is a 200 `response` object; as a
+    /// stream `response.created`, `response.in_progress`, then `response.failed` carrying
+    /// it. Typical codes: `server_error`, `rate_limit_exceeded`, `invalid_prompt`,
+    /// `context_length_exceeded`. Other routes answer it as `Reply::error(500, message)`.
+    pub fn responses_failed(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(ReplyKind::Failed {
+            code: code.into(),
+            message: message.into(),
+        })
+    }
+
+    /// A stream that fails at once: the dialect's opening events, then an error event
+    /// (see [`Reply::with_stream_error`]). `Reply::stream_error("overloaded_error",
+    /// "Overloaded")` is what Anthropic sends when overloaded mid-stream.
+    pub fn stream_error(error_type: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::completion(Completion::default()).with_stream_error(error_type, message)
     }
 
     /// Any body with any status and content type, sent verbatim whatever the request
@@ -266,8 +314,12 @@ impl Reply {
         }
     }
 
-    /// Adds reasoning text: `message.reasoning_content`, or `delta.reasoning_content`
-    /// events (before the content) in a stream. No effect on non-completion replies.
+    /// Adds reasoning text, before the content: Chat `message.reasoning_content` (streamed
+    /// as `delta.reasoning_content`), a Responses `reasoning` item with one
+    /// `reasoning_text` part (streamed as `response.reasoning_text.delta`s), an Anthropic
+    /// `thinking` block with a signature (streamed as `thinking_delta`s and a
+    /// `signature_delta`). Its words count as reasoning tokens where the dialect reports
+    /// them. No effect on non-completion replies.
     pub fn with_reasoning(mut self, reasoning: impl Into<String>) -> Self {
         if let Some(completion) = self.completion_mut() {
             completion.reasoning = Some(reasoning.into());
@@ -285,7 +337,12 @@ impl Reply {
         self
     }
 
-    /// Sets the finish reason (e.g. `"length"`). No effect on non-completion replies.
+    /// Sets the finish reason (e.g. `"length"`), in Chat's words. Responses: `length` gives
+    /// status `incomplete` with `incomplete_details.reason` `max_output_tokens`
+    /// (`content_filter` likewise, reason `content_filter`), anything else `completed`.
+    /// Anthropic: `stop` becomes `end_turn`, `length` `max_tokens`, `tool_calls`
+    /// `tool_use`, anything else (`stop_sequence`, `refusal`, ...) is sent as is. No effect
+    /// on non-completion replies.
     pub fn with_finish_reason(mut self, reason: impl Into<String>) -> Self {
         if let Some(completion) = self.completion_mut() {
             completion.finish_reason = Some(reason.into());
@@ -293,11 +350,52 @@ impl Reply {
         self
     }
 
-    /// Reports this usage instead of the computed word counts. No effect on
-    /// non-completion replies.
+    /// Reports this usage instead of the computed word counts (Responses and Anthropic:
+    /// `input_tokens` and `output_tokens`). No effect on non-completion replies.
     pub fn with_usage(mut self, prompt_tokens: u64, completion_tokens: u64) -> Self {
         if let Some(completion) = self.completion_mut() {
             completion.usage = Some(Usage::new(prompt_tokens, completion_tokens));
+        }
+        self
+    }
+
+    /// Reports this many of the prompt tokens as read from a prompt cache (at most the
+    /// prompt tokens): Chat `usage.prompt_tokens_details.cached_tokens`, Responses
+    /// `usage.input_tokens_details.cached_tokens`, Anthropic
+    /// `usage.cache_read_input_tokens` (then `input_tokens` counts the rest). No effect on
+    /// non-completion replies.
+    pub fn with_cached_tokens(mut self, cached_tokens: u64) -> Self {
+        if let Some(completion) = self.completion_mut() {
+            completion.cached_tokens = Some(cached_tokens);
+        }
+        self
+    }
+
+    /// Ends a stream with an error event after the content instead of its terminal
+    /// events (no finish chunk or `[DONE]`, no `message_delta`/`message_stop`, no
+    /// `response.completed`):
+    ///
+    /// - Chat: `data: {"error":{"message":..,"type":<error_type>,"param":null,"code":null}}`;
+    /// - Responses: `event: error` with
+    ///   `{"type":"error","sequence_number":N,"code":<error_type>,"message":..,"param":null}`;
+    /// - Anthropic: `event: error` with
+    ///   `{"type":"error","error":{"type":<error_type>,"message":..}}`.
+    ///
+    /// A request that did not ask for a stream gets the error as an HTTP error in the
+    /// route's shape, with this type and the status it implies (`invalid_request_error`
+    /// 400, `authentication_error` 401, `permission_error` 403, `not_found_error` 404,
+    /// `rate_limit_error`/`rate_limit_exceeded` 429, `overloaded_error` 529, else 500).
+    /// No effect on non-completion replies.
+    pub fn with_stream_error(
+        mut self,
+        error_type: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        if let Some(completion) = self.completion_mut() {
+            completion.stream_error = Some(StreamError {
+                kind: error_type.into(),
+                message: message.into(),
+            });
         }
         self
     }
@@ -349,15 +447,24 @@ impl Reply {
         self
     }
 
-    /// Ends a generated stream without the `data: [DONE]` event (the body still ends
-    /// cleanly).
+    /// Ends a generated stream before its terminal event, the body still ending cleanly:
+    /// a Chat stream without `data: [DONE]`, a Responses stream without
+    /// `response.completed` (or `.incomplete`/`.failed`), an Anthropic stream without
+    /// `message_stop`.
     pub fn without_done(mut self) -> Self {
         self.done = false;
         self
     }
 
-    /// Drops the connection after `events` stream events were sent, with no clean end of
-    /// the body. A non-streamed answer sends its headers and the first half of its body,
+    /// Also sends `data: [DONE]` after the terminal event of a generated Responses or
+    /// Anthropic stream (as some compatible servers do). Chat streams send it anyway.
+    pub fn with_done_sentinel(mut self) -> Self {
+        self.sentinel = true;
+        self
+    }
+
+    /// Drops the connection after `events` stream events were sent (an `event:` +
+    /// `data:` pair counts as one), with no clean end of the body. A non-streamed answer sends its headers and the first half of its body,
     /// then drops the connection. (To send nothing at all use [`Reply::drop_connection`].)
     pub fn disconnect_after(mut self, events: usize) -> Self {
         self.disconnect_after = Some(events);
@@ -367,6 +474,36 @@ impl Reply {
 
 fn status_or_500(status: u16) -> StatusCode {
     StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+/// The status an error type implies (for a stream error sent to a non-streaming request).
+pub(crate) fn status_for_error_type(error_type: &str) -> StatusCode {
+    match error_type {
+        "invalid_request_error" | "invalid_prompt" | "context_length_exceeded" => {
+            StatusCode::BAD_REQUEST
+        }
+        "authentication_error" => StatusCode::UNAUTHORIZED,
+        "permission_error" => StatusCode::FORBIDDEN,
+        "not_found_error" => StatusCode::NOT_FOUND,
+        "request_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
+        "rate_limit_error" | "rate_limit_exceeded" => StatusCode::TOO_MANY_REQUESTS,
+        "overloaded_error" => status_or_500(529),
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// Anthropic's error `type` for a status.
+pub(crate) fn anthropic_error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        400..=499 => "invalid_request_error",
+        _ => "api_error",
+    }
 }
 
 /// OpenAI's error `type` for a status.

@@ -20,11 +20,20 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use serde::{Deserialize, Serialize};
+
+use super::anthropic::{self, MessagesRequest};
 use super::body::{Disconnect, MockBody};
-use super::chat::{self, ChatRequest, StreamShape};
+use super::chat::{self, ChatRequest, Conversation};
 use super::log::{header_map, ReceivedRequest, RequestBody};
-use super::reply::{error_type, Completion, Reply, ReplyKind};
-use super::{Shared, CHAT_COMPLETIONS_PATH};
+use super::reply::{
+    anthropic_error_type, error_type, status_for_error_type, Completion, Reply, ReplyKind,
+    StreamError, ANTHROPIC_CONTEXT_LENGTH_MESSAGE, CONTEXT_LENGTH_MESSAGE,
+};
+use super::responses::{self, ResponsesRequest};
+use super::{
+    MockConfig, Shared, CHAT_COMPLETIONS_PATH, COUNT_TOKENS_PATH, MESSAGES_PATH, RESPONSES_PATH,
+};
 
 /// Runs hyper's background futures (HTTP/2 streams) as tasks of the server, ended on
 /// shutdown like the connections.
@@ -128,6 +137,43 @@ fn is_per_connection(err: &io::Error) -> bool {
     )
 }
 
+/// The routes the mock answers by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Chat,
+    Responses,
+    Messages,
+    CountTokens,
+}
+
+impl Route {
+    fn of(path: &str) -> Option<Self> {
+        match path {
+            CHAT_COMPLETIONS_PATH => Some(Route::Chat),
+            RESPONSES_PATH => Some(Route::Responses),
+            MESSAGES_PATH => Some(Route::Messages),
+            COUNT_TOKENS_PATH => Some(Route::CountTokens),
+            _ => None,
+        }
+    }
+
+    fn dialect(self) -> Dialect {
+        match self {
+            Route::Chat => Dialect::Chat,
+            Route::Responses => Dialect::Responses,
+            Route::Messages | Route::CountTokens => Dialect::Anthropic,
+        }
+    }
+}
+
+/// The wire format replies and errors are rendered in (Chat for paths of no dialect).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dialect {
+    Chat,
+    Responses,
+    Anthropic,
+}
+
 /// Answers one request. `Err` makes hyper drop the connection without a response.
 async fn handle(
     shared: Arc<Shared>,
@@ -136,6 +182,8 @@ async fn handle(
 ) -> Result<Response<MockBody>, Disconnect> {
     let received_at = Instant::now();
     let (parts, body) = request.into_parts();
+    let route = Route::of(parts.uri.path());
+    let dialect = route.map_or(Dialect::Chat, Route::dialect);
     let body = match Limited::new(body, shared.config.max_body_bytes)
         .collect()
         .await
@@ -147,38 +195,52 @@ async fn handle(
                 "request body is larger than the mock's limit of {} bytes",
                 shared.config.max_body_bytes
             );
-            return Ok(error_response(StatusCode::PAYLOAD_TOO_LARGE, &message));
+            return Ok(error_response(
+                dialect,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                None,
+                &message,
+            ));
         }
         // The client went away or broke the framing: nothing to answer.
         Err(_) => return Err(Disconnect),
     };
     record(&shared, &parts, &body, connection, received_at);
 
-    let scripted = if parts.method == Method::POST {
+    // `count_tokens` never takes a scripted reply: clients call it between turns.
+    let scripted = if parts.method == Method::POST && route != Some(Route::CountTokens) {
         shared.pop_reply()
     } else {
         None
     };
-    let reply = match scripted {
-        Some(reply) => reply,
-        None if parts.uri.path() != CHAT_COMPLETIONS_PATH => {
+    let reply = match (scripted, route) {
+        (Some(reply), _) => reply,
+        (None, None) => {
             let message = format!("Invalid URL ({} {})", parts.method, parts.uri.path());
-            return Ok(error_response(StatusCode::NOT_FOUND, &message));
+            return Ok(error_response(
+                dialect,
+                StatusCode::NOT_FOUND,
+                None,
+                &message,
+            ));
         }
-        None if parts.method != Method::POST => {
+        (None, Some(_)) if parts.method != Method::POST => {
             let message = format!(
-                "Method {} is not allowed on {CHAT_COMPLETIONS_PATH}; use POST",
-                parts.method
+                "Method {} is not allowed on {}; use POST",
+                parts.method,
+                parts.uri.path()
             );
-            let mut response = error_response(StatusCode::METHOD_NOT_ALLOWED, &message);
+            let mut response =
+                error_response(dialect, StatusCode::METHOD_NOT_ALLOWED, None, &message);
             response
                 .headers_mut()
                 .insert(ALLOW, HeaderValue::from_static("POST"));
             return Ok(response);
         }
-        None => Reply::echo(),
+        (None, Some(Route::CountTokens)) => return Ok(count_tokens(&body)),
+        (None, Some(_)) => Reply::echo(),
     };
-    respond(&shared, &body, reply).await
+    respond(&shared, dialect, &body, reply).await
 }
 
 /// Counts the request and, with the log on, logs it; then wakes waiters.
@@ -205,9 +267,10 @@ fn record(shared: &Shared, parts: &Parts, body: &Bytes, connection: usize, recei
     shared.wake();
 }
 
-/// Sends a reply (after its header delay).
+/// Sends a reply (after its header delay), in the route's dialect.
 async fn respond(
     shared: &Shared,
+    dialect: Dialect,
     body: &Bytes,
     reply: Reply,
 ) -> Result<Response<MockBody>, Disconnect> {
@@ -233,13 +296,28 @@ async fn respond(
             body.clone(),
             reply.disconnect_after,
         ),
+        ReplyKind::Error { status, message } => json_response(
+            *status,
+            error_body(dialect, *status, None, message),
+            reply.disconnect_after,
+        ),
+        ReplyKind::ContextLength => json_response(
+            StatusCode::BAD_REQUEST,
+            context_length_body(dialect),
+            reply.disconnect_after,
+        ),
+        ReplyKind::Failed { code, message } => {
+            failed_response(shared, dialect, body, code, message, &reply, chunk_delay)
+        }
         ReplyKind::Events(events) => {
             let (events, abort) = cut(events.clone(), reply.disconnect_after);
             sse_response(MockBody::frames(events, chunk_delay, abort))
         }
-        ReplyKind::Completion(completion) => {
-            completion_response(shared, body, completion, &reply, chunk_delay)
-        }
+        ReplyKind::Completion(completion) => match dialect {
+            Dialect::Chat => chat_response(shared, body, completion, &reply, chunk_delay),
+            Dialect::Responses => responses_response(shared, body, completion, &reply, chunk_delay),
+            Dialect::Anthropic => messages_response(shared, body, completion, &reply, chunk_delay),
+        },
     };
     for (name, value) in &reply.headers {
         response.headers_mut().append(name.clone(), value.clone());
@@ -247,8 +325,40 @@ async fn respond(
     Ok(response)
 }
 
-/// A completion as JSON or as a stream, as the request asks.
-fn completion_response(
+/// Parses the request a completion answers. Only the echo needs it: for a scripted
+/// completion an unreadable body gives the default (empty) request.
+fn parse_request<'b, T: Deserialize<'b> + Default>(
+    body: &'b Bytes,
+    completion: &Completion,
+) -> Result<T, serde_json::Error> {
+    match serde_json::from_slice(body) {
+        Ok(request) => Ok(request),
+        Err(err) if completion.echo => Err(err),
+        Err(_) => Ok(T::default()),
+    }
+}
+
+/// The number of the next answer (for its id).
+fn next_number(shared: &Shared) -> u64 {
+    shared.completion_ids.fetch_add(1, Ordering::Relaxed) + 1
+}
+
+/// A stream error sent to a request that did not ask for a stream: an HTTP error.
+fn stream_error_response(
+    dialect: Dialect,
+    error: &StreamError,
+    reply: &Reply,
+) -> Response<MockBody> {
+    let status = status_for_error_type(&error.kind);
+    json_response(
+        status,
+        error_body(dialect, status, Some(&error.kind), &error.message),
+        reply.disconnect_after,
+    )
+}
+
+/// A chat completion as JSON or as a stream, as the request asks.
+fn chat_response(
     shared: &Shared,
     body: &Bytes,
     completion: &Completion,
@@ -256,46 +366,245 @@ fn completion_response(
     chunk_delay: Duration,
 ) -> Response<MockBody> {
     let config = &shared.config;
-    let request: ChatRequest<'_> = match serde_json::from_slice(body) {
+    let request: ChatRequest<'_> = match parse_request(body, completion) {
         Ok(request) => request,
-        // Only the echo needs the request; a scripted completion answers anything.
-        Err(err) if completion.echo => return bad_request(&err),
-        Err(_) => ChatRequest::default(),
+        Err(err) => return bad_request(Dialect::Chat, &err),
     };
     if completion.echo && request.messages.is_none() {
-        return error_response(StatusCode::BAD_REQUEST, "'messages' is a required property");
+        return error_response(
+            Dialect::Chat,
+            StatusCode::BAD_REQUEST,
+            None,
+            "'messages' is a required property",
+        );
+    }
+    if let Some(error) = completion
+        .stream_error
+        .as_ref()
+        .filter(|_| !request.is_stream())
+    {
+        return stream_error_response(Dialect::Chat, error, reply);
     }
     let mut next_call_id = || shared.call_ids.fetch_add(1, Ordering::Relaxed) + 1;
     let answer = chat::resolve(
         completion,
         &request,
         &config.default_model,
+        "call_",
         &mut next_call_id,
     );
-    let id = format!(
-        "chatcmpl-mock-{}",
-        shared.completion_ids.fetch_add(1, Ordering::Relaxed) + 1
-    );
+    let id = format!("chatcmpl-mock-{}", next_number(shared));
     let created = config.created.unwrap_or_else(unix_now);
     if request.is_stream() {
-        let shape = StreamShape {
+        let error = completion.stream_error.as_ref();
+        let shape = chat::StreamShape {
             chunks: reply.chunks.unwrap_or(config.chunks),
-            include_usage: request.include_usage(),
+            include_usage: request.include_usage() && error.is_none(),
             crlf: reply.crlf,
-            done: reply.done,
+            done: reply.done && error.is_none(),
         };
-        let events = chat::render_stream(&answer, &id, created, shape);
+        let mut events = chat::render_stream(&answer, &id, created, shape);
+        if let Some(error) = error {
+            // Without usage and [DONE] the last event is the finish chunk: the error
+            // takes its place.
+            events.pop();
+            let eol = if reply.crlf { "\r\n" } else { "\n" };
+            let body = error_body(
+                Dialect::Chat,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Some(&error.kind),
+                &error.message,
+            );
+            let mut event = Vec::with_capacity(body.len() + 10);
+            event.extend_from_slice(b"data: ");
+            event.extend_from_slice(&body);
+            event.extend_from_slice(eol.as_bytes());
+            event.extend_from_slice(eol.as_bytes());
+            events.push(Bytes::from(event));
+        }
         let (events, abort) = cut(events, reply.disconnect_after);
         sse_response(MockBody::frames(events, chunk_delay, abort))
     } else {
         let json = chat::render_json(&answer, &id, created);
-        full_response(
-            StatusCode::OK,
-            HeaderValue::from_static("application/json"),
-            json,
-            reply.disconnect_after,
-        )
+        json_response(StatusCode::OK, json, reply.disconnect_after)
     }
+}
+
+/// A Responses answer as JSON or as a stream, as the request asks.
+fn responses_response(
+    shared: &Shared,
+    body: &Bytes,
+    completion: &Completion,
+    reply: &Reply,
+    chunk_delay: Duration,
+) -> Response<MockBody> {
+    let config = &shared.config;
+    let request: ResponsesRequest<'_> = match parse_request(body, completion) {
+        Ok(request) => request,
+        Err(err) => return bad_request(Dialect::Responses, &err),
+    };
+    if completion.echo && request.input.is_none() {
+        return error_response(
+            Dialect::Responses,
+            StatusCode::BAD_REQUEST,
+            None,
+            "Missing required parameter: 'input'.",
+        );
+    }
+    if let Some(error) = completion
+        .stream_error
+        .as_ref()
+        .filter(|_| !request.is_stream())
+    {
+        return stream_error_response(Dialect::Responses, error, reply);
+    }
+    let mut next_call_id = || shared.call_ids.fetch_add(1, Ordering::Relaxed) + 1;
+    let answer = chat::resolve(
+        completion,
+        &request,
+        &config.default_model,
+        "call_",
+        &mut next_call_id,
+    );
+    let meta = responses::Meta {
+        number: next_number(shared),
+        created: config.created.unwrap_or_else(unix_now),
+        model: answer.model,
+        instructions: request.instructions(),
+    };
+    if request.is_stream() {
+        let events = responses::render_stream(
+            &answer,
+            meta,
+            stream_shape(config, reply),
+            completion.stream_error.as_ref(),
+        );
+        let (events, abort) = cut(events, reply.disconnect_after);
+        sse_response(MockBody::frames(events, chunk_delay, abort))
+    } else {
+        let json = responses::render_json(&answer, meta);
+        json_response(StatusCode::OK, json, reply.disconnect_after)
+    }
+}
+
+/// An Anthropic message as JSON or as a stream, as the request asks.
+fn messages_response(
+    shared: &Shared,
+    body: &Bytes,
+    completion: &Completion,
+    reply: &Reply,
+    chunk_delay: Duration,
+) -> Response<MockBody> {
+    let config = &shared.config;
+    let request: MessagesRequest<'_> = match parse_request(body, completion) {
+        Ok(request) => request,
+        Err(err) => return bad_request(Dialect::Anthropic, &err),
+    };
+    if completion.echo && request.messages.is_none() {
+        return error_response(
+            Dialect::Anthropic,
+            StatusCode::BAD_REQUEST,
+            None,
+            "messages: Field required",
+        );
+    }
+    if let Some(error) = completion
+        .stream_error
+        .as_ref()
+        .filter(|_| !request.is_stream())
+    {
+        return stream_error_response(Dialect::Anthropic, error, reply);
+    }
+    let mut next_call_id = || shared.call_ids.fetch_add(1, Ordering::Relaxed) + 1;
+    let answer = chat::resolve(
+        completion,
+        &request,
+        &config.default_model,
+        "toolu_",
+        &mut next_call_id,
+    );
+    let number = next_number(shared);
+    if request.is_stream() {
+        let events = anthropic::render_stream(
+            &answer,
+            number,
+            stream_shape(config, reply),
+            completion.stream_error.as_ref(),
+        );
+        let (events, abort) = cut(events, reply.disconnect_after);
+        sse_response(MockBody::frames(events, chunk_delay, abort))
+    } else {
+        let json = anthropic::render_json(&answer, number);
+        json_response(StatusCode::OK, json, reply.disconnect_after)
+    }
+}
+
+fn stream_shape(config: &MockConfig, reply: &Reply) -> responses::StreamShape {
+    responses::StreamShape {
+        chunks: reply.chunks.unwrap_or(config.chunks),
+        crlf: reply.crlf,
+        done: reply.done,
+        sentinel: reply.sentinel,
+    }
+}
+
+/// [`Reply::responses_failed`]: a failed response on the Responses route, a 500 elsewhere.
+fn failed_response(
+    shared: &Shared,
+    dialect: Dialect,
+    body: &Bytes,
+    code: &str,
+    message: &str,
+    reply: &Reply,
+    chunk_delay: Duration,
+) -> Response<MockBody> {
+    if dialect != Dialect::Responses {
+        let status = StatusCode::INTERNAL_SERVER_ERROR;
+        return json_response(
+            status,
+            error_body(dialect, status, None, message),
+            reply.disconnect_after,
+        );
+    }
+    let config = &shared.config;
+    let request: ResponsesRequest<'_> = serde_json::from_slice(body).unwrap_or_default();
+    let meta = responses::Meta {
+        number: next_number(shared),
+        created: config.created.unwrap_or_else(unix_now),
+        model: request.model().unwrap_or(&config.default_model),
+        instructions: request.instructions(),
+    };
+    if request.is_stream() {
+        let events =
+            responses::render_failed_stream(meta, code, message, stream_shape(config, reply));
+        let (events, abort) = cut(events, reply.disconnect_after);
+        sse_response(MockBody::frames(events, chunk_delay, abort))
+    } else {
+        let json = responses::render_failed_json(meta, code, message);
+        json_response(StatusCode::OK, json, reply.disconnect_after)
+    }
+}
+
+/// `POST /v1/messages/count_tokens`: `{"input_tokens": N}`, N the prompt count of the
+/// same body on `/v1/messages`.
+fn count_tokens(body: &Bytes) -> Response<MockBody> {
+    let request: MessagesRequest<'_> = match serde_json::from_slice(body) {
+        Ok(request) => request,
+        Err(err) => return bad_request(Dialect::Anthropic, &err),
+    };
+    if request.messages.is_none() {
+        return error_response(
+            Dialect::Anthropic,
+            StatusCode::BAD_REQUEST,
+            None,
+            "messages: Field required",
+        );
+    }
+    json_response(
+        StatusCode::OK,
+        anthropic::render_count(request.prompt_tokens()),
+        None,
+    )
 }
 
 /// Keeps the first `disconnect_after` events; the body then aborts if a cut was asked for.
@@ -334,32 +643,100 @@ fn full_response(
     response
 }
 
-/// An OpenAI-shaped error generated by the mock itself.
-fn error_response(status: StatusCode, message: &str) -> Response<MockBody> {
-    let body = serde_json::json!({
-        "error": {
-            "message": message,
-            "type": error_type(status),
-            "param": null,
-            "code": null,
-        }
-    });
+fn json_response(
+    status: StatusCode,
+    body: Bytes,
+    disconnect_after: Option<usize>,
+) -> Response<MockBody> {
     full_response(
         status,
         HeaderValue::from_static("application/json"),
-        Bytes::from(body.to_string()),
-        None,
+        body,
+        disconnect_after,
     )
 }
 
+#[derive(Serialize)]
+struct OpenAiError<'a> {
+    error: OpenAiErrorBody<'a>,
+}
+
+#[derive(Serialize)]
+struct OpenAiErrorBody<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: Option<&'a str>,
+}
+
+fn openai_error(kind: &str, message: &str, param: Option<&str>, code: Option<&str>) -> Bytes {
+    let mut buf = Vec::with_capacity(80 + message.len());
+    chat::write_json(
+        &mut buf,
+        &OpenAiError {
+            error: OpenAiErrorBody {
+                message,
+                kind,
+                param,
+                code,
+            },
+        },
+    );
+    Bytes::from(buf)
+}
+
+/// The dialect's error body; `kind` defaults to the type the dialect uses for `status`.
+fn error_body(dialect: Dialect, status: StatusCode, kind: Option<&str>, message: &str) -> Bytes {
+    match dialect {
+        Dialect::Chat | Dialect::Responses => {
+            openai_error(kind.unwrap_or(error_type(status)), message, None, None)
+        }
+        Dialect::Anthropic => {
+            anthropic::error_body(kind.unwrap_or(anthropic_error_type(status)), message)
+        }
+    }
+}
+
+/// The dialect's context-length error body (status 400).
+fn context_length_body(dialect: Dialect) -> Bytes {
+    let (param, code) = (Some("messages"), Some("context_length_exceeded"));
+    match dialect {
+        Dialect::Chat => openai_error("invalid_request_error", CONTEXT_LENGTH_MESSAGE, param, code),
+        Dialect::Responses => openai_error(
+            "invalid_request_error",
+            CONTEXT_LENGTH_MESSAGE,
+            Some("input"),
+            code,
+        ),
+        Dialect::Anthropic => {
+            anthropic::error_body("invalid_request_error", ANTHROPIC_CONTEXT_LENGTH_MESSAGE)
+        }
+    }
+}
+
+/// An error generated by the mock itself, in the dialect's shape.
+fn error_response(
+    dialect: Dialect,
+    status: StatusCode,
+    kind: Option<&str>,
+    message: &str,
+) -> Response<MockBody> {
+    json_response(status, error_body(dialect, status, kind, message), None)
+}
+
 /// The 400 for a body the echo cannot read.
-fn bad_request(err: &serde_json::Error) -> Response<MockBody> {
-    let message = if err.is_data() {
-        format!("Invalid chat completion request: {err}")
-    } else {
-        format!("We could not parse the JSON body of your request: {err}")
+fn bad_request(dialect: Dialect, err: &serde_json::Error) -> Response<MockBody> {
+    let message = match (dialect, err.is_data()) {
+        (Dialect::Chat, true) => format!("Invalid chat completion request: {err}"),
+        (Dialect::Responses, true) => format!("Invalid Responses request: {err}"),
+        (Dialect::Anthropic, true) => format!("Invalid Messages request: {err}"),
+        (Dialect::Anthropic, false) => {
+            format!("There was an error parsing the body of your request: {err}")
+        }
+        (_, false) => format!("We could not parse the JSON body of your request: {err}"),
     };
-    error_response(StatusCode::BAD_REQUEST, &message)
+    error_response(dialect, StatusCode::BAD_REQUEST, None, &message)
 }
 
 fn unix_now() -> u64 {
