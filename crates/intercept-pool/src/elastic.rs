@@ -1,0 +1,818 @@
+//! [`ElasticPool`]: servers of `multiplex` sessions each that warm up, grow with the load
+//! without head-of-line blocking, heal when an endpoint dies and shrink when idle.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::future::join_all;
+use intercept_core::interception::join_errors;
+use intercept_core::{Error, Health, Interception, ServerStatus, Session, SlotGuard};
+use parking_lot::{Mutex, MutexGuard};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{oneshot, Notify};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, warn};
+
+use crate::guard::PoolRelease;
+use crate::member::{PoolMember, ServerFactory};
+use crate::policy::{self, Demand, IdleServer};
+
+/// Knobs of an [`ElasticPool`]. `Default` gives the documented defaults; in config files
+/// durations are written in seconds (fractions allowed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ElasticConfig {
+    /// Sessions per server, and so per tunnel (default 32, at least 1).
+    pub multiplex: usize,
+    /// Servers kept up (warmed at start, regrown after a retirement, never shrunk below).
+    /// `None` means 1 when a tunnel is required, else 0 (resolved by
+    /// [`crate::make_interception`]; [`ElasticPool::new`] reads `None` as 0).
+    pub min_servers: Option<usize>,
+    /// Cap on servers, draining ones included (default 256).
+    pub max_servers: usize,
+    /// Servers starting at once (default 16). The tunnel backend's rate limiter bounds
+    /// starts further.
+    pub max_concurrent_starts: usize,
+    /// How long an acquire waits for a seat (all servers full and the pool at
+    /// `max_servers`, or servers still starting) before it fails (default 300 s).
+    #[serde(with = "secs")]
+    pub wait_timeout: Duration,
+    /// Servers empty this long beyond `min_servers` are torn down, newest first
+    /// (default 300 s).
+    #[serde(with = "secs")]
+    pub idle_timeout: Duration,
+    /// How often endpoints are probed and idle servers looked for (default 10 s).
+    #[serde(with = "secs")]
+    pub health_interval: Duration,
+    /// An unhealthy server's sessions may finish for this long before it is torn down
+    /// anyway (default 120 s).
+    #[serde(with = "secs")]
+    pub drain_timeout: Duration,
+    /// Attempts to start one server before its error is surfaced to the waiting acquires
+    /// (default 4). Errors that say retrying cannot help are surfaced at once.
+    pub start_attempts: u32,
+    /// Delay after the first failed start; doubles per attempt (default 0.5 s).
+    #[serde(with = "secs")]
+    pub backoff_base: Duration,
+    /// Largest delay between start attempts (default 30 s).
+    #[serde(with = "secs")]
+    pub backoff_max: Duration,
+}
+
+impl Default for ElasticConfig {
+    fn default() -> Self {
+        ElasticConfig {
+            multiplex: 32,
+            min_servers: None,
+            max_servers: 256,
+            max_concurrent_starts: 16,
+            wait_timeout: Duration::from_secs(300),
+            idle_timeout: Duration::from_secs(300),
+            health_interval: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(120),
+            start_attempts: 4,
+            backoff_base: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(30),
+        }
+    }
+}
+
+pub(crate) mod secs {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let secs = f64::deserialize(d)?;
+        Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Where one server of the pool is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerPhase {
+    /// Being started (or backing off between attempts).
+    Starting,
+    /// Taking sessions.
+    Ready,
+    /// Its endpoint is unhealthy: no new sessions; torn down once empty.
+    Draining,
+    /// Being torn down.
+    Stopping,
+}
+
+/// One server of an [`ElasticPool`], as [`ElasticPool::servers`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// Creation number (0 for the first server the pool ever made).
+    pub index: u64,
+    /// Its phase.
+    pub phase: ServerPhase,
+    /// Sessions on it (seats reserved by acquires in progress included).
+    pub load: usize,
+}
+
+/// An elastic pool of interception servers: `multiplex` sessions per server, servers
+/// started concurrently as acquires need them, retired when their endpoint dies, shrunk
+/// when idle. See `docs/pools.md` for the behaviour in full.
+///
+/// - An acquire that fits on a ready server takes its seat at once, whatever is starting.
+/// - An acquire that does not fit waits in FIFO order for a seat; the pool starts
+///   `ceil(uncovered waiters / multiplex)` servers (bounded by `max_concurrent_starts`
+///   and `max_servers`), counting the full capacity of servers already starting.
+/// - A start that fails is retried with exponential backoff; after `start_attempts` (or
+///   at once for a non-retryable error) the waiters its server was to seat get its error.
+/// - At `max_servers` an acquire waits up to `wait_timeout`, then fails with an error
+///   naming the cap.
+/// - Every background task is owned by the pool and ends at [`Interception::stop`] (or
+///   when the pool is dropped).
+pub struct ElasticPool {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ElasticConfig,
+    min_servers: usize,
+    factory: Arc<dyn ServerFactory>,
+    state: Mutex<State>,
+    tasks: TaskTracker,
+    cancel: CancellationToken,
+    /// Signalled when a draining server may have become empty.
+    drained: Notify,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lifecycle {
+    New,
+    Running,
+    Stopped,
+}
+
+struct State {
+    lifecycle: Lifecycle,
+    next_index: u64,
+    servers: Vec<Server>,
+    waiters: VecDeque<Waiter>,
+    next_waiter: u64,
+}
+
+struct Server {
+    index: u64,
+    phase: ServerPhase,
+    member: Option<Arc<dyn PoolMember>>,
+    load: usize,
+    empty_since: Option<Instant>,
+}
+
+struct Waiter {
+    id: u64,
+    tx: oneshot::Sender<Result<Seat, Error>>,
+}
+
+/// A session's seat on one server; dropping it frees the seat.
+struct Seat {
+    inner: Arc<Inner>,
+    index: u64,
+    member: Arc<dyn PoolMember>,
+}
+
+impl fmt::Debug for Seat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Seat").field("server", &self.index).finish()
+    }
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        let mut state = self.inner.state.lock();
+        if let Some(server) = state.servers.iter_mut().find(|s| s.index == self.index) {
+            server.load = server.load.saturating_sub(1);
+            if server.load == 0 {
+                server.empty_since = Some(Instant::now());
+                if server.phase == ServerPhase::Draining {
+                    self.inner.drained.notify_waiters();
+                }
+            }
+        }
+        self.inner.clone().settle(state);
+    }
+}
+
+/// Deliveries decided under the lock, made after it is released (a refused delivery
+/// drops its seat, and dropping a seat takes the lock).
+type Deliveries = Vec<(oneshot::Sender<Result<Seat, Error>>, Result<Seat, Error>)>;
+
+fn deliver(deliveries: Deliveries) {
+    for (tx, value) in deliveries {
+        // A waiter that gave up drops its receiver; the seat then frees itself.
+        let _ = tx.send(value);
+    }
+}
+
+impl fmt::Debug for ElasticPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ElasticPool")
+            .field("config", &self.inner.config)
+            .field("servers", &self.servers())
+            .finish()
+    }
+}
+
+impl fmt::Debug for Inner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Inner")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl ElasticPool {
+    /// A pool (not started) whose servers come from `factory`. `min_servers: None` is
+    /// read as 0. Fails on inconsistent knobs (`multiplex`, `max_servers` or
+    /// `max_concurrent_starts` of 0, `min_servers` above `max_servers`).
+    pub fn new(config: ElasticConfig, factory: Arc<dyn ServerFactory>) -> Result<Self, Error> {
+        let min_servers = config.min_servers.unwrap_or(0);
+        if config.multiplex == 0 {
+            return Err(Error::invalid("elastic pool: multiplex must be at least 1"));
+        }
+        if config.max_servers == 0 || config.max_concurrent_starts == 0 {
+            return Err(Error::invalid(
+                "elastic pool: max_servers and max_concurrent_starts must be at least 1",
+            ));
+        }
+        if min_servers > config.max_servers {
+            return Err(Error::invalid(format!(
+                "elastic pool: min_servers ({min_servers}) exceeds max_servers ({})",
+                config.max_servers
+            )));
+        }
+        Ok(ElasticPool {
+            inner: Arc::new(Inner {
+                config,
+                min_servers,
+                factory,
+                state: Mutex::new(State {
+                    lifecycle: Lifecycle::New,
+                    next_index: 0,
+                    servers: Vec::new(),
+                    waiters: VecDeque::new(),
+                    next_waiter: 0,
+                }),
+                tasks: TaskTracker::new(),
+                cancel: CancellationToken::new(),
+                drained: Notify::new(),
+            }),
+        })
+    }
+
+    /// The pool's knobs.
+    pub fn config(&self) -> &ElasticConfig {
+        &self.inner.config
+    }
+
+    /// Every server the pool holds, in creation order.
+    pub fn servers(&self) -> Vec<ServerInfo> {
+        self.inner
+            .state
+            .lock()
+            .servers
+            .iter()
+            .map(|s| ServerInfo {
+                index: s.index,
+                phase: s.phase,
+                load: s.load,
+            })
+            .collect()
+    }
+
+    /// Acquires waiting for a seat.
+    pub fn waiting(&self) -> usize {
+        self.inner.state.lock().waiters.len()
+    }
+
+    /// Servers created so far (started or not, alive or not).
+    pub fn created(&self) -> u64 {
+        self.inner.state.lock().next_index
+    }
+
+    /// Runs one maintenance round now (health probes, retirements, idle shrink, floor)
+    /// instead of waiting for the next `health_interval` tick.
+    pub async fn maintain(&self) {
+        self.inner.clone().maintain().await;
+    }
+}
+
+impl Drop for ElasticPool {
+    fn drop(&mut self) {
+        // Background tasks end; servers not stopped are dropped with them.
+        self.inner.cancel.cancel();
+    }
+}
+
+impl Inner {
+    fn demand(&self, state: &State) -> Demand {
+        let multiplex = self.config.multiplex;
+        let mut d = Demand {
+            waiting: state.waiters.len(),
+            free_seats: 0,
+            starting: 0,
+            ready: 0,
+            total: state.servers.len(),
+            multiplex,
+            min_servers: self.min_servers,
+            max_servers: self.config.max_servers,
+            max_concurrent_starts: self.config.max_concurrent_starts,
+        };
+        for s in &state.servers {
+            match s.phase {
+                ServerPhase::Starting => d.starting += 1,
+                ServerPhase::Ready => {
+                    d.ready += 1;
+                    d.free_seats += multiplex.saturating_sub(s.load);
+                }
+                ServerPhase::Draining | ServerPhase::Stopping => {}
+            }
+        }
+        d
+    }
+
+    /// Hands free seats to waiters (oldest first), then starts the servers the policy
+    /// asks for. Consumes the lock; deliveries happen after it is released.
+    fn settle(self: Arc<Self>, mut state: MutexGuard<'_, State>) {
+        if state.lifecycle != Lifecycle::Running {
+            return;
+        }
+        let mut deliveries: Deliveries = Vec::new();
+        while !state.waiters.is_empty() {
+            let Some(seat) = self.take_seat(&mut state) else {
+                break;
+            };
+            if let Some(waiter) = state.waiters.pop_front() {
+                deliveries.push((waiter.tx, Ok(seat)));
+            }
+        }
+        let n = policy::servers_to_start(self.demand(&state));
+        let mut new = Vec::with_capacity(n);
+        for _ in 0..n {
+            let index = state.next_index;
+            state.next_index += 1;
+            state.servers.push(Server {
+                index,
+                phase: ServerPhase::Starting,
+                member: None,
+                load: 0,
+                empty_since: None,
+            });
+            new.push(index);
+        }
+        if n > 0 {
+            debug!(
+                starting = n,
+                servers = state.servers.len(),
+                waiting = state.waiters.len(),
+                "elastic pool: growing"
+            );
+        }
+        drop(state);
+        for index in new {
+            self.tasks.spawn(self.clone().run_start(index));
+        }
+        deliver(deliveries);
+    }
+
+    /// Reserves a seat on the oldest ready server with room.
+    fn take_seat(self: &Arc<Self>, state: &mut State) -> Option<Seat> {
+        let loads: Vec<Option<usize>> = state
+            .servers
+            .iter()
+            .map(|s| (s.phase == ServerPhase::Ready).then_some(s.load))
+            .collect();
+        let i = policy::first_fit(&loads, self.config.multiplex)?;
+        let server = &mut state.servers[i];
+        let member = server.member.clone()?;
+        server.load += 1;
+        server.empty_since = None;
+        Some(Seat {
+            inner: self.clone(),
+            index: server.index,
+            member,
+        })
+    }
+
+    async fn run_start(self: Arc<Self>, index: u64) {
+        let mut attempt: u32 = 0;
+        loop {
+            attempt += 1;
+            let result = self.factory.start_server(index).await;
+            match result {
+                Ok(member) => {
+                    let mut state = self.state.lock();
+                    let running = state.lifecycle == Lifecycle::Running;
+                    let Some(server) = state.servers.iter_mut().find(|s| s.index == index) else {
+                        return;
+                    };
+                    server.phase = ServerPhase::Ready;
+                    server.member = Some(member);
+                    server.empty_since = Some(Instant::now());
+                    if running {
+                        info!(
+                            server = index,
+                            servers = state.servers.len(),
+                            multiplex = self.config.multiplex,
+                            "elastic pool: server up"
+                        );
+                    }
+                    // When stopping, the server stays listed and stop() tears it down.
+                    self.clone().settle(state);
+                    return;
+                }
+                Err(error) => {
+                    let give_up = attempt >= self.config.start_attempts.max(1)
+                        || !error.retryable()
+                        || self.cancel.is_cancelled();
+                    warn!(server = index, attempt, %error, give_up, "elastic pool: server start failed");
+                    if give_up {
+                        self.give_up(index, error);
+                        return;
+                    }
+                    let delay =
+                        policy::backoff(attempt, self.config.backoff_base, self.config.backoff_max);
+                    tokio::select! {
+                        _ = self.cancel.cancelled() => {
+                            self.give_up(index, error);
+                            return;
+                        }
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// A server will not come up: drop its entry and fail the waiters nothing else covers.
+    fn give_up(self: &Arc<Self>, index: u64, error: Error) {
+        let mut state = self.state.lock();
+        state.servers.retain(|s| s.index != index);
+        let d = self.demand(&state);
+        let n = policy::uncovered_waiters(d.waiting, d.free_seats, d.starting, d.multiplex);
+        let deliveries: Deliveries = state
+            .waiters
+            .drain(..n)
+            .map(|w| (w.tx, Err(error.clone())))
+            .collect();
+        self.clone().settle(state);
+        deliver(deliveries);
+    }
+
+    /// One maintenance round: probe endpoints, retire the unhealthy, shrink the idle,
+    /// top the floor up.
+    async fn maintain(self: Arc<Self>) {
+        let ready: Vec<(u64, Arc<dyn PoolMember>)> = {
+            let state = self.state.lock();
+            if state.lifecycle != Lifecycle::Running {
+                return;
+            }
+            state
+                .servers
+                .iter()
+                .filter(|s| s.phase == ServerPhase::Ready)
+                .filter_map(|s| s.member.clone().map(|m| (s.index, m)))
+                .collect()
+        };
+        let probe_timeout = self.config.health_interval.max(Duration::from_millis(1));
+        let probes = join_all(ready.iter().map(|(_, m)| async move {
+            tokio::time::timeout(probe_timeout, m.health())
+                .await
+                .unwrap_or_else(|_| Health::Unhealthy("health probe timed out".into()))
+        }))
+        .await;
+        let mut state = self.state.lock();
+        if state.lifecycle != Lifecycle::Running {
+            return;
+        }
+        for ((index, member), health) in ready.into_iter().zip(probes) {
+            if let Health::Unhealthy(why) = health {
+                if let Some(s) = state
+                    .servers
+                    .iter_mut()
+                    .find(|s| s.index == index && s.phase == ServerPhase::Ready)
+                {
+                    warn!(server = index, reason = %why, load = s.load, "elastic pool: endpoint unhealthy; draining the server");
+                    s.phase = ServerPhase::Draining;
+                    self.tasks.spawn(self.clone().retire(index, member));
+                }
+            }
+        }
+        let now = Instant::now();
+        let ready_idx: Vec<usize> = (0..state.servers.len())
+            .filter(|i| state.servers[*i].phase == ServerPhase::Ready)
+            .collect();
+        let idle: Vec<IdleServer> = ready_idx
+            .iter()
+            .map(|i| {
+                let s = &state.servers[*i];
+                IdleServer {
+                    load: s.load,
+                    idle_for: s.empty_since.map(|t| now.saturating_duration_since(t)),
+                }
+            })
+            .collect();
+        let shrink = policy::idle_to_shrink(
+            &idle,
+            self.config.idle_timeout,
+            self.min_servers,
+            state.waiters.len(),
+        );
+        for k in shrink {
+            let s = &mut state.servers[ready_idx[k]];
+            s.phase = ServerPhase::Stopping;
+            if let Some(member) = s.member.clone() {
+                info!(server = s.index, "elastic pool: shrinking an idle server");
+                self.tasks.spawn(self.clone().teardown(s.index, member));
+            }
+        }
+        self.clone().settle(state);
+    }
+
+    /// Waits for a draining server to empty (up to `drain_timeout`), then tears it down.
+    async fn retire(self: Arc<Self>, index: u64, member: Arc<dyn PoolMember>) {
+        let deadline = Instant::now() + self.config.drain_timeout;
+        loop {
+            let notified = self.drained.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let empty = {
+                let state = self.state.lock();
+                state
+                    .servers
+                    .iter()
+                    .find(|s| s.index == index)
+                    .is_none_or(|s| s.load == 0)
+            };
+            if empty {
+                break;
+            }
+            tokio::select! {
+                _ = self.cancel.cancelled() => return, // stop() tears it down
+                _ = tokio::time::sleep_until(deadline) => {
+                    warn!(server = index, "elastic pool: drain timed out; tearing the server down");
+                    break;
+                }
+                _ = &mut notified => {}
+            }
+        }
+        {
+            let mut state = self.state.lock();
+            if let Some(s) = state.servers.iter_mut().find(|s| s.index == index) {
+                s.phase = ServerPhase::Stopping;
+            }
+        }
+        self.teardown(index, member).await;
+    }
+
+    /// Tears one server down and forgets it.
+    async fn teardown(self: Arc<Self>, index: u64, member: Arc<dyn PoolMember>) {
+        if let Err(error) = member.stop().await {
+            warn!(server = index, %error, "elastic pool: server teardown failed");
+        }
+        let mut state = self.state.lock();
+        state.servers.retain(|s| s.index != index);
+        self.clone().settle(state);
+    }
+
+    async fn maintenance_loop(self: Arc<Self>) {
+        let period = self.config.health_interval.max(Duration::from_millis(1));
+        loop {
+            tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                _ = tokio::time::sleep(period) => {}
+            }
+            self.clone().maintain().await;
+        }
+    }
+
+    fn cap_error(&self, state: &State) -> Error {
+        let c = &self.config;
+        if state.servers.len() >= c.max_servers {
+            Error::Cancelled(format!(
+                "elastic pool is at max_servers = {} ({} sessions per server, all taken): \
+                 no seat freed within {:?}; raise max_servers or multiplex, or wait_timeout",
+                c.max_servers, c.multiplex, c.wait_timeout
+            ))
+        } else {
+            Error::Cancelled(format!(
+                "elastic pool: no server came up within {:?} ({} server(s), max_servers = {}); \
+                 check the tunnel backend or raise wait_timeout",
+                c.wait_timeout,
+                state.servers.len(),
+                c.max_servers
+            ))
+        }
+    }
+
+    async fn seat(self: &Arc<Self>) -> Result<Seat, Error> {
+        let (id, rx) = {
+            let mut state = self.state.lock();
+            match state.lifecycle {
+                Lifecycle::New => {
+                    return Err(Error::Conflict(
+                        "the elastic pool is not started: call start() first".into(),
+                    ))
+                }
+                Lifecycle::Stopped => {
+                    return Err(Error::Cancelled("the elastic pool was stopped".into()))
+                }
+                Lifecycle::Running => {}
+            }
+            // With waiters queued there is no free seat (settle hands them out first),
+            // so taking one here never jumps the queue.
+            if let Some(seat) = self.take_seat(&mut state) {
+                return Ok(seat);
+            }
+            let id = state.next_waiter;
+            state.next_waiter += 1;
+            let (tx, rx) = oneshot::channel();
+            state.waiters.push_back(Waiter { id, tx });
+            self.clone().settle(state);
+            (id, rx)
+        };
+        let mut queued = Queued {
+            inner: self,
+            id,
+            rx: Some(rx),
+        };
+        let rx = queued
+            .rx
+            .as_mut()
+            .ok_or_else(|| Error::Internal("lost the waiter".into()))?;
+        match tokio::time::timeout(self.config.wait_timeout, rx).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(Error::Cancelled("the elastic pool was stopped".into())),
+            Err(_) => {
+                let mut state = self.state.lock();
+                state.waiters.retain(|w| w.id != id);
+                // A seat may have arrived just as the wait ended.
+                if let Some(Ok(Ok(seat))) = queued.rx.take().map(|mut rx| rx.try_recv()) {
+                    return Ok(seat);
+                }
+                Err(self.cap_error(&state))
+            }
+        }
+    }
+}
+
+/// A queued acquire; if the acquire is dropped while waiting, its place in the queue
+/// goes too.
+struct Queued<'a> {
+    inner: &'a Arc<Inner>,
+    id: u64,
+    rx: Option<oneshot::Receiver<Result<Seat, Error>>>,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        let mut state = self.inner.state.lock();
+        let id = self.id;
+        state.waiters.retain(|w| w.id != id);
+        drop(state);
+        // A seat already sent to us is dropped (and freed) with the receiver.
+        drop(self.rx.take());
+    }
+}
+
+#[async_trait]
+impl Interception for ElasticPool {
+    /// Starts the background maintenance and warms `min_servers` servers in the
+    /// background; returns at once. Acquires made meanwhile wait for the warm servers
+    /// instead of starting more.
+    async fn start(&self) -> Result<(), Error> {
+        let inner = &self.inner;
+        let state = {
+            let mut state = inner.state.lock();
+            match state.lifecycle {
+                Lifecycle::Running => {
+                    return Err(Error::Conflict(
+                        "the elastic pool is already started".into(),
+                    ))
+                }
+                Lifecycle::Stopped => {
+                    return Err(Error::Conflict(
+                        "the elastic pool was stopped; make a new one".into(),
+                    ))
+                }
+                Lifecycle::New => state.lifecycle = Lifecycle::Running,
+            }
+            state
+        };
+        inner.tasks.spawn(inner.clone().maintenance_loop());
+        info!(
+            multiplex = inner.config.multiplex,
+            min_servers = inner.min_servers,
+            max_servers = inner.config.max_servers,
+            "elastic interception pool up"
+        );
+        inner.clone().settle(state);
+        Ok(())
+    }
+
+    /// Fails waiting acquires, ends every background task (a server start in flight is
+    /// let finish), then tears every server down newest first, going on past failures
+    /// and reporting all of them.
+    async fn stop(&self) -> Result<(), Error> {
+        let inner = &self.inner;
+        let deliveries: Deliveries = {
+            let mut state = inner.state.lock();
+            if state.lifecycle == Lifecycle::Stopped {
+                return Ok(());
+            }
+            state.lifecycle = Lifecycle::Stopped;
+            state
+                .waiters
+                .drain(..)
+                .map(|w| {
+                    (
+                        w.tx,
+                        Err(Error::Cancelled("the elastic pool is stopping".into())),
+                    )
+                })
+                .collect()
+        };
+        deliver(deliveries);
+        inner.cancel.cancel();
+        inner.tasks.close();
+        inner.tasks.wait().await;
+        let members: Vec<(u64, Arc<dyn PoolMember>)> = {
+            let mut state = inner.state.lock();
+            std::mem::take(&mut state.servers)
+                .into_iter()
+                .filter_map(|s| s.member.map(|m| (s.index, m)))
+                .collect()
+        };
+        let mut errors = Vec::new();
+        for (index, member) in members.iter().rev() {
+            if let Err(e) = member.stop().await {
+                warn!(server = index, error = %e, "elastic pool: server teardown failed");
+                errors.push(e);
+            }
+        }
+        info!(
+            servers = members.len(),
+            failed = errors.len(),
+            "elastic interception pool down"
+        );
+        join_errors(errors)
+    }
+
+    async fn acquire(&self, session: Arc<dyn Session>) -> Result<SlotGuard, Error> {
+        let seat = self.inner.seat().await?;
+        let member = seat.member.clone();
+        let guard = member.acquire(session).await?;
+        Ok(PoolRelease::wrap(guard, seat))
+    }
+
+    fn load(&self) -> usize {
+        self.inner.state.lock().servers.iter().map(|s| s.load).sum()
+    }
+
+    /// Every server that is up (ready, draining or stopping), in creation order; servers
+    /// still starting are left out. `healthy` is the pool's verdict from its last health
+    /// round (a ready server is healthy, a draining or stopping one is not), so this never
+    /// probes an endpoint.
+    async fn servers(&self) -> Vec<ServerStatus> {
+        self.inner
+            .state
+            .lock()
+            .servers
+            .iter()
+            .filter_map(|s| {
+                let member = s.member.as_ref()?;
+                Some(ServerStatus {
+                    base_url: member.base_url(),
+                    load: s.load,
+                    healthy: s.phase == ServerPhase::Ready,
+                })
+            })
+            .collect()
+    }
+
+    fn inflight(&self) -> usize {
+        let members: Vec<Arc<dyn PoolMember>> = self
+            .inner
+            .state
+            .lock()
+            .servers
+            .iter()
+            .filter_map(|s| s.member.clone())
+            .collect();
+        members.iter().map(|m| m.inflight()).sum()
+    }
+}

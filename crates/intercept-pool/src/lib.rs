@@ -1,0 +1,48 @@
+//! Interception shapes of **intercept**: one server, a [`StaticPool`] of servers, or an
+//! [`ElasticPool`] that warms, grows, heals and shrinks; all behind
+//! [`intercept_core::Interception`].
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use intercept_core::{Interception, RolloutSession, SessionConfig, Upstream};
+//! use intercept_pool::{ElasticConfig, ElasticPool, InterceptionServerFactory, TunnelSource};
+//! use intercept_server::ServerConfig;
+//!
+//! # async fn run() -> Result<(), intercept_core::Error> {
+//! let factory = Arc::new(InterceptionServerFactory::new(ServerConfig::default(), TunnelSource::None));
+//! let pool = ElasticPool::new(ElasticConfig { multiplex: 32, ..Default::default() }, factory)?;
+//! pool.start().await?;
+//! let session = Arc::new(RolloutSession::new(SessionConfig {
+//!     id: "rollout-1".into(),
+//!     model: "policy".into(),
+//!     sampling: Default::default(),
+//!     upstream: Upstream::new("http://127.0.0.1:8000/v1"),
+//!     limits: Default::default(),
+//!     task: None,
+//! }));
+//! let slot = pool.acquire(session).await?; // a server comes up on demand
+//! println!("OPENAI_BASE_URL={}/v1", slot.base_url);
+//! slot.close().await;
+//! pool.stop().await
+//! # }
+//! ```
+
+mod config;
+mod elastic;
+mod guard;
+mod member;
+pub mod policy;
+mod static_pool;
+
+pub use config::{
+    make_interception, make_interception_with, requires_tunnel, ElasticEntry, InterceptionConfig,
+    Runtime, ServerEntry, SharedToolServer, StaticEntry, ToolServerConfig, TunnelInputs,
+    TunnelSpec,
+};
+pub use elastic::{ElasticConfig, ElasticPool, ServerInfo, ServerPhase};
+pub use member::{InterceptionServerFactory, PoolMember, ServerFactory, TunnelMaker, TunnelSource};
+pub use static_pool::StaticPool;
+
+/// How long [`StaticPool`]'s `servers()` waits for one endpoint's health probe before it
+/// reports the server unhealthy.
+pub const HEALTH_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);

@@ -1,0 +1,131 @@
+//! What a pool is made of: [`PoolMember`]s (an [`InterceptionServer`] in production, a
+//! fake in tests) created by a [`ServerFactory`].
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use intercept_core::{Error, Health, Interception, Session, SlotGuard, Tunnel};
+use intercept_server::{InterceptionServer, ServerConfig};
+
+/// One started server in a pool.
+#[async_trait]
+pub trait PoolMember: Send + Sync + fmt::Debug {
+    /// Registers a session on this server and returns its slot guard.
+    async fn acquire(&self, session: Arc<dyn Session>) -> Result<SlotGuard, Error>;
+
+    /// Sessions registered on this server.
+    fn load(&self) -> usize;
+
+    /// Whether the server's endpoint still carries traffic.
+    async fn health(&self) -> Health;
+
+    /// Tears the server (and its tunnel) down. Called once.
+    async fn stop(&self) -> Result<(), Error>;
+
+    /// Its public base URL, if it has one (for introspection). Defaults to `None`.
+    fn base_url(&self) -> Option<String> {
+        None
+    }
+
+    /// Model calls in flight on this server (for introspection). Defaults to 0.
+    fn inflight(&self) -> usize {
+        0
+    }
+}
+
+#[async_trait]
+impl PoolMember for InterceptionServer {
+    async fn acquire(&self, session: Arc<dyn Session>) -> Result<SlotGuard, Error> {
+        Interception::acquire(self, session).await
+    }
+
+    fn load(&self) -> usize {
+        Interception::load(self)
+    }
+
+    async fn health(&self) -> Health {
+        match self.endpoint() {
+            Some(endpoint) => endpoint.health().await,
+            None if self.base_url().is_some() => Health::Healthy,
+            None => Health::Unhealthy("the server is not running".into()),
+        }
+    }
+
+    async fn stop(&self) -> Result<(), Error> {
+        Interception::stop(self).await
+    }
+
+    fn base_url(&self) -> Option<String> {
+        InterceptionServer::base_url(self)
+    }
+
+    fn inflight(&self) -> usize {
+        InterceptionServer::inflight(self)
+    }
+}
+
+/// Creates and starts the servers of a pool.
+#[async_trait]
+pub trait ServerFactory: Send + Sync + fmt::Debug {
+    /// Creates a server, starts it (binding and exposing it through a fresh tunnel when
+    /// one is configured) and returns it. `index` numbers the pool's servers in creation
+    /// order, from 0. A failed start must leave nothing running.
+    async fn start_server(&self, index: u64) -> Result<Arc<dyn PoolMember>, Error>;
+}
+
+/// Makes the tunnel of one new server.
+pub type TunnelMaker = Arc<dyn Fn() -> Result<Arc<dyn Tunnel>, Error> + Send + Sync>;
+
+/// How an [`InterceptionServerFactory`] gives each server its tunnel.
+#[derive(Clone, Default)]
+pub enum TunnelSource {
+    /// No tunnel: servers listen on loopback.
+    #[default]
+    None,
+    /// Every server exposes itself through this one tunnel backend (a backend that mints
+    /// a new public endpoint per `expose`).
+    Shared(Arc<dyn Tunnel>),
+    /// Every server gets a tunnel of its own, made when the server starts.
+    PerServer(TunnelMaker),
+}
+
+impl fmt::Debug for TunnelSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TunnelSource::None => f.write_str("None"),
+            TunnelSource::Shared(t) => f.debug_tuple("Shared").field(&t.kind()).finish(),
+            TunnelSource::PerServer(_) => f.write_str("PerServer(..)"),
+        }
+    }
+}
+
+/// Builds real [`InterceptionServer`]s from a settings template.
+#[derive(Debug)]
+pub struct InterceptionServerFactory {
+    template: ServerConfig,
+    tunnel: TunnelSource,
+}
+
+impl InterceptionServerFactory {
+    /// A factory whose servers use `template` (its `tunnel` field is replaced by what
+    /// `tunnel` gives each server).
+    pub fn new(template: ServerConfig, tunnel: TunnelSource) -> Self {
+        InterceptionServerFactory { template, tunnel }
+    }
+}
+
+#[async_trait]
+impl ServerFactory for InterceptionServerFactory {
+    async fn start_server(&self, _index: u64) -> Result<Arc<dyn PoolMember>, Error> {
+        let mut config = self.template.clone();
+        config.tunnel = match &self.tunnel {
+            TunnelSource::None => None,
+            TunnelSource::Shared(t) => Some(t.clone()),
+            TunnelSource::PerServer(make) => Some(make()?),
+        };
+        let server = InterceptionServer::new(config)?;
+        Interception::start(&server).await?;
+        Ok(Arc::new(server))
+    }
+}
