@@ -4,7 +4,10 @@
 //! - [`ci()`]: fmt check, clippy with warnings denied, the test suite, doctests, tidy.
 //! - [`tidy`]: the mechanical checks of the layering and hygiene rules
 //!   (`docs/architecture.md` says why each rule exists).
-//! - [`demo()`] and [`bench()`]: thin wrappers over `cargo run` and `cargo bench`.
+//! - [`benchmark`]: the load benchmark (`cargo xtask bench`): direct vs intercept vs
+//!   nginx, scale figures, `target/bench/results.json`.
+//! - [`demo()`] and [`bench()`]: thin wrappers over `cargo run` and `cargo bench`
+//!   (`cargo xtask bench --micro` runs the criterion micro-benchmarks).
 //!
 //! ```no_run
 //! // What `cargo xtask tidy` does, callable from a test:
@@ -21,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
 
+pub mod benchmark;
 pub mod tidy;
 
 /// The workspace root (the folder that holds the root `Cargo.toml`).
@@ -213,8 +217,8 @@ pub fn demo(root: &Path, args: &[OsString]) -> Result<()> {
 /// Runs `cargo bench --workspace <args>` and says where the results went.
 ///
 /// This runs whatever benchmark targets the crates declare (criterion writes its
-/// reports under `<target-dir>/criterion/`). It is not a load test of a running server;
-/// that harness comes later (see `docs/architecture.md`).
+/// reports under `<target-dir>/criterion/`). The load test of a running server is
+/// [`benchmark::run`].
 pub fn bench(root: &Path, args: &[OsString]) -> Result<()> {
     let meta = metadata(root)?;
     let benches = bench_targets(&meta);

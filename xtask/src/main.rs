@@ -24,9 +24,10 @@ enum Task {
     /// Run the demo on the embedded mock model (release build); extra arguments go to
     /// `intercept demo`.
     Demo(PassThrough),
-    /// Run `cargo bench --workspace` (criterion micro-benchmarks); extra arguments go to
-    /// `cargo bench`.
-    Bench(PassThrough),
+    /// Load benchmark: direct vs intercept vs nginx, scale figures, JSON under
+    /// target/bench/. With --micro, the criterion micro-benchmarks instead (extra
+    /// arguments go to `cargo bench`).
+    Bench(BenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -34,6 +35,28 @@ struct CiArgs {
     /// Run the tests with `cargo test` even when cargo-nextest is installed.
     #[arg(long)]
     no_nextest: bool,
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// A short smoke run (a few seconds per case).
+    #[arg(long)]
+    quick: bool,
+    /// Also run 10,000 concurrent slow streams (about a minute more).
+    #[arg(long)]
+    scale: bool,
+    /// Skip nginx even when it is installed.
+    #[arg(long)]
+    no_nginx: bool,
+    /// Use the release binaries already built.
+    #[arg(long)]
+    no_build: bool,
+    /// Run the criterion micro-benchmarks (`cargo bench --workspace`) instead.
+    #[arg(long)]
+    micro: bool,
+    /// With --micro: arguments passed to `cargo bench`.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<OsString>,
 }
 
 #[derive(Debug, Args)]
@@ -55,7 +78,16 @@ fn main() -> ExitCode {
         ),
         Task::Tidy => xtask::tidy::run(&root),
         Task::Demo(p) => xtask::demo(&root, &p.args),
-        Task::Bench(p) => xtask::bench(&root, &p.args),
+        Task::Bench(b) if b.micro => xtask::benchmark::micro(&root, &b.args),
+        Task::Bench(b) => xtask::benchmark::run(
+            &root,
+            &xtask::benchmark::BenchOptions {
+                quick: b.quick,
+                scale: b.scale,
+                no_nginx: b.no_nginx,
+                no_build: b.no_build,
+            },
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,92 @@
+//! `loadgen`: a closed-loop load generator for chat completions (see
+//! [`intercept_bench::load`]). Prints one JSON report on stdout.
+//!
+//! ```text
+//! loadgen --url http://127.0.0.1:4100/v1/chat/completions --secrets-file s.json \
+//!         --connections 16 --duration 10 --warmup 2 [--stream] [--body-bytes 2048]
+//! ```
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use clap::Parser;
+use intercept_bench::{bodies, load};
+
+/// Load generator for chat completions.
+#[derive(Debug, Parser)]
+struct Args {
+    /// Full URL of the chat completions route.
+    #[arg(long)]
+    url: String,
+    /// JSON array of bearer secrets (used round robin).
+    #[arg(long)]
+    secrets_file: Option<PathBuf>,
+    /// One bearer secret (when there is no secrets file).
+    #[arg(long, default_value = "bench")]
+    secret: String,
+    /// Connections.
+    #[arg(long, default_value_t = 16)]
+    connections: usize,
+    /// Requests in flight per connection (HTTP/2 only).
+    #[arg(long, default_value_t = 1)]
+    per_connection: usize,
+    /// Speak HTTP/2 (h2c with prior knowledge).
+    #[arg(long)]
+    http2: bool,
+    /// Stop after this many requests.
+    #[arg(long, default_value_t = u64::MAX)]
+    requests: u64,
+    /// Measured seconds (after the warmup).
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Warmup seconds (sent, not measured).
+    #[arg(long, default_value_t = 0.0)]
+    warmup: f64,
+    /// Ask for a stream.
+    #[arg(long)]
+    stream: bool,
+    /// Request body size in bytes.
+    #[arg(long, default_value_t = 2048)]
+    body_bytes: usize,
+    /// Per-request timeout in seconds.
+    #[arg(long, default_value_t = 60.0)]
+    timeout: f64,
+    /// Runtime worker threads (default: one per CPU the process may run on).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.threads {
+        rt.worker_threads(n.max(1));
+    }
+    rt.enable_all().build()?.block_on(run(args))
+}
+
+async fn run(args: Args) -> Result<()> {
+    let secrets: Vec<String> = match &args.secrets_file {
+        Some(path) => serde_json::from_slice(
+            &std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?,
+        )
+        .with_context(|| format!("{} is not a JSON array of strings", path.display()))?,
+        None => vec![args.secret.clone()],
+    };
+    let body = bodies::chat_request(args.stream, args.body_bytes);
+    let config = load::LoadConfig {
+        stream: args.stream,
+        connections: args.connections,
+        per_connection: args.per_connection,
+        http2: args.http2,
+        requests: args.requests,
+        duration: Duration::from_secs_f64(args.duration),
+        warmup: Duration::from_secs_f64(args.warmup),
+        timeout: Duration::from_secs_f64(args.timeout),
+        ..load::LoadConfig::new(args.url.parse()?, secrets, body.into())
+    };
+    let report = load::run(&config).await?;
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}

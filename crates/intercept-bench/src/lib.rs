@@ -1,0 +1,34 @@
+//! Load-test programs for intercept's benchmarks (`cargo xtask bench`): a fast mock
+//! upstream (`bench-upstream`), an interception server with many registered sessions
+//! (`bench-proxy`), a load generator (`loadgen`) and in-process scale figures
+//! (`bench-scale`). This library holds what the binaries share, so tests can drive
+//! every piece in-process.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use intercept_bench::{bodies, load::{self, LoadConfig}};
+//!
+//! # async fn run() -> anyhow::Result<()> {
+//! let config = LoadConfig {
+//!     connections: 16,
+//!     requests: 10_000,
+//!     duration: Duration::from_secs(5),
+//!     ..LoadConfig::new(
+//!         "http://127.0.0.1:8000/v1/chat/completions".parse()?,
+//!         vec!["secret".into()],
+//!         bodies::chat_request(false, 2048).into(),
+//!     )
+//! };
+//! let report = load::run(&config).await?;
+//! println!("{:.0} req/s, p99 {} µs", report.rps, report.latency_us.p99);
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod bodies;
+pub mod control;
+pub mod load;
+pub mod procfs;
+pub mod session;
+
+pub use session::CountingSession;

@@ -1,0 +1,102 @@
+//! What Linux says about a process: CPU time from `/proc/<pid>/stat`, memory from
+//! `/proc/<pid>/status`. Every function returns `None` where `/proc` is unavailable.
+
+use std::time::Duration;
+
+/// Clock ticks per second of `/proc/<pid>/stat` times (`USER_HZ`, 100 on every Linux
+/// architecture intercept runs on).
+pub const CLOCK_TICKS_PER_SECOND: u64 = 100;
+
+/// User + system CPU time consumed so far by process `pid` (all its threads).
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (utime, stime) = parse_stat_times(&stat)?;
+    Some(Duration::from_millis(
+        (utime + stime) * 1000 / CLOCK_TICKS_PER_SECOND,
+    ))
+}
+
+/// `(utime, stime)` in clock ticks from the text of `/proc/<pid>/stat`.
+pub fn parse_stat_times(stat: &str) -> Option<(u64, u64)> {
+    // The command name (field 2) may hold spaces and parentheses: fields after it are
+    // counted from the last `)`.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // rest[0] is field 3 (state); utime is field 14, stime field 15.
+    let utime = fields.get(11)?.parse().ok()?;
+    let stime = fields.get(12)?.parse().ok()?;
+    Some((utime, stime))
+}
+
+/// The parent pid (field 4) from the text of `/proc/<pid>/stat`.
+pub fn parse_stat_ppid(stat: &str) -> Option<u32> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Pids whose parent is `pid` (scans `/proc`).
+pub fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|s| parse_stat_ppid(&s))
+                == Some(pid)
+        })
+        .collect()
+}
+
+/// A `kB` field of `/proc/<pid>/status` (e.g. `VmRSS`, `VmHWM`), in KiB.
+pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_status_kib(&status, field)
+}
+
+/// A `kB` field from the text of `/proc/<pid>/status`.
+pub fn parse_status_kib(status: &str, field: &str) -> Option<u64> {
+    status.lines().find_map(|line| {
+        let value = line.strip_prefix(field)?.strip_prefix(':')?;
+        value.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// This process's resident set size, in KiB.
+pub fn self_rss_kib() -> Option<u64> {
+    status_kib(std::process::id(), "VmRSS")
+}
+
+/// This process's peak resident set size (`VmHWM`), in KiB.
+pub fn self_hwm_kib() -> Option<u64> {
+    status_kib(std::process::id(), "VmHWM")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_times_skip_a_command_with_spaces() {
+        let stat = "42 (my (odd) proc) S 1 42 42 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 1 0";
+        assert_eq!(parse_stat_times(stat), Some((250, 75)));
+        assert_eq!(parse_stat_ppid(stat), Some(1));
+    }
+
+    #[test]
+    fn status_fields_in_kib() {
+        let status = "Name:\tx\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\n";
+        assert_eq!(parse_status_kib(status, "VmRSS"), Some(1024));
+        assert_eq!(parse_status_kib(status, "VmHWM"), Some(2048));
+        assert_eq!(parse_status_kib(status, "VmSwap"), None);
+    }
+
+    #[test]
+    fn this_process_is_visible() {
+        if std::path::Path::new("/proc/self/stat").exists() {
+            assert!(cpu_time(std::process::id()).is_some());
+            assert!(self_rss_kib().is_some_and(|k| k > 0));
+        }
+    }
+}

@@ -1,0 +1,1013 @@
+//! `cargo xtask bench`: the load benchmark of issue 8, side by side in one run.
+//!
+//! It builds `intercept-bench` in release mode, starts `bench-upstream` (the fast mock
+//! model), `bench-proxy` (an interception server with many sessions) and, when `nginx`
+//! is on `PATH`, an nginx `proxy_pass` with upstream keepalive (config, pid file and logs
+//! under `target/bench/nginx/`, one worker). Then it runs `loadgen` with the same load
+//! against each target: direct to the upstream, through intercept, through nginx;
+//! non-streaming at 1, 16 and 64 connections and streaming (16 chunks) at 16
+//! connections, spread over 1000 session secrets. With `taskset` the proxy (intercept or
+//! nginx) runs on core 0 and the load generator and upstream on core 1.
+//!
+//! It reads the proxy's CPU time (`/proc/<pid>/stat` utime + stime, nginx's master and
+//! worker summed) around each run, checks that the upstream received exactly as many
+//! requests as completed, prints a table with ratios to direct and to nginx, evaluates
+//! the issue's targets and writes everything to `target/bench/results.json`.
+//!
+//! Scale figures follow: memory and acquire/release time per registered session (100k
+//! sessions, `bench-scale`), peak RSS while proxying one 256 MiB request body, and with
+//! `--scale` 10,000 concurrent slow streams (200 chunks 50 ms apart).
+//!
+//! `--micro` runs the criterion micro-benchmarks instead (`cargo bench --workspace`).
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use serde_json::{json, Value};
+
+/// Options of [`run`].
+#[derive(Debug, Clone, Default)]
+pub struct BenchOptions {
+    /// A few seconds per case instead of 10 (a smoke run).
+    pub quick: bool,
+    /// Also run the 10,000 concurrent slow streams (takes about a minute).
+    pub scale: bool,
+    /// Skip nginx even when it is installed.
+    pub no_nginx: bool,
+    /// Use the binaries already built.
+    pub no_build: bool,
+}
+
+/// Sessions registered on the proxy; the load is spread over all of them.
+const SESSIONS: usize = 1000;
+/// Request body size of the load (a small chat request).
+const BODY_BYTES: usize = 2048;
+
+/// One load case.
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    name: &'static str,
+    stream: bool,
+    connections: usize,
+}
+
+const CASES: &[Case] = &[
+    Case {
+        name: "json c1",
+        stream: false,
+        connections: 1,
+    },
+    Case {
+        name: "json c16",
+        stream: false,
+        connections: 16,
+    },
+    Case {
+        name: "json c64",
+        stream: false,
+        connections: 64,
+    },
+    Case {
+        name: "stream c16",
+        stream: true,
+        connections: 16,
+    },
+];
+
+/// A helper process with the bench control protocol (ready line, `stats` on stdin).
+struct Helper {
+    name: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    ready: Value,
+}
+
+impl std::fmt::Debug for Helper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Helper")
+            .field("name", &self.name)
+            .field("pid", &self.child.id())
+            .finish()
+    }
+}
+
+impl Helper {
+    fn spawn(name: &str, mut cmd: Command) -> Result<Helper> {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("cannot start {name}"))?;
+        let stdin = child.stdin.take();
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("{name} has no stdout"))?;
+        let mut helper = Helper {
+            name: name.to_owned(),
+            child,
+            stdin,
+            stdout: BufReader::new(stdout),
+            ready: Value::Null,
+        };
+        helper.ready = helper.read_line()?;
+        Ok(helper)
+    }
+
+    fn read_line(&mut self) -> Result<Value> {
+        let mut line = String::new();
+        if self.stdout.read_line(&mut line)? == 0 {
+            bail!("{} exited before answering", self.name);
+        }
+        serde_json::from_str(&line).with_context(|| format!("{} printed `{line}`", self.name))
+    }
+
+    fn stats(&mut self) -> Result<Value> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| anyhow!("{} has no stdin", self.name))?;
+        stdin.write_all(b"stats\n")?;
+        stdin.flush()?;
+        self.read_line()
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn field(&self, key: &str) -> Result<String> {
+        self.ready
+            .get(key)
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| anyhow!("{} did not say its {key}: {}", self.name, self.ready))
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        // Closing stdin asks it to stop; kill in case it does not.
+        drop(self.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// nginx in the foreground (`daemon off`), owned by this value.
+#[derive(Debug)]
+struct Nginx {
+    child: Child,
+    url: String,
+    prefix: PathBuf,
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // `-s stop` makes the master stop its worker too (a killed master would leave the
+        // worker behind); kill the master only if that did not work.
+        let conf = self.prefix.join("nginx.conf");
+        let _ = Command::new("nginx")
+            .arg("-p")
+            .arg(&self.prefix)
+            .arg("-c")
+            .arg(&conf)
+            .args(["-s", "stop"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Everything a run needs to start programs.
+#[derive(Debug)]
+struct Env {
+    bin: PathBuf,
+    out: PathBuf,
+    taskset: bool,
+    quick: bool,
+}
+
+impl Env {
+    /// A command for one of the bench binaries, pinned to `core` when taskset exists.
+    fn command(&self, program: &str, core: u32) -> Command {
+        let path = self.bin.join(program);
+        if self.taskset {
+            let mut cmd = Command::new("taskset");
+            cmd.arg("-c").arg(core.to_string()).arg(path);
+            cmd
+        } else {
+            Command::new(path)
+        }
+    }
+
+    fn upstream(&self, extra: &[&str]) -> Result<Helper> {
+        let mut cmd = self.command("bench-upstream", 1);
+        cmd.args(extra);
+        Helper::spawn("bench-upstream", cmd)
+    }
+
+    fn proxy(&self, upstream: &str, sessions: usize, record: &str, tag: &str) -> Result<Helper> {
+        let mut cmd = self.command("bench-proxy", 0);
+        let secrets = self.out.join(format!("secrets-{tag}.json"));
+        cmd.args(["--upstream", upstream, "--record", record])
+            .arg("--sessions")
+            .arg(sessions.to_string())
+            .arg("--secrets-file")
+            .arg(&secrets);
+        Helper::spawn("bench-proxy", cmd)
+    }
+
+    /// Runs loadgen to the end and parses its report.
+    fn loadgen(&self, args: &[String]) -> Result<Value> {
+        let mut cmd = self.command("loadgen", 1);
+        cmd.args(args).stdin(Stdio::null()).stderr(Stdio::inherit());
+        let out = cmd.output().context("cannot run loadgen")?;
+        if !out.status.success() {
+            bail!("loadgen failed ({})", out.status);
+        }
+        serde_json::from_slice(&out.stdout).context("loadgen printed something that is not JSON")
+    }
+
+    fn durations(&self) -> (f64, f64) {
+        if self.quick {
+            (2.0, 0.5)
+        } else {
+            (10.0, 2.0)
+        }
+    }
+}
+
+fn has_program(name: &str, arg: &str) -> bool {
+    Command::new(name)
+        .arg(arg)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok()
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+fn wait_for_port(port: u16, within: Duration) -> Result<()> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bail!("nothing listens on 127.0.0.1:{port} after {within:?}")
+}
+
+/// The nginx configuration: one worker, upstream keepalive, no buffering of responses
+/// (so streams flow event by event, as intercept relays them).
+pub fn nginx_config(prefix: &Path, listen: u16, upstream: &str) -> String {
+    let p = prefix.display();
+    format!(
+        "worker_processes 1;\ndaemon off;\nmaster_process on;\npid {p}/nginx.pid;\n\
+error_log {p}/error.log warn;\nevents {{ worker_connections 20000; }}\n\
+http {{\n  access_log off;\n  client_body_temp_path {p}/client_body;\n  proxy_temp_path {p}/proxy;\n\
+  fastcgi_temp_path {p}/fastcgi;\n  uwsgi_temp_path {p}/uwsgi;\n  scgi_temp_path {p}/scgi;\n\
+  keepalive_requests 1000000;\n  keepalive_timeout 120s;\n  client_max_body_size 0;\n\
+  client_body_buffer_size 1m;\n\
+  upstream model {{\n    server {upstream};\n    keepalive 256;\n    keepalive_requests 1000000;\n  }}\n\
+  server {{\n    listen 127.0.0.1:{listen};\n\
+    location / {{\n      proxy_pass http://model;\n      proxy_http_version 1.1;\n\
+      proxy_set_header Connection \"\";\n      proxy_buffering off;\n    }}\n  }}\n}}\n"
+    )
+}
+
+fn start_nginx(env: &Env, upstream_addr: &str) -> Result<Nginx> {
+    let prefix = env.out.join("nginx");
+    std::fs::create_dir_all(&prefix)?;
+    let port = free_port()?;
+    let conf = prefix.join("nginx.conf");
+    std::fs::write(&conf, nginx_config(&prefix, port, upstream_addr))?;
+    let mut cmd = if env.taskset {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "0", "nginx"]);
+        c
+    } else {
+        Command::new("nginx")
+    };
+    cmd.arg("-p")
+        .arg(&prefix)
+        .arg("-c")
+        .arg(&conf)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    let child = cmd.spawn().context("cannot start nginx")?;
+    let nginx = Nginx {
+        child,
+        url: format!("http://127.0.0.1:{port}/v1/chat/completions"),
+        prefix,
+    };
+    wait_for_port(port, Duration::from_secs(5))?;
+    Ok(nginx)
+}
+
+/// CPU time of a process and its children (nginx's master and worker), in µs.
+fn cpu_us(pid: u32) -> u64 {
+    let mut pids = vec![pid];
+    pids.extend(children(pid));
+    pids.iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
+        .filter_map(|s| {
+            let rest = &s[s.rfind(')')? + 1..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+            Some(ticks * 10_000)
+        })
+        .sum()
+}
+
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|c| {
+            std::fs::read_to_string(format!("/proc/{c}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let rest = &s[s.rfind(')')? + 1..];
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
+fn num(v: &Value, path: &[&str]) -> f64 {
+    let mut cur = v;
+    for p in path {
+        cur = &cur[*p];
+    }
+    cur.as_f64().unwrap_or(f64::NAN)
+}
+
+/// One measured (case, target) pair.
+#[derive(Debug, Clone)]
+struct Row {
+    case: Case,
+    mode: &'static str,
+    report: Value,
+    cpu_us_per_req: Option<f64>,
+    upstream_requests: u64,
+}
+
+impl Row {
+    fn rps(&self) -> f64 {
+        num(&self.report, &["rps"])
+    }
+    fn lat(&self, p: &str) -> f64 {
+        num(&self.report, &["latency_us", p])
+    }
+    fn ttfb(&self, p: &str) -> f64 {
+        num(&self.report, &["ttfb_us", p])
+    }
+    fn completed(&self) -> u64 {
+        self.report["ok"].as_u64().unwrap_or(0) + self.report["errors"].as_u64().unwrap_or(0)
+    }
+    fn to_json(&self) -> Value {
+        json!({
+            "case": self.case.name,
+            "mode": self.mode,
+            "stream": self.case.stream,
+            "connections": self.case.connections,
+            "loadgen": self.report,
+            "proxy_cpu_us_per_request": self.cpu_us_per_req,
+            "upstream_requests": self.upstream_requests,
+            "requests_completed": self.completed(),
+        })
+    }
+}
+
+fn measure(
+    env: &Env,
+    case: Case,
+    mode: &'static str,
+    url: &str,
+    secrets: &Path,
+    proxy_pid: Option<u32>,
+    upstream: &mut Helper,
+) -> Result<Row> {
+    let (duration, warmup) = env.durations();
+    let mut args = vec![
+        "--url".to_owned(),
+        url.to_owned(),
+        "--secrets-file".to_owned(),
+        secrets.display().to_string(),
+        "--connections".to_owned(),
+        case.connections.to_string(),
+        "--duration".to_owned(),
+        duration.to_string(),
+        "--warmup".to_owned(),
+        warmup.to_string(),
+        "--body-bytes".to_owned(),
+        BODY_BYTES.to_string(),
+        "--timeout".to_owned(),
+        "30".to_owned(),
+    ];
+    if case.stream {
+        args.push("--stream".to_owned());
+    }
+    let before_up = upstream.stats()?["requests"].as_u64().unwrap_or(0);
+    let before_cpu = proxy_pid.map(cpu_us);
+    let report = env.loadgen(&args)?;
+    let after_cpu = proxy_pid.map(cpu_us);
+    let after_up = upstream.stats()?["requests"].as_u64().unwrap_or(0);
+    let total = report["ok"].as_u64().unwrap_or(0).max(1);
+    let cpu_us_per_req = match (before_cpu, after_cpu) {
+        (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / total as f64),
+        _ => None,
+    };
+    let row = Row {
+        case,
+        mode,
+        report,
+        cpu_us_per_req,
+        upstream_requests: after_up - before_up,
+    };
+    let check = if row.upstream_requests == row.completed() {
+        "ok"
+    } else {
+        "MISMATCH"
+    };
+    println!(
+        "  {:<10} {:<9} {:>9.0} req/s  p50 {:>6.0} µs  p99 {:>6.0} µs  errors {}  upstream requests {} / completed {} ({check})",
+        case.name,
+        mode,
+        row.rps(),
+        row.lat("p50"),
+        row.lat("p99"),
+        row.report["errors"],
+        row.upstream_requests,
+        row.completed()
+    );
+    Ok(row)
+}
+
+/// One target of the issue, with its figure.
+#[derive(Debug, Clone)]
+struct Target {
+    name: String,
+    goal: String,
+    measured: String,
+    met: Option<bool>,
+}
+
+impl Target {
+    fn new(name: &str, goal: &str, measured: String, met: Option<bool>) -> Self {
+        Target {
+            name: name.to_owned(),
+            goal: goal.to_owned(),
+            measured,
+            met,
+        }
+    }
+    fn to_json(&self) -> Value {
+        json!({"target": self.name, "goal": self.goal, "measured": self.measured, "met": self.met})
+    }
+}
+
+/// Runs the load benchmark (see the module docs).
+pub fn run(root: &Path, options: &BenchOptions) -> Result<()> {
+    let meta = crate::metadata(root)?;
+    let target_dir = meta
+        .get("target_directory")
+        .and_then(Value::as_str)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    if !options.no_build {
+        let mut cmd = crate::cargo();
+        cmd.args(["build", "--release", "-p", "intercept-bench", "--bins"])
+            .current_dir(root);
+        crate::run_streaming(&mut cmd).context("building the bench programs failed")?;
+    }
+    let out = target_dir.join("bench");
+    std::fs::create_dir_all(&out)?;
+    let env = Env {
+        bin: target_dir.join("release"),
+        out: out.clone(),
+        taskset: has_program("taskset", "-V"),
+        quick: options.quick,
+    };
+    let nginx_on_path = !options.no_nginx && has_program("nginx", "-v");
+    let machine = json!({
+        "nproc": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "cpu": cpu_model(),
+        "taskset": env.taskset,
+        "nginx": nginx_on_path,
+    });
+    println!(
+        "xtask bench: {} run; taskset {}; nginx {}; machine {}",
+        if options.quick { "quick" } else { "full" },
+        if env.taskset {
+            "on (proxy on core 0, loadgen + upstream on core 1)"
+        } else {
+            "absent (no pinning)"
+        },
+        if nginx_on_path { "on" } else { "absent" },
+        machine["cpu"]
+    );
+
+    let mut upstream = env.upstream(&["--chunks", "16"])?;
+    let upstream_addr = upstream.field("addr")?;
+    let upstream_base = upstream.field("base_url")?;
+    let direct_url = format!("http://{upstream_addr}/v1/chat/completions");
+    let mut proxy = env.proxy(&upstream_base, SESSIONS, "count", "count")?;
+    let proxy_url = format!("{}/v1/chat/completions", proxy.field("base_url")?);
+    let secrets = PathBuf::from(proxy.field("secrets_file")?);
+    let nginx = if nginx_on_path {
+        Some(start_nginx(&env, &upstream_addr)?)
+    } else {
+        None
+    };
+    let nginx_pid = nginx.as_ref().map(|n| n.child.id());
+
+    println!("\nload: {SESSIONS} sessions, {BODY_BYTES}-byte chat bodies");
+    let mut rows: Vec<Row> = Vec::new();
+    for &case in CASES {
+        rows.push(measure(
+            &env,
+            case,
+            "direct",
+            &direct_url,
+            &secrets,
+            None,
+            &mut upstream,
+        )?);
+        let pid = proxy.pid();
+        rows.push(measure(
+            &env,
+            case,
+            "intercept",
+            &proxy_url,
+            &secrets,
+            Some(pid),
+            &mut upstream,
+        )?);
+        if let (Some(n), Some(pid)) = (&nginx, nginx_pid) {
+            rows.push(measure(
+                &env,
+                case,
+                "nginx",
+                &n.url,
+                &secrets,
+                Some(pid),
+                &mut upstream,
+            )?);
+        }
+    }
+    let proxy_stats = proxy.stats()?;
+    let calls = proxy_stats["calls"].as_u64().unwrap_or(0);
+    let proxied: u64 = rows
+        .iter()
+        .filter(|r| r.mode == "intercept")
+        .map(|r| r.upstream_requests)
+        .sum();
+    println!(
+        "intercept recorded {calls} calls; the upstream received {proxied} requests from it ({})",
+        if calls == proxied {
+            "equal"
+        } else {
+            "NOT equal"
+        }
+    );
+    drop(proxy);
+    drop(nginx);
+
+    // The ready RolloutSession keeps every call: the same json c16 load, and its memory.
+    println!("\ntrace storage: json c16 through RolloutSession (in-memory trace)");
+    let mut trace_proxy = env.proxy(&upstream_base, SESSIONS, "trace", "trace")?;
+    let trace_url = format!("{}/v1/chat/completions", trace_proxy.field("base_url")?);
+    let trace_secrets = PathBuf::from(trace_proxy.field("secrets_file")?);
+    let rss0 = trace_proxy.stats()?["rss_kib"].as_u64().unwrap_or(0);
+    let trace_row = measure(
+        &env,
+        CASES[1],
+        "intercept+trace",
+        &trace_url,
+        &trace_secrets,
+        Some(trace_proxy.pid()),
+        &mut upstream,
+    )?;
+    let rss1 = trace_proxy.stats()?["rss_kib"].as_u64().unwrap_or(0);
+    let trace_bytes_per_call =
+        (rss1.saturating_sub(rss0) * 1024) as f64 / trace_row.completed().max(1) as f64;
+    println!("  trace growth: {trace_bytes_per_call:.0} bytes of RSS per recorded call");
+    drop(trace_proxy);
+    drop(upstream);
+
+    // Scale figures.
+    println!("\nscale: 100,000 idle sessions (bench-scale)");
+    let mut scale = Vec::new();
+    for kind in ["rollout", "count"] {
+        let mut cmd = env.command("bench-scale", 0);
+        cmd.args(["--sessions", "100000", "--kind", kind]);
+        let out = cmd.stderr(Stdio::inherit()).output()?;
+        if !out.status.success() {
+            bail!("bench-scale failed ({})", out.status);
+        }
+        let v: Value = serde_json::from_slice(&out.stdout)?;
+        println!(
+            "  {kind:<8} {:>6.0} bytes/session  acquire {:.2} µs  release {:.2} µs  acquire+release {:.2} µs",
+            num(&v, &["bytes_per_session"]),
+            num(&v, &["acquire_us"]),
+            num(&v, &["release_us"]),
+            num(&v, &["acquire_release_cycle_us"])
+        );
+        scale.push(v);
+    }
+
+    let big = big_body(&env)?;
+    let streams = if options.scale {
+        Some(slow_streams(&env)?)
+    } else {
+        None
+    };
+
+    let targets = targets(&rows, &scale, &big, streams.as_ref(), calls == proxied);
+    print_table(&rows);
+    println!("\ntargets (issue 8):");
+    for t in &targets {
+        let mark = match t.met {
+            Some(true) => "met",
+            Some(false) => "MISSED",
+            None => "n/a",
+        };
+        println!(
+            "  [{mark:>6}] {:<48} goal {:<22} measured {}",
+            t.name, t.goal, t.measured
+        );
+    }
+    let results = json!({
+        "quick": options.quick,
+        "machine": machine,
+        "sessions": SESSIONS,
+        "body_bytes": BODY_BYTES,
+        "rows": rows.iter().map(Row::to_json).collect::<Vec<_>>(),
+        "trace": {"row": trace_row.to_json(), "rss_bytes_per_call": trace_bytes_per_call},
+        "intercept_calls_recorded": calls,
+        "intercept_upstream_requests": proxied,
+        "scale_sessions": scale,
+        "big_body": big,
+        "slow_streams": streams,
+        "targets": targets.iter().map(Target::to_json).collect::<Vec<_>>(),
+    });
+    let path = out.join("results.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&results)?)?;
+    println!("\nxtask bench: results written to {}", path.display());
+    Ok(())
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Peak RSS of the proxy while it proxies one 256 MiB request body.
+fn big_body(env: &Env) -> Result<Value> {
+    const BODY: usize = 256 << 20;
+    println!("\nscale: one 256 MiB request body through intercept");
+    let mut upstream = env.upstream(&["--max-body-mib", "1024"])?;
+    let mut proxy = env.proxy(&upstream.field("base_url")?, 1, "count", "big")?;
+    let url = format!("{}/v1/chat/completions", proxy.field("base_url")?);
+    let secrets = proxy.field("secrets_file")?;
+    let before = proxy.stats()?;
+    let report = env.loadgen(&[
+        "--url".into(),
+        url,
+        "--secrets-file".into(),
+        secrets,
+        "--connections".into(),
+        "1".into(),
+        "--requests".into(),
+        "1".into(),
+        "--body-bytes".into(),
+        BODY.to_string(),
+        "--duration".into(),
+        "120".into(),
+        "--timeout".into(),
+        "120".into(),
+    ])?;
+    let after = proxy.stats()?;
+    let up = upstream.stats()?;
+    let hwm = after["hwm_kib"].as_u64().unwrap_or(0) * 1024;
+    let rss_before = before["rss_kib"].as_u64().unwrap_or(0) * 1024;
+    let v = json!({
+        "body_bytes": BODY,
+        "ok": report["ok"],
+        "latency_us": report["latency_us"]["max"],
+        "rss_before_bytes": rss_before,
+        "peak_rss_bytes": hwm,
+        "peak_over_body": hwm as f64 / BODY as f64,
+        "growth_over_body": hwm.saturating_sub(rss_before) as f64 / BODY as f64,
+        "upstream_requests": up["requests"],
+    });
+    println!(
+        "  ok {}  peak RSS {:.0} MiB = {:.2}× the body (growth {:.2}×)  in {:.2} s",
+        report["ok"],
+        hwm as f64 / (1 << 20) as f64,
+        num(&v, &["peak_over_body"]),
+        num(&v, &["growth_over_body"]),
+        num(&report, &["latency_us", "max"]) / 1e6
+    );
+    Ok(v)
+}
+
+/// 10,000 concurrent slow streams (200 chunks 50 ms apart), direct and through intercept.
+fn slow_streams(env: &Env) -> Result<Value> {
+    println!("\nscale: 10,000 concurrent slow streams (200 chunks, 50 ms apart), HTTP/2 from the load generator");
+    let mut results = serde_json::Map::new();
+    for mode in ["direct", "intercept"] {
+        let mut upstream = env.upstream(&["--chunks", "200", "--chunk-delay-ms", "50"])?;
+        let base = upstream.field("base_url")?;
+        let addr = upstream.field("addr")?;
+        let mut proxy = if mode == "intercept" {
+            Some(env.proxy(&base, SESSIONS, "count", "slow")?)
+        } else {
+            None
+        };
+        let (url, secrets) = match &proxy {
+            Some(p) => (
+                format!("{}/v1/chat/completions", p.field("base_url")?),
+                p.field("secrets_file")?,
+            ),
+            None => (
+                format!("http://{addr}/v1/chat/completions"),
+                env.out.join("secrets-count.json").display().to_string(),
+            ),
+        };
+        let cpu0 = proxy.as_ref().map(|p| cpu_us(p.pid()));
+        let report = env.loadgen(&[
+            "--url".into(),
+            url,
+            "--secrets-file".into(),
+            secrets,
+            "--http2".into(),
+            "--connections".into(),
+            "100".into(),
+            "--per-connection".into(),
+            "100".into(),
+            "--requests".into(),
+            "10000".into(),
+            "--stream".into(),
+            "--duration".into(),
+            "90".into(),
+            "--timeout".into(),
+            "60".into(),
+        ])?;
+        let cpu1 = proxy.as_ref().map(|p| cpu_us(p.pid()));
+        let pstats = match proxy.as_mut() {
+            Some(p) => Some(p.stats()?),
+            None => None,
+        };
+        let up = upstream.stats()?;
+        let v = json!({
+            "ok": report["ok"],
+            "errors": report["errors"],
+            "error_kinds": report["error_kinds"],
+            "elapsed_s": report["elapsed_s"],
+            "latency_us": report["latency_us"],
+            "ttfb_us": report["ttfb_us"],
+            "max_over_natural_10s": num(&report, &["latency_us", "max"]) / 10e6,
+            "upstream_requests": up["requests"],
+            "upstream_connections": up["connections"],
+            "proxy_cpu_s": match (cpu0, cpu1) { (Some(a), Some(b)) => json!((b - a) as f64 / 1e6), _ => Value::Null },
+            "proxy_peak_rss_kib": pstats.as_ref().map(|s| s["hwm_kib"].clone()),
+        });
+        println!(
+            "  {mode:<9} ok {} errors {}  wall {:.1} s  stream p50 {:.2} s  max {:.2} s ({:.2}× 10 s)  upstream connections {}  proxy CPU {} s  peak RSS {} KiB",
+            v["ok"], v["errors"], num(&v, &["elapsed_s"]),
+            num(&report, &["latency_us", "p50"]) / 1e6,
+            num(&report, &["latency_us", "max"]) / 1e6,
+            num(&v, &["max_over_natural_10s"]),
+            v["upstream_connections"], v["proxy_cpu_s"], v["proxy_peak_rss_kib"]
+        );
+        results.insert(mode.to_owned(), v);
+    }
+    Ok(Value::Object(results))
+}
+
+fn find<'a>(rows: &'a [Row], case: &str, mode: &str) -> Option<&'a Row> {
+    rows.iter().find(|r| r.case.name == case && r.mode == mode)
+}
+
+fn print_table(rows: &[Row]) {
+    println!(
+        "\n| case | target | req/s | p50 µs | p99 µs | TTFB p50 µs | proxy CPU µs/req | req/s ×direct | req/s ×nginx | CPU ×nginx | p99 added vs direct µs |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        let direct = find(rows, r.case.name, "direct");
+        let nginx = find(rows, r.case.name, "nginx");
+        let ratio = |a: f64, b: Option<f64>| b.map_or("-".to_owned(), |b| format!("{:.2}", a / b));
+        let cpu = r
+            .cpu_us_per_req
+            .map_or("-".to_owned(), |c| format!("{c:.1}"));
+        let cpu_ratio = match (r.cpu_us_per_req, nginx.and_then(|n| n.cpu_us_per_req)) {
+            (Some(a), Some(b)) => format!("{:.2}", a / b),
+            _ => "-".into(),
+        };
+        let ttfb = if r.case.stream {
+            format!("{:.0}", r.ttfb("p50"))
+        } else {
+            "-".into()
+        };
+        let added = direct.map_or("-".into(), |d| {
+            format!("{:.0}", r.lat("p99") - d.lat("p99"))
+        });
+        println!(
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} |",
+            r.case.name,
+            r.mode,
+            r.rps(),
+            r.lat("p50"),
+            r.lat("p99"),
+            ttfb,
+            cpu,
+            ratio(r.rps(), direct.map(Row::rps)),
+            ratio(r.rps(), nginx.map(Row::rps)),
+            cpu_ratio,
+            added
+        );
+    }
+}
+
+fn targets(
+    rows: &[Row],
+    scale: &[Value],
+    big: &Value,
+    streams: Option<&Value>,
+    calls_equal: bool,
+) -> Vec<Target> {
+    let mut out = Vec::new();
+    for case in ["json c16", "json c64", "stream c16"] {
+        let (Some(i), n) = (find(rows, case, "intercept"), find(rows, case, "nginx")) else {
+            continue;
+        };
+        match n {
+            Some(n) => {
+                let r = i.rps() / n.rps();
+                out.push(Target::new(
+                    &format!("{case}: throughput vs nginx"),
+                    "≥ 0.90×",
+                    format!("{r:.2}× ({:.0} vs {:.0} req/s)", i.rps(), n.rps()),
+                    Some(r >= 0.9),
+                ));
+                if let (Some(a), Some(b)) = (i.cpu_us_per_req, n.cpu_us_per_req) {
+                    out.push(Target::new(
+                        &format!("{case}: CPU per request vs nginx"),
+                        "≤ 1.5×",
+                        format!("{:.2}× ({a:.1} vs {b:.1} µs)", a / b),
+                        Some(a / b <= 1.5),
+                    ));
+                }
+            }
+            None => out.push(Target::new(
+                &format!("{case}: throughput vs nginx"),
+                "≥ 0.90×",
+                "nginx absent".into(),
+                None,
+            )),
+        }
+    }
+    if let (Some(i), Some(d)) = (
+        find(rows, "json c16", "intercept"),
+        find(rows, "json c16", "direct"),
+    ) {
+        let added = i.lat("p99") - d.lat("p99");
+        out.push(Target::new(
+            "json c16: p99 added latency vs direct",
+            "< 1000 µs",
+            format!("{added:.0} µs ({:.0} vs {:.0})", i.lat("p99"), d.lat("p99")),
+            Some(added < 1000.0),
+        ));
+    }
+    if let (Some(i), Some(d)) = (
+        find(rows, "stream c16", "intercept"),
+        find(rows, "stream c16", "direct"),
+    ) {
+        let added = i.ttfb("p50") - d.ttfb("p50");
+        out.push(Target::new(
+            "stream c16: TTFB p50 overhead vs direct",
+            "< 300 µs",
+            format!(
+                "{added:.0} µs ({:.0} vs {:.0})",
+                i.ttfb("p50"),
+                d.ttfb("p50")
+            ),
+            Some(added < 300.0),
+        ));
+    }
+    if let Some(s) = scale.first() {
+        let b = num(s, &["bytes_per_session"]);
+        out.push(Target::new(
+            "idle session memory (RolloutSession, 100k)",
+            "≤ 2048 B",
+            format!("{b:.0} B"),
+            Some(b <= 2048.0),
+        ));
+    }
+    let peak = num(big, &["peak_over_body"]);
+    out.push(Target::new(
+        "peak RSS proxying a 256 MiB body",
+        "≤ 1.3× body",
+        format!("{peak:.2}×"),
+        Some(peak <= 1.3 && big["ok"].as_u64() == Some(1)),
+    ));
+    match streams.and_then(|s| s.get("intercept")) {
+        Some(s) => {
+            let ratio = num(s, &["max_over_natural_10s"]);
+            let ok = s["ok"].as_u64().unwrap_or(0);
+            out.push(Target::new(
+                "10k slow streams: all complete within 1.2× of 10 s",
+                "10000 ok, ≤ 1.2×",
+                format!(
+                    "{ok} ok, slowest {ratio:.2}×, upstream connections {}",
+                    s["upstream_connections"]
+                ),
+                Some(ok == 10_000 && ratio <= 1.2),
+            ));
+        }
+        None => out.push(Target::new(
+            "10k slow streams",
+            "10000 ok, ≤ 1.2×",
+            "not run (use --scale)".into(),
+            None,
+        )),
+    }
+    let all_equal = rows.iter().all(|r| r.upstream_requests == r.completed());
+    out.push(Target::new(
+        "every request really proxied",
+        "upstream count = completed",
+        format!(
+            "{} (intercept records = upstream requests: {calls_equal})",
+            if all_equal {
+                "equal in every run"
+            } else {
+                "MISMATCH in some run"
+            }
+        ),
+        Some(all_equal && calls_equal),
+    ));
+    out
+}
+
+/// Runs the criterion micro-benchmarks: `cargo bench --workspace <args>`.
+pub fn micro(root: &Path, args: &[OsString]) -> Result<()> {
+    crate::bench(root, args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nginx_config_names_the_prefix_and_upstream() {
+        let conf = nginx_config(Path::new("/tmp/b"), 8081, "127.0.0.1:9000");
+        assert!(conf.contains("server 127.0.0.1:9000;"));
+        assert!(conf.contains("listen 127.0.0.1:8081"));
+        assert!(conf.contains("keepalive 256;"));
+        assert!(conf.contains("pid /tmp/b/nginx.pid;"));
+        assert!(conf.contains("worker_processes 1;"));
+    }
+}
