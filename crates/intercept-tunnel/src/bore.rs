@@ -1,0 +1,607 @@
+//! The `bore` backend: a self-hosted TCP tunnel through a [bore](https://github.com/ekzhang/bore)
+//! server, run in-process.
+//!
+//! The client speaks bore 0.6's wire protocol (null-delimited JSON frames, optional
+//! HMAC-SHA256 challenge auth) using the `bore-cli` crate's protocol types
+//! ([`bore_cli::shared`], [`bore_cli::auth`]). It does not use `bore_cli::client::Client`
+//! or `bore_cli::server::Server` directly, because those fix the control port at 7835,
+//! spawn detached tasks that nothing can cancel, and do not report when the control
+//! connection dies. Here every task belongs to the endpoint (aborted on teardown or drop),
+//! the control port is configurable, and the endpoint reports unhealthy as soon as the
+//! control connection closes or stops sending heartbeats; [`Endpoint::refresh`] then mints
+//! a new tunnel (through the rate limiter).
+//!
+//! [`BoreServer`] is a small in-process bore server with the same protocol (compatible with
+//! `bore local`), used by tests and usable for self-hosting from Rust.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bore_cli::auth::Authenticator;
+use bore_cli::shared::{ClientMessage, Delimited, ServerMessage, CONTROL_PORT};
+use intercept_core::{Endpoint, Error, Health, Tunnel};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Mutex};
+use tokio::task::{JoinHandle, JoinSet};
+use uuid::Uuid;
+
+use crate::error::TunnelError;
+use crate::limiter::RateLimiter;
+
+/// How long connecting to the bore server and its first messages may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A tunnel through a bore server: the public URL is `http://<server>:<remote port>`.
+#[derive(Debug, Clone)]
+pub struct BoreTunnel {
+    server: String,
+    control_port: u16,
+    secret: Option<String>,
+    local_host: String,
+    heartbeat_timeout: Duration,
+    limiter: RateLimiter,
+}
+
+impl BoreTunnel {
+    /// A tunnel through the bore server at `server` (host name or IP), control port 7835,
+    /// no secret, no rate limit.
+    pub fn new(server: &str) -> Self {
+        BoreTunnel {
+            server: server.trim().to_string(),
+            control_port: CONTROL_PORT,
+            secret: None,
+            local_host: "127.0.0.1".into(),
+            heartbeat_timeout: Duration::from_secs(10),
+            limiter: RateLimiter::off(),
+        }
+    }
+
+    /// Uses another control port than bore's 7835.
+    pub fn with_control_port(mut self, port: u16) -> Self {
+        self.control_port = port;
+        self
+    }
+
+    /// Authenticates with the server's secret (`bore server --secret`).
+    pub fn with_secret(mut self, secret: Option<String>) -> Self {
+        self.secret = secret.filter(|s| !s.is_empty());
+        self
+    }
+
+    /// Declares the control connection dead when the server sends nothing (it sends a
+    /// heartbeat twice a second) for this long. 10 s by default.
+    pub fn with_heartbeat_timeout(mut self, timeout: Duration) -> Self {
+        self.heartbeat_timeout = timeout;
+        self
+    }
+
+    /// Passes every creation (and re-creation) through `limiter`.
+    pub fn with_limiter(mut self, limiter: RateLimiter) -> Self {
+        self.limiter = limiter;
+        self
+    }
+
+    async fn mint(&self, local_port: u16) -> Result<Session, TunnelError> {
+        self.limiter.acquire().await?;
+        let to = format!("{}:{}", self.server, self.control_port);
+        let auth = self.secret.as_deref().map(Authenticator::new).map(Arc::new);
+        let mut control = connect(&self.server, self.control_port, auth.as_deref()).await?;
+        let remote_port = tokio::time::timeout(CONNECT_TIMEOUT, async {
+            control
+                .send(ClientMessage::Hello(0))
+                .await
+                .map_err(|e| conn_err(&to, &e))?;
+            match control
+                .recv_timeout()
+                .await
+                .map_err(|e| conn_err(&to, &e))?
+            {
+                Some(ServerMessage::Hello(port)) => Ok(port),
+                Some(ServerMessage::Error(message)) => Err(TunnelError::Rejected(format!(
+                    "bore server {to} refused the tunnel: {message}; check the bore secret"
+                ))),
+                Some(ServerMessage::Challenge(_)) => Err(TunnelError::Rejected(format!(
+                    "bore server {to} requires a secret; set the tunnel's `secret`"
+                ))),
+                Some(_) => Err(TunnelError::Connection(format!(
+                    "bore server {to} sent an unexpected first message"
+                ))),
+                None => Err(TunnelError::Connection(format!(
+                    "bore server {to} closed the control connection"
+                ))),
+            }
+        })
+        .await
+        .map_err(|_| TunnelError::Timeout(format!("bore server {to} did not answer in time")))??;
+        let url = format!("http://{}:{remote_port}", url_host(&self.server));
+        let (dead_tx, dead_rx) = watch::channel(None);
+        let forwarder = Forwarder {
+            server: self.server.clone(),
+            control_port: self.control_port,
+            auth,
+            local_host: self.local_host.clone(),
+            local_port,
+        };
+        let task = tokio::spawn(run_control(
+            control,
+            forwarder,
+            self.heartbeat_timeout,
+            dead_tx,
+        ));
+        tracing::info!(%url, local_port, "bore tunnel up");
+        Ok(Session {
+            url,
+            dead: dead_rx,
+            task,
+        })
+    }
+}
+
+#[async_trait]
+impl Tunnel for BoreTunnel {
+    fn kind(&self) -> &'static str {
+        "bore"
+    }
+
+    async fn expose(&self, port: u16) -> Result<Arc<dyn Endpoint>, Error> {
+        let endpoint = BoreEndpoint::open(self.clone(), port).await?;
+        Ok(Arc::new(endpoint))
+    }
+}
+
+/// One control connection and its forwarding tasks.
+struct Session {
+    url: String,
+    dead: watch::Receiver<Option<String>>,
+    task: JoinHandle<()>,
+}
+
+impl Session {
+    fn death(&self) -> Option<String> {
+        if self.task.is_finished() && self.dead.borrow().is_none() {
+            return Some("bore control task ended".into());
+        }
+        self.dead.borrow().clone()
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A live bore tunnel. Dropping it (or [`Endpoint::teardown`]) closes the control
+/// connection and every forwarded connection.
+pub struct BoreEndpoint {
+    tunnel: BoreTunnel,
+    local_port: u16,
+    session: Mutex<Option<Session>>,
+    url: parking_url::Url,
+}
+
+mod parking_url {
+    use std::sync::{Mutex, PoisonError};
+
+    /// The current URL, readable synchronously.
+    pub(super) struct Url(Mutex<String>);
+
+    impl Url {
+        pub(super) fn new(url: String) -> Self {
+            Url(Mutex::new(url))
+        }
+        pub(super) fn get(&self) -> String {
+            self.0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+        }
+        pub(super) fn set(&self, url: String) {
+            *self.0.lock().unwrap_or_else(PoisonError::into_inner) = url;
+        }
+    }
+}
+
+impl fmt::Debug for BoreEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BoreEndpoint")
+            .field("url", &self.url.get())
+            .field("local_port", &self.local_port)
+            .finish()
+    }
+}
+
+impl BoreEndpoint {
+    /// Opens a tunnel for `local_port`.
+    pub async fn open(tunnel: BoreTunnel, local_port: u16) -> Result<Self, TunnelError> {
+        let session = tunnel.mint(local_port).await?;
+        Ok(BoreEndpoint {
+            url: parking_url::Url::new(session.url.clone()),
+            tunnel,
+            local_port,
+            session: Mutex::new(Some(session)),
+        })
+    }
+
+    /// Resolves when the current control connection is dead (closed by the server, no
+    /// heartbeat, or torn down). Returns the reason.
+    pub async fn closed(&self) -> String {
+        let mut rx = match self.session.lock().await.as_ref() {
+            Some(s) => s.dead.clone(),
+            None => return "torn down".into(),
+        };
+        let reason = match rx.wait_for(|d| d.is_some()).await {
+            Ok(reason) => reason.clone().unwrap_or_default(),
+            Err(_) => "bore control task ended".into(),
+        };
+        reason
+    }
+}
+
+#[async_trait]
+impl Endpoint for BoreEndpoint {
+    fn url(&self) -> String {
+        self.url.get()
+    }
+
+    async fn health(&self) -> Health {
+        match self.session.lock().await.as_ref() {
+            None => Health::Unhealthy("bore tunnel torn down".into()),
+            Some(s) => match s.death() {
+                None => Health::Healthy,
+                Some(reason) => Health::Unhealthy(reason),
+            },
+        }
+    }
+
+    async fn refresh(&self) -> Result<String, Error> {
+        let mut guard = self.session.lock().await;
+        match guard.as_ref() {
+            None => {
+                return Err(TunnelError::Gone("bore tunnel was torn down".into()).into());
+            }
+            Some(s) => match s.death() {
+                None => return Ok(s.url.clone()),
+                Some(reason) => {
+                    tracing::warn!(url = %s.url, %reason, "bore tunnel died; re-minting");
+                    // Stop what is left of it before a new one starts.
+                    s.task.abort();
+                }
+            },
+        }
+        let session = self.tunnel.mint(self.local_port).await?;
+        let url = session.url.clone();
+        self.url.set(url.clone());
+        *guard = Some(session);
+        Ok(url)
+    }
+
+    async fn teardown(&self) -> Result<(), Error> {
+        if let Some(session) = self.session.lock().await.take() {
+            session.task.abort();
+            tracing::info!(url = %session.url, "bore tunnel down");
+        }
+        Ok(())
+    }
+}
+
+/// What a forwarded connection needs.
+struct Forwarder {
+    server: String,
+    control_port: u16,
+    auth: Option<Arc<Authenticator>>,
+    local_host: String,
+    local_port: u16,
+}
+
+impl Forwarder {
+    async fn forward(&self, id: Uuid) -> Result<(), TunnelError> {
+        let mut remote = connect(&self.server, self.control_port, self.auth.as_deref()).await?;
+        let to = format!("{}:{}", self.server, self.control_port);
+        remote
+            .send(ClientMessage::Accept(id))
+            .await
+            .map_err(|e| conn_err(&to, &e))?;
+        let mut local = TcpStream::connect((self.local_host.as_str(), self.local_port))
+            .await
+            .map_err(|e| {
+                TunnelError::Connection(format!(
+                    "cannot reach the local server at {}:{}: {e}",
+                    self.local_host, self.local_port
+                ))
+            })?;
+        let mut parts = remote.into_parts();
+        local
+            .write_all(&parts.read_buf)
+            .await
+            .map_err(|e| TunnelError::io("bore forward", &e))?;
+        let _ = tokio::io::copy_bidirectional(&mut local, &mut parts.io).await;
+        Ok(())
+    }
+}
+
+/// Reads the control connection until it dies; forwards each announced connection.
+async fn run_control(
+    mut control: Delimited<TcpStream>,
+    forwarder: Forwarder,
+    heartbeat_timeout: Duration,
+    dead: watch::Sender<Option<String>>,
+) {
+    let forwarder = Arc::new(forwarder);
+    let mut conns = JoinSet::new();
+    let reason = loop {
+        tokio::select! {
+            msg = tokio::time::timeout(heartbeat_timeout, control.recv::<ServerMessage>()) => {
+                match msg {
+                    Err(_) => break format!("bore server sent nothing for {heartbeat_timeout:?}"),
+                    Ok(Err(e)) => break format!("bore control connection failed: {e}"),
+                    Ok(Ok(None)) => break "bore server closed the control connection".to_string(),
+                    Ok(Ok(Some(ServerMessage::Connection(id)))) => {
+                        let f = Arc::clone(&forwarder);
+                        conns.spawn(async move {
+                            if let Err(e) = f.forward(id).await {
+                                tracing::warn!(%id, error = %e, "bore forwarded connection failed");
+                            }
+                        });
+                    }
+                    Ok(Ok(Some(ServerMessage::Error(e)))) => {
+                        tracing::warn!(error = %e, "bore server error");
+                    }
+                    Ok(Ok(Some(_))) => {}
+                }
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    };
+    tracing::warn!(%reason, "bore tunnel control connection ended");
+    let _ = dead.send(Some(reason));
+    // Dropping `conns` aborts the forwarded connections.
+}
+
+async fn connect(
+    host: &str,
+    port: u16,
+    auth: Option<&Authenticator>,
+) -> Result<Delimited<TcpStream>, TunnelError> {
+    let to = format!("{host}:{port}");
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((host, port)))
+        .await
+        .map_err(|_| TunnelError::Timeout(format!("connecting to bore server {to} timed out")))?
+        .map_err(|e| {
+            TunnelError::Connection(format!(
+                "cannot connect to bore server {to}: {e}; is `bore server` running there?"
+            ))
+        })?;
+    let mut stream = Delimited::new(stream);
+    if let Some(auth) = auth {
+        auth.client_handshake(&mut stream).await.map_err(|e| {
+            TunnelError::Rejected(format!(
+                "bore server {to} authentication failed: {e}; check the bore secret"
+            ))
+        })?;
+    }
+    Ok(stream)
+}
+
+fn conn_err(to: &str, e: &dyn fmt::Display) -> TunnelError {
+    TunnelError::Connection(format!("bore server {to}: {e}"))
+}
+
+fn url_host(host: &str) -> String {
+    match host.parse::<IpAddr>() {
+        Ok(IpAddr::V6(v6)) => format!("[{v6}]"),
+        _ => host.to_string(),
+    }
+}
+
+/// An in-process bore server (protocol-compatible with `bore server` 0.6): clients open a
+/// control connection, each gets a public TCP port on the server's IP, and connections to
+/// that port are handed to the client.
+///
+/// All its tasks belong to it: [`BoreServer::shutdown`] (or dropping it) closes the
+/// control listener, every control connection and every public port.
+pub struct BoreServer {
+    control_addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl fmt::Debug for BoreServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BoreServer")
+            .field("control_addr", &self.control_addr)
+            .finish()
+    }
+}
+
+type Pending = Arc<std::sync::Mutex<HashMap<Uuid, TcpStream>>>;
+
+impl BoreServer {
+    /// Binds the control port at `addr` (port 0 for an ephemeral one); public ports are
+    /// opened on the same IP. With a `secret`, clients must authenticate.
+    pub async fn bind(addr: SocketAddr, secret: Option<&str>) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(addr).await?;
+        let control_addr = listener.local_addr()?;
+        let auth = secret.map(Authenticator::new).map(Arc::new);
+        let task = tokio::spawn(serve(listener, auth));
+        Ok(BoreServer { control_addr, task })
+    }
+
+    /// The control address clients connect to.
+    pub fn control_addr(&self) -> SocketAddr {
+        self.control_addr
+    }
+
+    /// Stops the server and closes every connection, waiting until it has stopped.
+    pub async fn shutdown(mut self) {
+        self.task.abort();
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for BoreServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve(listener: TcpListener, auth: Option<Arc<Authenticator>>) {
+    let pending: Pending = Arc::default();
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let auth = auth.clone();
+                let pending = Arc::clone(&pending);
+                let ip = listener.local_addr().map(|a| a.ip());
+                conns.spawn(async move {
+                    if let Ok(ip) = ip {
+                        if let Err(e) = serve_control(stream, ip, auth, pending).await {
+                            tracing::debug!(error = %e, "bore server connection ended");
+                        }
+                    }
+                });
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+}
+
+async fn serve_control(
+    stream: TcpStream,
+    ip: IpAddr,
+    auth: Option<Arc<Authenticator>>,
+    pending: Pending,
+) -> Result<(), String> {
+    let mut stream = Delimited::new(stream);
+    if let Some(auth) = auth {
+        if let Err(e) = auth.server_handshake(&mut stream).await {
+            let _ = stream.send(ServerMessage::Error(e.to_string())).await;
+            return Ok(());
+        }
+    }
+    match stream.recv_timeout().await.map_err(|e| e.to_string())? {
+        Some(ClientMessage::Hello(port)) => {
+            let listener = match TcpListener::bind((ip, port)).await {
+                Ok(l) => l,
+                Err(e) => {
+                    let _ = stream.send(ServerMessage::Error(e.to_string())).await;
+                    return Ok(());
+                }
+            };
+            let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+            stream
+                .send(ServerMessage::Hello(port))
+                .await
+                .map_err(|e| e.to_string())?;
+            // Connections announced to this client are dropped when it goes away.
+            let mut mine = Announced {
+                pending: Arc::clone(&pending),
+                ids: Vec::new(),
+            };
+            loop {
+                stream
+                    .send(ServerMessage::Heartbeat)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if let Ok(accepted) =
+                    tokio::time::timeout(Duration::from_millis(500), listener.accept()).await
+                {
+                    let (conn, _) = accepted.map_err(|e| e.to_string())?;
+                    let id = Uuid::new_v4();
+                    lock(&pending).insert(id, conn);
+                    mine.ids.push(id);
+                    if mine.ids.len() > 64 {
+                        // Forget ids the client has long since accepted.
+                        let map = lock(&pending);
+                        mine.ids.retain(|i| map.contains_key(i));
+                    }
+                    stream
+                        .send(ServerMessage::Connection(id))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        Some(ClientMessage::Accept(id)) => {
+            let conn = lock(&pending).remove(&id);
+            if let Some(mut conn) = conn {
+                let mut parts = stream.into_parts();
+                conn.write_all(&parts.read_buf)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let _ = tokio::io::copy_bidirectional(&mut parts.io, &mut conn).await;
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Ids announced on one control connection; dropping it drops their unaccepted
+/// connections, so a public port of a dead client refuses rather than hangs.
+struct Announced {
+    pending: Pending,
+    ids: Vec<Uuid>,
+}
+
+impl Drop for Announced {
+    fn drop(&mut self) {
+        let mut map = lock(&self.pending);
+        for id in &self.ids {
+            map.remove(id);
+        }
+    }
+}
+
+fn lock(pending: &Pending) -> std::sync::MutexGuard<'_, HashMap<Uuid, TcpStream>> {
+    pending
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipv6_hosts_are_bracketed() {
+        assert_eq!(url_host("::1"), "[::1]");
+        assert_eq!(url_host("bore.example.com"), "bore.example.com");
+        assert_eq!(url_host("10.0.0.1"), "10.0.0.1");
+    }
+
+    #[tokio::test]
+    async fn wrong_secret_is_rejected_with_an_actionable_message() {
+        let server = BoreServer::bind("127.0.0.1:0".parse().unwrap(), Some("right"))
+            .await
+            .unwrap();
+        let tunnel = BoreTunnel::new("127.0.0.1")
+            .with_control_port(server.control_addr().port())
+            .with_secret(Some("wrong".into()));
+        let err = BoreEndpoint::open(tunnel, 1).await.unwrap_err();
+        assert_eq!(err.kind(), crate::TunnelErrorKind::Rejected, "{err}");
+        assert!(err.to_string().contains("secret"), "{err}");
+        let tunnel = BoreTunnel::new("127.0.0.1").with_control_port(server.control_addr().port());
+        let err = BoreEndpoint::open(tunnel, 1).await.unwrap_err();
+        assert!(err.to_string().contains("requires a secret"), "{err}");
+        server.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn unreachable_server_is_a_retryable_connection_error() {
+        let probe = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = probe.local_addr().unwrap().port();
+        drop(probe);
+        let tunnel = BoreTunnel::new("127.0.0.1").with_control_port(port);
+        let err = BoreEndpoint::open(tunnel, 1).await.unwrap_err();
+        assert_eq!(err.kind(), crate::TunnelErrorKind::Connection);
+        assert!(err.retryable());
+        assert!(err.to_string().contains("bore server"), "{err}");
+    }
+}
