@@ -49,15 +49,42 @@ pub struct ServeArgs {
     /// Control API token (else `INTERCEPT_CONTROL_TOKEN`, else generated).
     #[arg(long, value_name = "TOKEN")]
     pub control_token: Option<String>,
-    /// Interception shape: server (static and elastic are not available in this build yet).
+    /// Interception shape [default: server].
     #[arg(long, value_name = "server|static|elastic")]
     pub interception: Option<String>,
     /// Sessions per server in an elastic pool [default: 32].
     #[arg(long, value_name = "N")]
     pub multiplex: Option<String>,
-    /// Tunnel: none (custom, prime and bore are not available in this build yet).
+    /// Servers an elastic pool keeps up [default: 1 with a tunnel, else 0].
+    #[arg(long, value_name = "N")]
+    pub min_servers: Option<String>,
+    /// Cap on an elastic pool's servers [default: 256].
+    #[arg(long, value_name = "N")]
+    pub max_servers: Option<String>,
+    /// Identical servers of a static pool [default: 1].
+    #[arg(long, value_name = "N")]
+    pub static_servers: Option<String>,
+    /// Tunnel exposing every server [default: none].
     #[arg(long, value_name = "none|custom|prime|bore")]
     pub tunnel: Option<String>,
+    /// Custom tunnel: the public URL that reaches the server.
+    #[arg(long, value_name = "URL")]
+    pub tunnel_url: Option<String>,
+    /// Custom tunnel: the local port the URL forwards to.
+    #[arg(long, value_name = "PORT")]
+    pub tunnel_port: Option<String>,
+    /// Custom tunnel: the address the server binds [default: 0.0.0.0].
+    #[arg(long, value_name = "IP")]
+    pub tunnel_host: Option<String>,
+    /// Bore tunnel: the host running `bore server`.
+    #[arg(long, value_name = "HOST")]
+    pub bore_server: Option<String>,
+    /// Bore tunnel: its control port [default: 7835].
+    #[arg(long, value_name = "PORT")]
+    pub bore_port: Option<String>,
+    /// Bore tunnel: name of the environment variable holding the server's secret.
+    #[arg(long, value_name = "VAR")]
+    pub bore_secret_env: Option<String>,
     /// Append each call record to `<DIR>/<session id>.jsonl` as the call ends.
     #[arg(long, value_name = "DIR")]
     pub trace_dir: Option<String>,
@@ -86,7 +113,16 @@ impl ServeArgs {
             ("control_token", &self.control_token),
             ("interception", &self.interception),
             ("multiplex", &self.multiplex),
+            ("min_servers", &self.min_servers),
+            ("max_servers", &self.max_servers),
+            ("static_servers", &self.static_servers),
             ("tunnel", &self.tunnel),
+            ("tunnel_url", &self.tunnel_url),
+            ("tunnel_port", &self.tunnel_port),
+            ("tunnel_host", &self.tunnel_host),
+            ("bore_server", &self.bore_server),
+            ("bore_port", &self.bore_port),
+            ("bore_secret_env", &self.bore_secret_env),
             ("trace_dir", &self.trace_dir),
             ("log", &self.log),
             ("log_format", &self.log_format),
@@ -190,6 +226,18 @@ mod tests {
             missing.resolve(&[]),
             Err(ConfigError::File { .. })
         ));
+    }
+
+    #[test]
+    fn every_setting_has_a_flag() {
+        for key in crate::config::KEYS {
+            let flag = format!("--{}", key.replace('_', "-"));
+            let cli = Cli::try_parse_from(["intercept", "serve", flag.as_str(), "v"]).unwrap();
+            let Command::Serve(args) = cli.command else {
+                panic!("not serve");
+            };
+            assert_eq!(args.flags(), vec![(*key, "v".to_string())], "{flag}");
+        }
     }
 
     #[test]

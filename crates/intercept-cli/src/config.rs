@@ -28,11 +28,13 @@
 //! ```
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use intercept_core::Secret;
+use intercept_pool::{ElasticConfig, ElasticEntry, InterceptionConfig, ServerEntry, StaticEntry};
+use intercept_tunnel::TunnelConfig;
 
 /// Every setting key, as written in the config file (the environment variable is
 /// `INTERCEPT_` + the key in upper case, the flag is `--` + the key with `-` for `_`).
@@ -44,7 +46,16 @@ pub const KEYS: &[&str] = &[
     "control_token",
     "interception",
     "multiplex",
+    "min_servers",
+    "max_servers",
+    "static_servers",
     "tunnel",
+    "tunnel_url",
+    "tunnel_port",
+    "tunnel_host",
+    "bore_server",
+    "bore_port",
+    "bore_secret_env",
     "trace_dir",
     "log",
     "log_format",
@@ -71,8 +82,12 @@ pub enum UpstreamSetting {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Shape {
-    /// One interception server.
+    /// One interception server (the sidecar's default).
     Server,
+    /// `static_servers` identical servers, all started up front; least-loaded first.
+    Static,
+    /// Servers of `multiplex` sessions each, started on demand, healed and shrunk.
+    Elastic,
 }
 
 impl Shape {
@@ -80,17 +95,40 @@ impl Shape {
     pub fn as_str(self) -> &'static str {
         match self {
             Shape::Server => "server",
+            Shape::Static => "static",
+            Shape::Elastic => "elastic",
         }
     }
 }
 
-/// Which tunnel exposes the interception.
+/// Which tunnel exposes the interception's servers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TunnelSetting {
-    /// No tunnel: harnesses reach the server on loopback.
+    /// No tunnel: harnesses reach the servers on loopback.
     None,
+    /// Bring your own public URL (`tunnel_url`) forwarding to `tunnel_port`.
+    Custom,
+    /// Prime Intellect's tunnel service (`PRIME_API_KEY` or `~/.prime/config.json`).
+    Prime,
+    /// A self-hosted bore server (`bore_server`, `bore_port`, `bore_secret_env`).
+    Bore,
 }
+
+impl TunnelSetting {
+    /// The name used in settings (`none`, `custom`, `prime`, `bore`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TunnelSetting::None => "none",
+            TunnelSetting::Custom => "custom",
+            TunnelSetting::Prime => "prime",
+            TunnelSetting::Bore => "bore",
+        }
+    }
+}
+
+/// bore's default control port.
+pub const BORE_DEFAULT_PORT: u16 = 7835;
 
 /// Log line format on stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,6 +195,15 @@ pub enum ConfigError {
         /// What is wrong and what is expected.
         message: String,
     },
+    /// Settings that are valid one by one but not together (a tunnel without what it
+    /// needs, a key that its tunnel does not use, ...).
+    #[error("setting `{key}`: {message}")]
+    Inconsistent {
+        /// The key (config-file spelling) the problem is about.
+        key: String,
+        /// What is wrong and what to do.
+        message: String,
+    },
     /// The config file could not be read or is not TOML.
     #[error("cannot read config file {path}: {message}")]
     File {
@@ -171,7 +218,9 @@ impl ConfigError {
     /// The key (as spelled in its source) the error is about, if any.
     pub fn key(&self) -> Option<&str> {
         match self {
-            ConfigError::UnknownKey { key, .. } | ConfigError::BadValue { key, .. } => Some(key),
+            ConfigError::UnknownKey { key, .. }
+            | ConfigError::BadValue { key, .. }
+            | ConfigError::Inconsistent { key, .. } => Some(key),
             ConfigError::File { .. } => None,
         }
     }
@@ -190,12 +239,31 @@ pub struct ServeConfig {
     pub control: SocketAddr,
     /// The control API token (generated when `None`).
     pub control_token: Option<Secret>,
-    /// The interception shape.
+    /// The interception shape (default [`Shape::Server`]).
     pub interception: Shape,
-    /// Sessions per server (elastic pools; validated, unused by the single server).
+    /// Sessions per server of an elastic pool (default 32; validated, unused by the
+    /// other shapes).
     pub multiplex: usize,
-    /// The tunnel.
+    /// Servers an elastic pool keeps up (`None`: 1 with a tunnel, else 0).
+    pub min_servers: Option<usize>,
+    /// Cap on an elastic pool's servers (default 256).
+    pub max_servers: usize,
+    /// Servers of a static pool (default 1).
+    pub static_servers: usize,
+    /// The tunnel (default [`TunnelSetting::None`]).
     pub tunnel: TunnelSetting,
+    /// `custom`: the public URL that reaches the server.
+    pub tunnel_url: Option<String>,
+    /// `custom`: the local port the URL forwards to (the server listens there).
+    pub tunnel_port: Option<u16>,
+    /// `custom`: the address the server binds (default `0.0.0.0`).
+    pub tunnel_host: Option<IpAddr>,
+    /// `bore`: the host running `bore server`.
+    pub bore_server: Option<String>,
+    /// `bore`: its control port (default 7835).
+    pub bore_port: Option<u16>,
+    /// `bore`: the environment variable holding the bore server's secret, if it has one.
+    pub bore_secret_env: Option<String>,
     /// Directory of the JSONL trace files (`<dir>/<session id>.jsonl`).
     pub trace_dir: Option<PathBuf>,
     /// Log filter (`RUST_LOG` syntax); `None` uses `RUST_LOG`, else `info`.
@@ -221,7 +289,16 @@ impl fmt::Debug for ServeConfig {
             )
             .field("interception", &self.interception)
             .field("multiplex", &self.multiplex)
+            .field("min_servers", &self.min_servers)
+            .field("max_servers", &self.max_servers)
+            .field("static_servers", &self.static_servers)
             .field("tunnel", &self.tunnel)
+            .field("tunnel_url", &self.tunnel_url)
+            .field("tunnel_port", &self.tunnel_port)
+            .field("tunnel_host", &self.tunnel_host)
+            .field("bore_server", &self.bore_server)
+            .field("bore_port", &self.bore_port)
+            .field("bore_secret_env", &self.bore_secret_env)
             .field("trace_dir", &self.trace_dir)
             .field("log", &self.log)
             .field("log_format", &self.log_format)
@@ -241,7 +318,16 @@ impl Default for ServeConfig {
             control_token: None,
             interception: Shape::Server,
             multiplex: 32,
+            min_servers: None,
+            max_servers: 256,
+            static_servers: 1,
             tunnel: TunnelSetting::None,
+            tunnel_url: None,
+            tunnel_port: None,
+            tunnel_host: None,
+            bore_server: None,
+            bore_port: None,
+            bore_secret_env: None,
             trace_dir: None,
             log: None,
             log_format: LogFormat::Text,
@@ -308,7 +394,177 @@ impl ServeConfig {
         for (key, value) in layers.flags {
             config.set(&Source::Flag, key, value)?;
         }
+        config.check()?;
         Ok(config)
+    }
+
+    /// Checks that the settings fit together: each tunnel has what it needs and no key of
+    /// another tunnel is set; a `custom` tunnel (one fixed URL and port) runs one server.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let inconsistent = |key: &str, message: String| ConfigError::Inconsistent {
+            key: key.to_owned(),
+            message,
+        };
+        let tunnel = self.tunnel.as_str();
+        let given: [(&str, bool, TunnelSetting); 6] = [
+            (
+                "tunnel_url",
+                self.tunnel_url.is_some(),
+                TunnelSetting::Custom,
+            ),
+            (
+                "tunnel_port",
+                self.tunnel_port.is_some(),
+                TunnelSetting::Custom,
+            ),
+            (
+                "tunnel_host",
+                self.tunnel_host.is_some(),
+                TunnelSetting::Custom,
+            ),
+            (
+                "bore_server",
+                self.bore_server.is_some(),
+                TunnelSetting::Bore,
+            ),
+            ("bore_port", self.bore_port.is_some(), TunnelSetting::Bore),
+            (
+                "bore_secret_env",
+                self.bore_secret_env.is_some(),
+                TunnelSetting::Bore,
+            ),
+        ];
+        for (key, set, owner) in given {
+            if set && self.tunnel != owner {
+                return Err(inconsistent(
+                    key,
+                    format!(
+                        "is a setting of the {} tunnel but tunnel = {tunnel}; set tunnel = {} \
+                         or remove it",
+                        owner.as_str(),
+                        owner.as_str()
+                    ),
+                ));
+            }
+        }
+        match self.tunnel {
+            TunnelSetting::Custom => {
+                if self.tunnel_url.is_none() {
+                    return Err(inconsistent(
+                        "tunnel_url",
+                        "required with tunnel = custom: the public URL that reaches the server"
+                            .into(),
+                    ));
+                }
+                if self.tunnel_port.is_none() {
+                    return Err(inconsistent(
+                        "tunnel_port",
+                        "required with tunnel = custom: the local port the URL forwards to".into(),
+                    ));
+                }
+                match self.interception {
+                    Shape::Elastic => {
+                        return Err(inconsistent(
+                            "tunnel",
+                            "a custom tunnel is one fixed URL and port, but an elastic pool \
+                             gives every new server a tunnel of its own; use tunnel = bore or \
+                             prime, or interception = server"
+                                .into(),
+                        ))
+                    }
+                    Shape::Static if self.static_servers > 1 => {
+                        return Err(inconsistent(
+                            "static_servers",
+                            format!(
+                                "{} servers cannot share one custom tunnel (one URL, one \
+                                 port); use static_servers = 1, or tunnel = bore or prime",
+                                self.static_servers
+                            ),
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+            TunnelSetting::Bore if self.bore_server.is_none() => {
+                return Err(inconsistent(
+                    "bore_server",
+                    "required with tunnel = bore: the host running `bore server`".into(),
+                ));
+            }
+            _ => {}
+        }
+        if let Some(min) = self.min_servers {
+            if min > self.max_servers {
+                return Err(inconsistent(
+                    "min_servers",
+                    format!("{min} exceeds max_servers = {}", self.max_servers),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The tunnel configuration these settings describe; `bore_secret` is the value of
+    /// the variable named by `bore_secret_env` (read by the caller).
+    pub fn tunnel_config(&self, bore_secret: Option<String>) -> Result<TunnelConfig, ConfigError> {
+        let value = match self.tunnel {
+            TunnelSetting::None => serde_json::json!({"type": "none"}),
+            TunnelSetting::Prime => serde_json::json!({"type": "prime"}),
+            TunnelSetting::Custom => {
+                let mut v = serde_json::json!({
+                    "type": "custom",
+                    "url": self.tunnel_url,
+                    "port": self.tunnel_port,
+                });
+                if let Some(host) = self.tunnel_host {
+                    v["host"] = serde_json::Value::String(host.to_string());
+                }
+                v
+            }
+            TunnelSetting::Bore => serde_json::json!({
+                "type": "bore",
+                "server": self.bore_server,
+                "control_port": self.bore_port.unwrap_or(BORE_DEFAULT_PORT),
+                "secret": bore_secret,
+            }),
+        };
+        serde_json::from_value(value).map_err(|e| ConfigError::Inconsistent {
+            key: "tunnel".into(),
+            message: format!(
+                "the {} tunnel's settings are incomplete: {e}",
+                self.tunnel.as_str()
+            ),
+        })
+    }
+
+    /// The interception configuration these settings describe, with tunnels of
+    /// `tunnel` (`T` wraps or is the tunnel crate's configuration).
+    pub fn interception_config<T: Clone>(&self, tunnel: T) -> InterceptionConfig<T> {
+        match self.interception {
+            Shape::Server => InterceptionConfig::Server(ServerEntry {
+                tunnel,
+                listen: None,
+            }),
+            Shape::Static => InterceptionConfig::Static(StaticEntry {
+                servers: vec![
+                    ServerEntry {
+                        tunnel,
+                        listen: None,
+                    };
+                    self.static_servers
+                ],
+            }),
+            Shape::Elastic => InterceptionConfig::Elastic(ElasticEntry {
+                tunnel,
+                pool: ElasticConfig {
+                    multiplex: self.multiplex,
+                    min_servers: self.min_servers,
+                    max_servers: self.max_servers,
+                    ..ElasticConfig::default()
+                },
+                unknown: serde_json::Map::new(),
+            }),
+        }
     }
 
     /// Applies one setting; `key` is the file spelling (e.g. `shutdown_grace_secs`).
@@ -324,11 +580,7 @@ impl ServeConfig {
                 self.upstream = Some(parse_upstream(raw_trimmed).map_err(bad)?);
             }
             "upstream_api_key_env" => {
-                if raw_trimmed.is_empty()
-                    || !raw_trimmed
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '_')
-                {
+                if !is_env_name(raw_trimmed) {
                     return Err(bad(format!(
                         "{raw_trimmed:?} is not an environment variable name (letters, digits \
                          and `_`); give the name of the variable that holds the key, never \
@@ -369,12 +621,8 @@ impl ServeConfig {
             "interception" => {
                 self.interception = match raw_trimmed {
                     "server" => Shape::Server,
-                    "static" | "elastic" => {
-                        return Err(bad(format!(
-                            "the {raw_trimmed} pool is not available in this build yet; use \
-                             `server`"
-                        )))
-                    }
+                    "static" => Shape::Static,
+                    "elastic" => Shape::Elastic,
                     other => {
                         return Err(bad(format!(
                             "{other:?} is not a shape; expected server, static or elastic"
@@ -388,21 +636,87 @@ impl ServeConfig {
                     _ => return Err(bad(format!("{raw_trimmed:?} is not a positive integer"))),
                 };
             }
+            "min_servers" => {
+                self.min_servers =
+                    Some(raw_trimmed.parse::<usize>().map_err(|_| {
+                        bad(format!("{raw_trimmed:?} is not a non-negative integer"))
+                    })?);
+            }
+            "max_servers" | "static_servers" => {
+                let n = match raw_trimmed.parse::<usize>() {
+                    Ok(n) if n > 0 => n,
+                    _ => return Err(bad(format!("{raw_trimmed:?} is not a positive integer"))),
+                };
+                if key == "max_servers" {
+                    self.max_servers = n;
+                } else {
+                    self.static_servers = n;
+                }
+            }
             "tunnel" => {
                 self.tunnel = match raw_trimmed {
                     "none" => TunnelSetting::None,
-                    "custom" | "prime" | "bore" => {
-                        return Err(bad(format!(
-                            "the {raw_trimmed} tunnel is not available in this build yet; use \
-                             `none`"
-                        )))
-                    }
+                    "custom" => TunnelSetting::Custom,
+                    "prime" => TunnelSetting::Prime,
+                    "bore" => TunnelSetting::Bore,
                     other => {
                         return Err(bad(format!(
                             "{other:?} is not a tunnel; expected none, custom, prime or bore"
                         )))
                     }
                 };
+            }
+            "tunnel_url" => {
+                self.tunnel_url = Some(check_base_url(raw_trimmed).map_err(|e| {
+                    bad(e.replace(
+                        "expected e.g. http://127.0.0.1:8000/v1",
+                        "expected the public URL, e.g. https://rollouts.example.com",
+                    ))
+                })?);
+            }
+            "tunnel_port" | "bore_port" => {
+                let port = match raw_trimmed.parse::<u16>() {
+                    Ok(p) if p > 0 => p,
+                    _ => {
+                        return Err(bad(format!(
+                            "{raw_trimmed:?} is not a port; expected 1 to 65535"
+                        )))
+                    }
+                };
+                if key == "tunnel_port" {
+                    self.tunnel_port = Some(port);
+                } else {
+                    self.bore_port = Some(port);
+                }
+            }
+            "tunnel_host" => {
+                self.tunnel_host = Some(raw_trimmed.parse::<IpAddr>().map_err(|_| {
+                    bad(format!(
+                        "{raw_trimmed:?} is not an IP address; expected e.g. 0.0.0.0 or 127.0.0.1"
+                    ))
+                })?);
+            }
+            "bore_server" => {
+                if raw_trimmed.is_empty()
+                    || (raw_trimmed.contains(['/', ' ', ':'])
+                        && raw_trimmed.parse::<IpAddr>().is_err())
+                {
+                    return Err(bad(format!(
+                        "{raw_trimmed:?} is not a host name or IP address (give the port as \
+                         bore_port, without a scheme)"
+                    )));
+                }
+                self.bore_server = Some(raw_trimmed.to_owned());
+            }
+            "bore_secret_env" => {
+                if !is_env_name(raw_trimmed) {
+                    return Err(bad(format!(
+                        "{raw_trimmed:?} is not an environment variable name (letters, digits \
+                         and `_`); give the name of the variable that holds the secret, never \
+                         the secret itself"
+                    )));
+                }
+                self.bore_secret_env = Some(raw_trimmed.to_owned());
             }
             "trace_dir" => {
                 if raw_trimmed.is_empty() {
@@ -448,6 +762,10 @@ impl ServeConfig {
         }
         Ok(())
     }
+}
+
+fn is_env_name(name: &str) -> bool {
+    !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 fn unknown(key: &str, source: &Source) -> ConfigError {
@@ -591,13 +909,33 @@ mod tests {
             ("control_token", "has space"),
             ("control_token", ""),
             ("interception", "cluster"),
-            ("interception", "elastic"),
-            ("interception", "static"),
+            ("interception", "Elastic"),
             ("multiplex", "0"),
             ("multiplex", "-1"),
             ("multiplex", "x"),
+            ("min_servers", "-1"),
+            ("min_servers", "some"),
+            ("max_servers", "0"),
+            ("max_servers", "1.5"),
+            ("static_servers", "0"),
+            ("static_servers", "two"),
             ("tunnel", "ngrok"),
-            ("tunnel", "bore"),
+            ("tunnel", ""),
+            ("tunnel_url", "rollouts.example.com"),
+            ("tunnel_url", "ftp://rollouts.example.com"),
+            ("tunnel_url", ""),
+            ("tunnel_port", "0"),
+            ("tunnel_port", "65536"),
+            ("tunnel_port", "http"),
+            ("tunnel_host", "localhost"),
+            ("tunnel_host", "0.0.0.0:80"),
+            ("bore_server", ""),
+            ("bore_server", "http://bore.example"),
+            ("bore_server", "bore.example:7835"),
+            ("bore_port", "0"),
+            ("bore_port", "70000"),
+            ("bore_secret_env", "s3cret value"),
+            ("bore_secret_env", ""),
             ("trace_dir", ""),
             ("log", "info,[[["),
             ("log_format", "xml"),
@@ -617,11 +955,149 @@ mod tests {
             let e = err(Some(&toml), &[], &[]);
             assert_eq!(e.key(), Some(*key), "{key}={value}: {e}");
         }
-        let e = err(None, &[], &[("interception", "elastic")]);
-        assert!(
-            e.to_string().contains("not available in this build yet"),
-            "{e}"
+    }
+
+    #[test]
+    fn settings_that_do_not_fit_together_name_the_key() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (&[("tunnel", "custom")], "tunnel_url"),
+            (
+                &[("tunnel", "custom"), ("tunnel_url", "https://x.example")],
+                "tunnel_port",
+            ),
+            (
+                &[
+                    ("tunnel", "custom"),
+                    ("tunnel_url", "https://x.example"),
+                    ("tunnel_port", "8080"),
+                    ("interception", "elastic"),
+                ],
+                "tunnel",
+            ),
+            (
+                &[
+                    ("tunnel", "custom"),
+                    ("tunnel_url", "https://x.example"),
+                    ("tunnel_port", "8080"),
+                    ("interception", "static"),
+                    ("static_servers", "2"),
+                ],
+                "static_servers",
+            ),
+            (&[("tunnel", "bore")], "bore_server"),
+            (&[("tunnel_url", "https://x.example")], "tunnel_url"),
+            (&[("tunnel_port", "8080")], "tunnel_port"),
+            (&[("tunnel_host", "127.0.0.1")], "tunnel_host"),
+            (
+                &[("tunnel", "prime"), ("bore_server", "b.example")],
+                "bore_server",
+            ),
+            (&[("bore_port", "7000")], "bore_port"),
+            (
+                &[("tunnel", "custom"), ("bore_secret_env", "S")],
+                "bore_secret_env",
+            ),
+            (&[("min_servers", "5"), ("max_servers", "4")], "min_servers"),
+        ];
+        for (flags, key) in cases {
+            let e = err(None, &[], flags);
+            assert!(
+                matches!(e, ConfigError::Inconsistent { key: ref k, .. } if k == key),
+                "{flags:?}: {e}"
+            );
+            assert_eq!(e.key(), Some(*key));
+            assert!(e.to_string().contains(&format!("`{key}`")), "{e}");
+        }
+    }
+
+    #[test]
+    fn pools_and_tunnels_parse_in_every_layer() {
+        let file = "interception = \"static\"\nstatic_servers = 3\ntunnel = \"bore\"\n\
+                    bore_server = \"bore.example\"\nbore_port = 9000\n";
+        let e = env(&[
+            ("INTERCEPT_BORE_SECRET_ENV", "MY_BORE_SECRET"),
+            ("INTERCEPT_MAX_SERVERS", "8"),
+        ]);
+        let flags = [
+            ("interception", "elastic".to_string()),
+            ("multiplex", "2".to_string()),
+            ("min_servers", "0".to_string()),
+        ];
+        let c = ServeConfig::from_layers(Layers {
+            file: Some((Path::new("i.toml"), file)),
+            env: &e,
+            flags: &flags,
+        })
+        .unwrap();
+        assert_eq!(c.interception, Shape::Elastic);
+        assert_eq!(c.static_servers, 3);
+        assert_eq!((c.multiplex, c.min_servers, c.max_servers), (2, Some(0), 8));
+        assert_eq!(c.tunnel, TunnelSetting::Bore);
+        assert_eq!(c.bore_server.as_deref(), Some("bore.example"));
+        assert_eq!(c.bore_port, Some(9000));
+        assert_eq!(c.bore_secret_env.as_deref(), Some("MY_BORE_SECRET"));
+
+        let tunnel = c.tunnel_config(Some("hush".into())).unwrap();
+        let TunnelConfig::Bore(bore) = &tunnel else {
+            panic!("{tunnel:?}")
+        };
+        assert_eq!(bore.server, "bore.example");
+        assert_eq!(bore.control_port, 9000);
+        assert_eq!(bore.secret.as_deref(), Some("hush"));
+        let InterceptionConfig::Elastic(entry) = c.interception_config(tunnel.clone()) else {
+            panic!("elastic")
+        };
+        assert_eq!(entry.pool.multiplex, 2);
+        assert_eq!(entry.pool.min_servers, Some(0));
+        assert_eq!(entry.pool.max_servers, 8);
+        assert_eq!(entry.tunnel, tunnel);
+
+        let c = ServeConfig {
+            interception: Shape::Static,
+            static_servers: 3,
+            ..ServeConfig::default()
+        };
+        let InterceptionConfig::Static(entry) = c.interception_config(TunnelConfig::None) else {
+            panic!("static")
+        };
+        assert_eq!(entry.servers.len(), 3);
+
+        let flags = [
+            ("tunnel", "custom".to_string()),
+            ("tunnel_url", "https://rollouts.example.com/".to_string()),
+            ("tunnel_port", "8765".to_string()),
+            ("tunnel_host", "127.0.0.1".to_string()),
+        ];
+        let c = ServeConfig::from_layers(Layers {
+            file: None,
+            env: &[],
+            flags: &flags,
+        })
+        .unwrap();
+        let TunnelConfig::Custom(custom) = c.tunnel_config(None).unwrap() else {
+            panic!("custom")
+        };
+        assert_eq!(custom.url, "https://rollouts.example.com");
+        assert_eq!(custom.port, 8765);
+        assert!(custom.host.is_loopback());
+        assert!(matches!(
+            c.interception_config(TunnelConfig::None),
+            InterceptionConfig::Server(_)
+        ));
+
+        let c = ServeConfig {
+            tunnel: TunnelSetting::Prime,
+            ..ServeConfig::default()
+        };
+        assert!(matches!(
+            c.tunnel_config(None).unwrap(),
+            TunnelConfig::Prime(_)
+        ));
+        assert_eq!(
+            ServeConfig::default().tunnel_config(None).unwrap(),
+            TunnelConfig::None
         );
+        assert_eq!(ServeConfig::default().interception, Shape::Server);
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //! | `GET /v1/sessions/{id}` | `{id, status, stop_condition, calls, usage}` |
 //! | `GET /v1/sessions/{id}/trace` | `{id, stop_condition, calls: [CallRecord]}` |
 //! | `DELETE /v1/sessions/{id}` | releases the slot, returns the final trace |
-//! | `GET /v1/interception` | `{shape, servers: [{base_url, load, healthy}]}` |
+//! | `GET /v1/interception` | `{shape, tunnel, load, servers: [{base_url, load, healthy}], pause: {paused, mode, epoch, inflight, held}}` |
+//! | `POST /v1/pause` | `{"mode": "hold"\|"reject", "timeout_secs", "retry_after_secs"}` → the pause status |
+//! | `POST /v1/resume` | the pause status (epoch + 1 if it was paused) |
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /healthz` | `{"status": "ok"}` (no token) |
 
@@ -22,8 +24,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::Incoming;
 use intercept_core::{
-    Interception, Limits, RecordSink, RolloutSession, Sampling, Session, SessionConfig,
-    SessionStatus, Upstream,
+    Limits, RecordSink, RolloutSession, Sampling, Session, SessionConfig, SessionStatus, Upstream,
 };
 use serde_json::{json, Map, Value};
 use tracing::{info, warn};
@@ -102,16 +103,19 @@ pub(crate) async fn handle(state: Arc<ControlState>, req: Request<Incoming>) -> 
         (["v1", "sessions", id], &Method::GET) => status(&state, id),
         (["v1", "sessions", id], &Method::DELETE) => delete(&state, id).await,
         (["v1", "sessions", id, "trace"], &Method::GET) => trace(&state, id),
-        (["v1", "interception"], &Method::GET) => interception(&state),
+        (["v1", "interception"], &Method::GET) => interception(&state).await,
+        (["v1", "pause"], &Method::POST) => pause(&state, req).await,
+        (["v1", "resume"], &Method::POST) => pause_answer(state.server.resume().await),
         (["metrics"], &Method::GET) => respond(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
-            state.metrics.render(state.gauges()),
+            state.metrics.render(state.gauges().await),
         ),
         (["v1", "sessions"], _)
         | (["v1", "sessions", _], _)
         | (["v1", "sessions", _, "trace"], _)
         | (["v1", "interception"], _)
+        | (["v1", "pause" | "resume"], _)
         | (["metrics"], _) => not_allowed(&method, &path),
         _ => error(
             StatusCode::NOT_FOUND,
@@ -135,6 +139,7 @@ struct CreateRequest {
     limits: Limits,
     upstream: Option<Upstream>,
     task: Option<Value>,
+    capture_tokens: bool,
 }
 
 fn bad(message: impl Into<String>) -> Resp {
@@ -168,6 +173,7 @@ fn parse_create(body: &[u8]) -> Result<CreateRequest, String> {
         limits: Limits::default(),
         upstream: None,
         task: None,
+        capture_tokens: false,
     };
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(out);
@@ -231,9 +237,15 @@ fn parse_create(body: &[u8]) -> Result<CreateRequest, String> {
                     out.task = Some(v.clone());
                 }
             }
+            "capture_tokens" => match v {
+                Value::Null => {}
+                Value::Bool(b) => out.capture_tokens = *b,
+                _ => return Err("capture_tokens: expected true or false".into()),
+            },
             other => {
                 return Err(format!(
-                    "unknown field {other:?}; known: id, model, sampling, limits, upstream, task"
+                    "unknown field {other:?}; known: id, model, sampling, limits, upstream, task, \
+                     capture_tokens"
                 ))
             }
         }
@@ -243,9 +255,23 @@ fn parse_create(body: &[u8]) -> Result<CreateRequest, String> {
 
 fn parse_upstream(map: &Map<String, Value>) -> Result<Upstream, String> {
     let mut base_url = None;
+    let mut base_urls: Vec<String> = Vec::new();
     let mut key_env = None;
     for (key, v) in map {
         match (key.as_str(), v) {
+            ("base_urls", Value::Array(items)) if !items.is_empty() => {
+                for (i, item) in items.iter().enumerate() {
+                    let Value::String(s) = item else {
+                        return Err(format!("upstream.base_urls[{i}]: expected a string"));
+                    };
+                    base_urls.push(
+                        check_base_url(s).map_err(|e| format!("upstream.base_urls[{i}]: {e}"))?,
+                    );
+                }
+            }
+            ("base_urls", _) => {
+                return Err("upstream.base_urls: expected a non-empty array of URLs".into())
+            }
             ("base_url", Value::String(s)) => {
                 base_url = Some(check_base_url(s).map_err(|e| format!("upstream.base_url: {e}"))?)
             }
@@ -255,13 +281,19 @@ fn parse_upstream(map: &Map<String, Value>) -> Result<Upstream, String> {
             ("api_key_env", _) => return Err("upstream.api_key_env: expected a string".into()),
             (other, _) => {
                 return Err(format!(
-                    "upstream: unknown field {other:?}; known: base_url, api_key_env"
+                    "upstream: unknown field {other:?}; known: base_url, base_urls, api_key_env"
                 ))
             }
         }
     }
-    let base_url = base_url.ok_or("upstream.base_url: required")?;
-    let mut upstream = Upstream::new(base_url);
+    let mut upstream = match (base_url, base_urls.is_empty()) {
+        (None, true) => return Err("upstream.base_url: required (or base_urls)".into()),
+        (Some(url), true) => Upstream::new(url),
+        (None, false) => Upstream::engines_of(base_urls),
+        (Some(_), false) => {
+            return Err("upstream: give either base_url or base_urls, not both".into())
+        }
+    };
     if let Some(var) = key_env {
         let key = std::env::var(&var).map_err(|_| {
             format!("upstream.api_key_env: the environment variable {var:?} is not set in the sidecar's environment")
@@ -340,6 +372,7 @@ async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
         limits: request.limits,
         task: request.task,
     })
+    .with_capture_tokens(request.capture_tokens)
     .with_sink(state.metrics.clone() as Arc<dyn RecordSink>);
     if let Some(sink) = &sink {
         session = session.with_sink(sink.clone() as Arc<dyn RecordSink>);
@@ -523,17 +556,91 @@ async fn delete(state: &ControlState, id: &str) -> Resp {
     )
 }
 
-fn interception(state: &ControlState) -> Resp {
-    let servers: Vec<Value> = state
-        .server
-        .base_url()
-        .map(|url| json!({"base_url": url, "load": state.server.load(), "healthy": true}))
-        .into_iter()
-        .collect();
+async fn interception(state: &ControlState) -> Resp {
+    let servers = state.server.servers().await;
     ok_json(
         StatusCode::OK,
-        &json!({"shape": state.config.interception.as_str(), "servers": servers}),
+        &json!({
+            "shape": state.config.interception.as_str(),
+            "tunnel": state.config.tunnel.as_str(),
+            "load": state.server.load(),
+            "servers": servers,
+            "pause": state.server.pause_status(),
+        }),
     )
+}
+
+/// Default longest hold of `POST /v1/pause` in mode `hold` (seconds).
+pub const DEFAULT_HOLD_SECS: f64 = 600.0;
+
+/// Default `Retry-After` of `POST /v1/pause` in mode `reject` (seconds).
+pub const DEFAULT_RETRY_AFTER_SECS: f64 = 5.0;
+
+fn parse_pause(body: &[u8]) -> Result<intercept_core::PauseMode, String> {
+    let fields: Map<String, Value> = if body.iter().all(u8::is_ascii_whitespace) {
+        Map::new()
+    } else {
+        match serde_json::from_slice(body) {
+            Ok(Value::Object(m)) => m,
+            Ok(_) => return Err("the body must be a JSON object".into()),
+            Err(e) => return Err(format!("the body is not valid JSON: {e}")),
+        }
+    };
+    for key in fields.keys() {
+        if !matches!(key.as_str(), "mode" | "timeout_secs" | "retry_after_secs") {
+            return Err(format!(
+                "unknown field {key:?}; known: mode, timeout_secs, retry_after_secs"
+            ));
+        }
+    }
+    let secs = |key: &str, default: f64| -> Result<std::time::Duration, String> {
+        match fields.get(key) {
+            None | Some(Value::Null) => Ok(std::time::Duration::from_secs_f64(default)),
+            Some(v) => v
+                .as_f64()
+                .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+                .ok_or_else(|| format!("{key}: expected a number of seconds (>= 0)")),
+        }
+    };
+    match fields.get("mode").and_then(Value::as_str).unwrap_or("hold") {
+        "hold" => Ok(intercept_core::PauseMode::hold(secs(
+            "timeout_secs",
+            DEFAULT_HOLD_SECS,
+        )?)),
+        "reject" => Ok(intercept_core::PauseMode::reject(secs(
+            "retry_after_secs",
+            DEFAULT_RETRY_AFTER_SECS,
+        )?)),
+        other => Err(format!(
+            "mode: {other:?} is not a mode; expected hold or reject"
+        )),
+    }
+}
+
+fn pause_answer(result: Result<intercept_core::PauseStatus, intercept_core::Error>) -> Resp {
+    match result {
+        Ok(status) => ok_json(
+            StatusCode::OK,
+            &serde_json::to_value(status).unwrap_or(Value::Null),
+        ),
+        Err(e) => error(
+            StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            e.to_string(),
+        ),
+    }
+}
+
+/// `POST /v1/pause`: pauses model calls (weight sync) and answers the pause status at
+/// once; poll `GET /v1/interception` until `pause.inflight` is 0 before swapping weights.
+async fn pause(state: &ControlState, req: Request<Incoming>) -> Resp {
+    let body = match Limited::new(req.into_body(), BODY_LIMIT).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return bad(format!("could not read the body: {e}")),
+    };
+    match parse_pause(&body) {
+        Ok(mode) => pause_answer(state.server.pause(mode).await),
+        Err(message) => bad(message),
+    }
 }
 
 #[cfg(test)]
@@ -560,6 +667,31 @@ mod tests {
         assert_eq!(r.limits.max_turns, Some(3));
         assert_eq!(r.upstream.unwrap().base_url, "http://127.0.0.1:9/v1");
         assert_eq!(r.sampling["temperature"], 0.5);
+        assert!(!r.capture_tokens);
+        let r = parse_create(
+            br#"{"capture_tokens":true,"upstream":{"base_urls":["http://a:1/v1","http://b:1/v1/"]}}"#,
+        )
+        .unwrap();
+        assert!(r.capture_tokens);
+        assert_eq!(
+            r.upstream.unwrap().engines(),
+            ["http://a:1/v1", "http://b:1/v1"]
+        );
+        assert!(matches!(
+            parse_pause(br#"{"mode":"reject","retry_after_secs":2}"#),
+            Ok(intercept_core::PauseMode::Reject { retry_after }) if retry_after.as_secs() == 2
+        ));
+        assert!(matches!(
+            parse_pause(b""),
+            Ok(intercept_core::PauseMode::Hold { .. })
+        ));
+        for bad in [
+            &br#"{"mode":"nap"}"#[..],
+            br#"{"timeout_secs":-1}"#,
+            br#"{"wait":1}"#,
+        ] {
+            assert!(parse_pause(bad).is_err());
+        }
         for (body, needle) in [
             (&br#"[1]"#[..], "JSON object"),
             (b"{", "not valid JSON"),
@@ -572,6 +704,13 @@ mod tests {
             (br#"{"upstream":{"base_url":"ftp://x"}}"#, "upstream.base_url"),
             (br#"{"upstream":{}}"#, "upstream.base_url"),
             (br#"{"upstream":{"url":"http://x"}}"#, "upstream:"),
+            (br#"{"upstream":{"base_urls":[]}}"#, "upstream.base_urls"),
+            (br#"{"upstream":{"base_urls":["ftp://x"]}}"#, "upstream.base_urls[0]"),
+            (
+                br#"{"upstream":{"base_url":"http://a/v1","base_urls":["http://b/v1"]}}"#,
+                "not both",
+            ),
+            (br#"{"capture_tokens":"yes"}"#, "capture_tokens"),
             (
                 br#"{"upstream":{"base_url":"http://x","api_key_env":"INTERCEPT_TEST_SURELY_UNSET_VAR"}}"#,
                 "upstream.api_key_env",

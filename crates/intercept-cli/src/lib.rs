@@ -31,6 +31,7 @@ pub mod demo;
 pub mod jsonl;
 pub mod metrics;
 pub mod sidecar;
+mod tunnel;
 
 pub use config::ServeConfig;
 pub use demo::{DemoOptions, DemoSummary};

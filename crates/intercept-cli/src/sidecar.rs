@@ -1,9 +1,11 @@
 //! The sidecar: one interception plus a loopback control API, started in-process.
 //!
 //! [`Sidecar::start`] brings up (in order) the embedded mock model when the upstream is
-//! `mock`, the interception server, and the control API; [`Sidecar::shutdown`] stops
-//! accepting sessions, lets in-flight calls finish (up to the configured grace),
-//! releases every session, syncs the trace files and stops the control API.
+//! `mock`, the interception (one server, a static pool or an elastic pool, with the
+//! configured tunnel, built by `intercept_pool::make_interception_with`), and the control
+//! API; [`Sidecar::shutdown`] stops accepting sessions, lets in-flight calls finish (up to
+//! the configured grace), tears the servers and tunnels down, releases every session,
+//! syncs the trace files and stops the control API.
 
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
@@ -17,8 +19,8 @@ use anyhow::Context as _;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use intercept_core::{Interception, RolloutSession, Secret, SlotGuard, Upstream};
-use intercept_server::{InterceptionServer, ServerConfig};
+use intercept_core::{Interception, RolloutSession, Secret, ServerStatus, SlotGuard, Upstream};
+use intercept_server::ServerConfig;
 use intercept_test::{MockConfig, MockUpstream};
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
@@ -26,9 +28,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
-use crate::config::{ServeConfig, UpstreamSetting};
+use crate::config::{ServeConfig, TunnelSetting, UpstreamSetting};
 use crate::jsonl::JsonlSink;
 use crate::metrics::{Gauges, Metrics};
+use crate::tunnel::{CountedTunnels, TunnelCounters};
 
 /// The model name sessions get with the mock upstream when none is configured.
 pub const MOCK_MODEL: &str = "mock-model";
@@ -48,7 +51,9 @@ pub(crate) struct ControlState {
     pub(crate) config: ServeConfig,
     pub(crate) default_upstream: Option<Upstream>,
     pub(crate) default_model: Option<String>,
-    pub(crate) server: InterceptionServer,
+    /// The interception (any shape), started.
+    pub(crate) server: Arc<dyn Interception>,
+    pub(crate) tunnels: Arc<TunnelCounters>,
     pub(crate) sessions: Mutex<HashMap<String, Held>>,
     pub(crate) released_order: Mutex<VecDeque<String>>,
     pub(crate) metrics: Arc<Metrics>,
@@ -67,13 +72,13 @@ impl fmt::Debug for ControlState {
 }
 
 impl ControlState {
-    pub(crate) fn gauges(&self) -> Gauges {
+    pub(crate) async fn gauges(&self) -> Gauges {
         Gauges {
             active_sessions: self.server.load(),
             inflight_calls: self.server.inflight(),
-            servers: usize::from(self.server.base_url().is_some()),
-            tunnel_starts: 0,
-            tunnel_failures: 0,
+            servers: self.server.servers().await.len(),
+            tunnel_starts: self.tunnels.starts(),
+            tunnel_failures: self.tunnels.failures(),
         }
     }
 
@@ -114,6 +119,7 @@ impl fmt::Debug for Sidecar {
 impl Sidecar {
     /// Starts the sidecar with `config` (see the module docs).
     pub async fn start(config: ServeConfig) -> anyhow::Result<Self> {
+        config.check()?;
         if let Some(dir) = &config.trace_dir {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create the trace directory {}", dir.display()))?;
@@ -143,15 +149,39 @@ impl Sidecar {
             }
             None => (None, None, config.model.clone()),
         };
-        let server = InterceptionServer::new(ServerConfig {
-            shutdown_grace: config.shutdown_grace,
-            ..ServerConfig::default()
-        })
-        .context("cannot create the interception server")?;
-        server
-            .start()
-            .await
-            .context("cannot start the interception server")?;
+        let bore_secret = match &config.bore_secret_env {
+            Some(var) => Some(std::env::var(var).with_context(|| {
+                format!("the environment variable {var} named by bore_secret_env is not set")
+            })?),
+            None => None,
+        };
+        let tunnels = Arc::new(TunnelCounters::default());
+        let spec = CountedTunnels {
+            config: config.tunnel_config(bore_secret)?,
+            counters: tunnels.clone(),
+        };
+        let server = intercept_pool::make_interception_with(
+            &config.interception_config(spec),
+            config.tunnel != TunnelSetting::None,
+            ServerConfig {
+                shutdown_grace: config.shutdown_grace,
+                ..ServerConfig::default()
+            },
+        )
+        .with_context(|| {
+            format!(
+                "cannot create the interception (interception = {}, tunnel = {})",
+                config.interception.as_str(),
+                config.tunnel.as_str()
+            )
+        })?;
+        server.start().await.with_context(|| {
+            format!(
+                "cannot start the interception (interception = {}, tunnel = {})",
+                config.interception.as_str(),
+                config.tunnel.as_str()
+            )
+        })?;
         let listener = match TcpListener::bind(config.control).await {
             Ok(l) => l,
             Err(e) => {
@@ -171,6 +201,7 @@ impl Sidecar {
             default_upstream,
             default_model,
             server,
+            tunnels,
             sessions: Mutex::new(HashMap::new()),
             released_order: Mutex::new(VecDeque::new()),
             metrics: Arc::new(Metrics::default()),
@@ -182,7 +213,13 @@ impl Sidecar {
         let control_tasks = TaskTracker::new();
         control_tasks.spawn(accept(listener, state.clone(), control_stop.clone()));
         control_tasks.close();
-        info!(control = %control_addr, interception = ?state.server.base_url(), "sidecar ready");
+        info!(
+            control = %control_addr,
+            shape = state.config.interception.as_str(),
+            tunnel = state.config.tunnel.as_str(),
+            servers = ?state.server.servers().await.iter().map(|s| s.base_url.clone()).collect::<Vec<_>>(),
+            "sidecar ready"
+        );
         Ok(Sidecar {
             state,
             control_addr,
@@ -213,9 +250,20 @@ impl Sidecar {
         .to_string()
     }
 
-    /// The interception server's base URL.
-    pub fn interception_url(&self) -> Option<String> {
-        self.state.server.base_url()
+    /// The base URL of the interception's first server (`None` while it has none: an
+    /// elastic pool starts servers on demand).
+    pub async fn interception_url(&self) -> Option<String> {
+        self.servers().await.into_iter().find_map(|s| s.base_url)
+    }
+
+    /// The interception's servers as they are now (what `GET /v1/interception` reports).
+    pub async fn servers(&self) -> Vec<ServerStatus> {
+        self.state.server.servers().await
+    }
+
+    /// The interception (one server or a pool).
+    pub fn interception(&self) -> &Arc<dyn Interception> {
+        &self.state.server
     }
 
     /// The trace directory, if trace files are written.

@@ -130,7 +130,7 @@ async fn every_route_and_error() {
     let a = created.json().unwrap();
     let a_id = a["id"].as_str().unwrap().to_owned();
     assert!(!a_id.is_empty());
-    assert_eq!(a["base_url"], sidecar.interception_url().unwrap());
+    assert_eq!(a["base_url"], sidecar.interception_url().await.unwrap());
     assert_eq!(
         a["env"]["OPENAI_BASE_URL"],
         format!("{}/v1", a["base_url"].as_str().unwrap())

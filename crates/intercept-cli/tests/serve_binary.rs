@@ -259,7 +259,7 @@ async fn serve_binary_rejects_bad_settings_naming_the_key() {
         (vec!["serve", "--multiplex", "zero"], vec![], "--multiplex"),
         (
             vec!["serve"],
-            vec![("INTERCEPT_TUNNEL", "prime")],
+            vec![("INTERCEPT_TUNNEL", "ngrok")],
             "INTERCEPT_TUNNEL",
         ),
         (
@@ -268,10 +268,11 @@ async fn serve_binary_rejects_bad_settings_naming_the_key() {
             "INTERCEPT_NOPE",
         ),
         (
-            vec!["serve", "--interception", "elastic"],
+            vec!["serve", "--interception", "elastic", "--tunnel", "bore"],
             vec![],
-            "not available in this build yet",
+            "bore_server",
         ),
+        (vec!["serve", "--bore-port", "0"], vec![], "--bore-port"),
     ] {
         let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_intercept"))
             .args(&args)

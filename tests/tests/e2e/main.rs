@@ -2,4 +2,10 @@
 
 mod anthropic;
 mod openai_chat;
+mod pool_bore;
 mod responses;
+mod training_capture;
+
+/// The vLLM-like fake engine the server's own tests use.
+#[path = "../../../crates/intercept-server/tests/common/fake_engine.rs"]
+mod fake_engine;
