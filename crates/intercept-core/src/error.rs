@@ -68,6 +68,8 @@ pub enum ErrorKind {
     Tunnel,
     /// A conflict with existing state (e.g. a duplicate id).
     Conflict,
+    /// Model calls are paused (weight sync): rejected at once, or held past the timeout.
+    Paused,
     /// intercept failed internally.
     Internal,
 }
@@ -91,6 +93,7 @@ impl ErrorKind {
             ErrorKind::Cancelled => "cancelled",
             ErrorKind::Tunnel => "tunnel",
             ErrorKind::Conflict => "conflict",
+            ErrorKind::Paused => "paused",
             ErrorKind::Internal => "internal",
         }
     }
@@ -173,6 +176,23 @@ pub enum Error {
     /// intercept failed internally.
     #[error("internal error: {0}")]
     Internal(String),
+    /// Model calls are paused while the trainer updates the policy's weights.
+    #[error("{}", paused_message(*.held, *.retry_after_secs))]
+    Paused {
+        /// Seconds the harness should wait before retrying (`Retry-After`).
+        retry_after_secs: u64,
+        /// Whether the call was held (mode `hold`) until the hold timeout: 503; otherwise
+        /// it was rejected at once (mode `reject`): 429.
+        held: bool,
+    },
+}
+
+fn paused_message(held: bool, retry_after: u64) -> String {
+    if held {
+        format!("model calls are paused for a weight update and the call was held past the pause timeout; retry in {retry_after} s")
+    } else {
+        format!("model calls are paused for a weight update; retry in {retry_after} s")
+    }
 }
 
 impl Error {
@@ -200,6 +220,7 @@ impl Error {
             Error::Tunnel { .. } => ErrorKind::Tunnel,
             Error::Conflict(_) => ErrorKind::Conflict,
             Error::Internal(_) => ErrorKind::Internal,
+            Error::Paused { .. } => ErrorKind::Paused,
         }
     }
 
@@ -218,6 +239,8 @@ impl Error {
             Error::UpstreamMalformed(_) | Error::Tunnel { .. } => 502,
             Error::ClientDisconnected(_) => 499,
             Error::Internal(_) => 500,
+            Error::Paused { held: true, .. } => 503,
+            Error::Paused { held: false, .. } => 429,
         }
     }
 
@@ -238,7 +261,7 @@ impl Error {
             | Error::UpstreamUnavailable(_)
             | Error::UpstreamMalformed(_) => Blame::Upstream,
             Error::Tunnel { .. } => Blame::Tunnel,
-            Error::Cancelled(_) | Error::Internal(_) => Blame::Internal,
+            Error::Cancelled(_) | Error::Internal(_) | Error::Paused { .. } => Blame::Internal,
         }
     }
 
@@ -249,9 +272,21 @@ impl Error {
             Error::UpstreamTimeout(_)
             | Error::UpstreamUnavailable(_)
             | Error::UpstreamMalformed(_)
-            | Error::Cancelled(_) => true,
+            | Error::Cancelled(_)
+            | Error::Paused { .. } => true,
             Error::Tunnel { retryable, .. } => *retryable,
             _ => false,
+        }
+    }
+
+    /// The `Retry-After` value (seconds) a response for this error carries, if any.
+    pub fn retry_after(&self) -> Option<String> {
+        match self {
+            Error::UpstreamStatus { retry_after, .. } => retry_after.clone(),
+            Error::Paused {
+                retry_after_secs, ..
+            } => Some(retry_after_secs.to_string()),
+            _ => None,
         }
     }
 
@@ -321,6 +356,20 @@ mod tests {
         assert_eq!(Error::UpstreamTimeout("x".into()).status(), 504);
         assert_eq!(Error::UpstreamUnavailable("x".into()).status(), 503);
         assert_eq!(Error::UpstreamMalformed("x".into()).status(), 502);
+        let rejected = Error::Paused {
+            retry_after_secs: 2,
+            held: false,
+        };
+        assert_eq!(rejected.status(), 429);
+        assert_eq!(rejected.kind().as_str(), "paused");
+        assert_eq!(rejected.retry_after().as_deref(), Some("2"));
+        assert!(rejected.retryable());
+        let held = Error::Paused {
+            retry_after_secs: 1,
+            held: true,
+        };
+        assert_eq!(held.status(), 503);
+        assert!(held.to_string().contains("pause timeout"), "{held}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -27,6 +28,131 @@ pub trait Interception: Send + Sync + fmt::Debug {
 
     /// Registered sessions across all servers.
     fn load(&self) -> usize;
+
+    /// The servers behind this interception as they are now (for introspection: a
+    /// sidecar's status route, metrics). Defaults to an empty list.
+    async fn servers(&self) -> Vec<ServerStatus> {
+        Vec::new()
+    }
+
+    /// Model calls in flight across all servers. Defaults to 0.
+    fn inflight(&self) -> usize {
+        0
+    }
+
+    /// Pauses new model calls (e.g. while the trainer swaps weights): with
+    /// [`PauseMode::Hold`] they wait until [`Interception::resume`] (at most the hold
+    /// timeout, then 503); with [`PauseMode::Reject`] they get 429 with `Retry-After` at
+    /// once. Calls already admitted, streams already relaying included, finish. Pausing
+    /// a paused interception changes its mode. Returns the status right after pausing.
+    ///
+    /// The default refuses: an interception that cannot pause must say so. A pool
+    /// pauses every member server (and servers it starts while paused).
+    async fn pause(&self, _mode: PauseMode) -> Result<PauseStatus, Error> {
+        Err(Error::Conflict(
+            "this interception cannot pause; pause its servers one by one".into(),
+        ))
+    }
+
+    /// Resumes model calls: held calls proceed, the pause epoch goes up by one (so
+    /// records tell which weights served them). Resuming an interception that is not
+    /// paused changes nothing. Returns the status right after resuming.
+    async fn resume(&self) -> Result<PauseStatus, Error> {
+        Err(Error::Conflict(
+            "this interception cannot pause or resume; resume its servers one by one".into(),
+        ))
+    }
+
+    /// Whether new model calls are paused, the current epoch, and the calls in flight.
+    /// The default reports "never paused, epoch 0" and [`Interception::inflight`].
+    fn pause_status(&self) -> PauseStatus {
+        PauseStatus {
+            paused: false,
+            mode: None,
+            epoch: 0,
+            inflight: self.inflight(),
+            held: 0,
+        }
+    }
+}
+
+/// How an interception treats new model calls while paused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PauseMode {
+    /// New calls wait until resume; a call held longer than `timeout` gets 503 with
+    /// `Retry-After`.
+    Hold {
+        /// The longest a call is held.
+        timeout: Duration,
+    },
+    /// New calls get 429 with `Retry-After: <retry_after>` (whole seconds, at least 1) at
+    /// once, which OpenAI and Anthropic SDKs honour when they retry.
+    Reject {
+        /// The wait suggested to the harness.
+        retry_after: Duration,
+    },
+}
+
+impl PauseMode {
+    /// `hold` with a timeout.
+    pub fn hold(timeout: Duration) -> Self {
+        PauseMode::Hold { timeout }
+    }
+
+    /// `reject` with a suggested retry delay.
+    pub fn reject(retry_after: Duration) -> Self {
+        PauseMode::Reject { retry_after }
+    }
+
+    /// The mode's name.
+    pub fn kind(&self) -> PauseKind {
+        match self {
+            PauseMode::Hold { .. } => PauseKind::Hold,
+            PauseMode::Reject { .. } => PauseKind::Reject,
+        }
+    }
+}
+
+/// The name of a [`PauseMode`], as reported in a [`PauseStatus`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseKind {
+    /// See [`PauseMode::Hold`].
+    Hold,
+    /// See [`PauseMode::Reject`].
+    Reject,
+}
+
+/// Pause state of an interception (`GET /v1/interception` of the sidecar shows it).
+///
+/// The trainer may swap weights once `paused` is true and `inflight` is 0: no call is
+/// then being served, and none is admitted until resume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PauseStatus {
+    /// Whether new model calls are paused.
+    pub paused: bool,
+    /// The mode, while paused.
+    pub mode: Option<PauseKind>,
+    /// The pause epoch: 0 at start, plus one at each resume. Every call record carries
+    /// the epoch in which the call was admitted.
+    pub epoch: u64,
+    /// Model calls admitted and not yet finished (streams still relaying included).
+    pub inflight: usize,
+    /// Calls waiting for resume (mode `hold`).
+    pub held: usize,
+}
+
+/// One server of an interception, as [`Interception::servers`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ServerStatus {
+    /// Its public base URL (the tunnel's current URL, or `http://<local addr>`); `None`
+    /// while it has none (not started).
+    pub base_url: Option<String>,
+    /// Sessions registered on it.
+    pub load: usize,
+    /// Whether its endpoint carries traffic (true when it has no tunnel and is running).
+    pub healthy: bool,
 }
 
 /// What frees a slot. Implemented by each interception shape.

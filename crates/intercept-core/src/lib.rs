@@ -33,10 +33,12 @@
 //! ```
 
 pub mod body;
+pub mod capture;
 pub mod dialect;
 pub mod error;
 pub mod interception;
 pub mod record;
+pub mod routing;
 pub mod secret;
 pub mod session;
 pub mod slot;
@@ -45,12 +47,14 @@ pub mod tunnel;
 
 pub use body::{JsonBody, RawJson};
 pub use dialect::{
-    join_url, Assembled, ChatDialect, Dialect, DialectKind, MessagesDialect, Prepared, Relay,
-    ResponsesDialect, StreamAssembler, Summary,
+    join_url, Assembled, ChatDialect, CompletionsDialect, Dialect, DialectKind, MessagesDialect,
+    Prepared, Relay, ResponsesDialect, StreamAssembler, Summary,
 };
 pub use error::{Blame, Error, ErrorKind};
-pub use interception::{Interception, SlotGuard, SlotRelease};
-pub use record::{CallError, CallRecord, Usage};
+pub use interception::{
+    Interception, PauseKind, PauseMode, PauseStatus, ServerStatus, SlotGuard, SlotRelease,
+};
+pub use record::{CallError, CallRecord, TokenCapture, Usage};
 pub use secret::Secret;
 pub use session::{
     CallInfo, HookAction, Limits, RecordSink, RolloutSession, Sampling, Session, SessionConfig,

@@ -40,6 +40,23 @@ impl From<&Error> for CallError {
     }
 }
 
+/// Whether a call's token ids and logprobs were captured (session option
+/// `capture_tokens`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum TokenCapture {
+    /// Capture was not asked for (or the dialect cannot capture): no token fields.
+    #[default]
+    Off,
+    /// The upstream returned prompt and completion token ids.
+    Captured,
+    /// Capture was asked for but the upstream did not return prompt and completion
+    /// token ids (an engine without `return_token_ids`, or a failed call); whatever it
+    /// did return is kept.
+    Missing,
+}
+
 /// One model call, as recorded on the rollout's trace.
 ///
 /// Serialises to one JSON object (one line of a JSONL trace file).
@@ -82,6 +99,30 @@ pub struct CallRecord {
     pub client_disconnected: bool,
     /// `null` on success.
     pub error: Option<CallError>,
+    /// The pause epoch in which the call was admitted (0 until the first resume): which
+    /// weights served it.
+    #[serde(default)]
+    pub epoch: u64,
+    /// The engine base URL the call went to (one of the upstream's `base_urls`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
+    /// Whether token ids were captured.
+    #[serde(default, skip_serializing_if = "is_off")]
+    pub token_capture: TokenCapture,
+    /// The prompt's token ids, as the engine tokenised it (capture only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
+    /// The completion's token ids (first choice; a stream's chunks concatenated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_token_ids: Option<Vec<u32>>,
+    /// The log-probability of each completion token, aligned with
+    /// `completion_token_ids`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_logprobs: Option<Vec<f64>>,
+}
+
+fn is_off(c: &TokenCapture) -> bool {
+    *c == TokenCapture::Off
 }
 
 impl CallRecord {

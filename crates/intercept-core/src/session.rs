@@ -17,12 +17,23 @@ use crate::record::{CallRecord, Usage};
 /// dialect does not know are passed through where the dialect allows extras.
 pub type Sampling = serde_json::Map<String, serde_json::Value>;
 
-/// Where a session's calls go.
+/// Where a session's calls go: one engine (`base_url`), or several engines of the same
+/// model (`base_urls`) among which each session is pinned to one by rendezvous hashing
+/// of its id (see [`crate::routing`]).
+///
+/// In JSON, `{"base_url": "http://h:8000/v1"}` is one engine and
+/// `{"base_urls": ["http://a:8000/v1", "http://b:8000/v1"]}` several (`base_url`, if also
+/// given, must be one of them).
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "UpstreamRepr")]
 pub struct Upstream {
     /// OpenAI-compatible base URL including its version segment, e.g.
-    /// `http://127.0.0.1:8000/v1`.
+    /// `http://127.0.0.1:8000/v1`. With several engines: the first of `base_urls`.
     pub base_url: String,
+    /// Several engines serving the same model (empty: just `base_url`). Use
+    /// [`Upstream::engines`] to read the effective list.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub base_urls: Vec<String>,
     /// API key sent upstream (as `Authorization: Bearer` or `x-api-key` per dialect).
     #[serde(default, skip_serializing)]
     pub api_key: Option<String>,
@@ -31,13 +42,81 @@ pub struct Upstream {
     pub headers: Vec<(String, String)>,
 }
 
+#[derive(Deserialize)]
+struct UpstreamRepr {
+    #[serde(default)]
+    base_url: String,
+    #[serde(default)]
+    base_urls: Vec<String>,
+    #[serde(default)]
+    api_key: Option<String>,
+    #[serde(default)]
+    headers: Vec<(String, String)>,
+}
+
+impl TryFrom<UpstreamRepr> for Upstream {
+    type Error = String;
+
+    fn try_from(r: UpstreamRepr) -> Result<Self, String> {
+        let trim = |u: &str| u.trim_end_matches('/').to_owned();
+        let base_urls: Vec<String> = r.base_urls.iter().map(|u| trim(u)).collect();
+        let base_url = trim(&r.base_url);
+        let base_url = match (base_url.is_empty(), base_urls.first()) {
+            (true, None) => return Err("upstream: `base_url` or `base_urls` is required".into()),
+            (true, Some(first)) => first.clone(),
+            (false, None) => base_url,
+            (false, Some(_)) if base_urls.contains(&base_url) => base_url,
+            (false, Some(_)) => {
+                return Err(format!(
+                    "upstream: `base_url` {base_url:?} is not one of `base_urls`; give one or the other"
+                ))
+            }
+        };
+        Ok(Upstream {
+            base_url,
+            base_urls,
+            api_key: r.api_key,
+            headers: r.headers,
+        })
+    }
+}
+
 impl Upstream {
     /// An upstream without key or extra headers.
     pub fn new(base_url: impl Into<String>) -> Self {
         Upstream {
             base_url: base_url.into().trim_end_matches('/').to_owned(),
+            base_urls: Vec::new(),
             api_key: None,
             headers: Vec::new(),
+        }
+    }
+
+    /// An upstream of several engines serving the same model; each session is pinned to
+    /// one of them. With one URL this is [`Upstream::new`]; with none, `base_url` is empty
+    /// and every call fails with 503.
+    pub fn engines_of<I, S>(base_urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let urls: Vec<String> = base_urls
+            .into_iter()
+            .map(|u| u.into().trim_end_matches('/').to_owned())
+            .collect();
+        let mut upstream = Upstream::new(urls.first().cloned().unwrap_or_default());
+        if urls.len() > 1 {
+            upstream.base_urls = urls;
+        }
+        upstream
+    }
+
+    /// The engines calls may go to: `base_urls`, or `base_url` alone.
+    pub fn engines(&self) -> &[String] {
+        if self.base_urls.is_empty() {
+            std::slice::from_ref(&self.base_url)
+        } else {
+            &self.base_urls
         }
     }
 
@@ -52,6 +131,7 @@ impl fmt::Debug for Upstream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Upstream")
             .field("base_url", &self.base_url)
+            .field("base_urls", &self.base_urls)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field(
                 "headers",
@@ -192,6 +272,14 @@ pub trait Session: Send + Sync + fmt::Debug + 'static {
 
     /// Where calls go.
     fn upstream(&self) -> &Upstream;
+
+    /// Whether to capture token ids and logprobs for training (Chat Completions and
+    /// legacy Completions): the upstream is asked for them (`return_token_ids`,
+    /// `logprobs`), the record gets them, and the harness's reply is stripped of what it
+    /// did not ask for. Off by default.
+    fn capture_tokens(&self) -> bool {
+        false
+    }
 
     /// Checked before each call: `Err(reason)` refuses it with 400 `rollout stopped:
     /// <reason>`. The default refuses once [`Session::stop_condition`] is set.
@@ -359,6 +447,7 @@ struct Inner {
 #[derive(Debug)]
 pub struct RolloutSession {
     config: SessionConfig,
+    capture_tokens: bool,
     sinks: Vec<Arc<dyn RecordSink>>,
     inner: Mutex<Inner>,
 }
@@ -368,6 +457,7 @@ impl RolloutSession {
     pub fn new(config: SessionConfig) -> Self {
         RolloutSession {
             config,
+            capture_tokens: false,
             sinks: Vec::new(),
             inner: Mutex::new(Inner::default()),
         }
@@ -376,6 +466,12 @@ impl RolloutSession {
     /// Adds a sink that sees every record.
     pub fn with_sink(mut self, sink: Arc<dyn RecordSink>) -> Self {
         self.sinks.push(sink);
+        self
+    }
+
+    /// Turns token capture on or off (see [`Session::capture_tokens`]).
+    pub fn with_capture_tokens(mut self, capture: bool) -> Self {
+        self.capture_tokens = capture;
         self
     }
 
@@ -434,6 +530,10 @@ impl Session for RolloutSession {
 
     fn upstream(&self) -> &Upstream {
         &self.config.upstream
+    }
+
+    fn capture_tokens(&self) -> bool {
+        self.capture_tokens
     }
 
     fn check(&self) -> Result<(), String> {
@@ -552,6 +652,8 @@ mod tests {
             task: None,
         });
         assert_eq!(s.upstream().base_url, "http://x/v1");
+        assert_eq!(s.upstream().engines(), ["http://x/v1".to_string()]);
+        assert!(!s.capture_tokens());
         assert!(s.check().is_ok());
         s.stop("first");
         s.stop("second");
@@ -563,5 +665,36 @@ mod tests {
             s.set_state(serde_json::json!({})),
             Err(Error::RolloutConcluded)
         ));
+    }
+}
+
+#[cfg(test)]
+mod upstream_tests {
+    use super::*;
+
+    #[test]
+    fn upstream_json_is_back_compatible_and_takes_engine_lists() {
+        let one: Upstream =
+            serde_json::from_str(r#"{"base_url":"http://a/v1/","headers":[]}"#).expect("one");
+        assert_eq!(one, Upstream::new("http://a/v1"));
+        assert_eq!(one.engines(), ["http://a/v1".to_string()]);
+        assert_eq!(
+            serde_json::to_value(&one).expect("json"),
+            serde_json::json!({"base_url": "http://a/v1", "headers": []})
+        );
+        let many: Upstream =
+            serde_json::from_str(r#"{"base_urls":["http://a/v1","http://b/v1/"]}"#).expect("many");
+        assert_eq!(many.base_url, "http://a/v1");
+        assert_eq!(many.engines(), ["http://a/v1", "http://b/v1"]);
+        assert_eq!(many, Upstream::engines_of(["http://a/v1", "http://b/v1"]));
+        let back: Upstream =
+            serde_json::from_value(serde_json::to_value(&many).expect("json")).expect("back");
+        assert_eq!(back, many);
+        for bad in [
+            r#"{}"#,
+            r#"{"base_url":"http://c/v1","base_urls":["http://a/v1"]}"#,
+        ] {
+            assert!(serde_json::from_str::<Upstream>(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -4,6 +4,7 @@
 //! server's task tracker), so a harness that disconnects cannot drop the call half-way:
 //! every call that reaches the upstream ends in exactly one [`CallRecord`].
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -11,12 +12,13 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use intercept_core::capture::{CapturedTokens, TokenCollector};
 use intercept_core::error::is_context_length_error;
 use intercept_core::record::epoch_seconds;
 use intercept_core::sse::{SseEvent, SseSplitter};
 use intercept_core::{
     Assembled, CallError, CallInfo, CallRecord, Dialect, Error, HookAction, JsonBody, Prepared,
-    RawJson, Relay, Summary,
+    RawJson, Relay, Summary, TokenCapture,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::sleep_until;
@@ -49,6 +51,14 @@ pub(crate) struct Call {
     pub(crate) started: SystemTime,
     /// Ownership of this attempt for retry coalescing (non-streamed calls).
     pub(crate) claim: Option<crate::retry::FlightClaim>,
+    /// Counts the call in flight for pause; carries the pause epoch it was admitted in.
+    pub(crate) admission: crate::pause::Admission,
+    /// Token capture, when the session asked for it and the dialect can.
+    pub(crate) capture: Option<TokenCollector>,
+    /// Whether the call captures tokens (`capture` is taken once the relay starts).
+    pub(crate) capturing: bool,
+    /// Index (in the upstream's engines) of the engine last tried; `usize::MAX`: none.
+    pub(crate) engine: AtomicUsize,
 }
 
 /// What a response hook decided.
@@ -87,6 +97,8 @@ struct Outcome {
     ttfb_ms: Option<f64>,
     client_disconnected: bool,
     error: Option<CallError>,
+    /// `None`: capture off.
+    tokens: Option<CapturedTokens>,
 }
 
 impl Outcome {
@@ -98,6 +110,7 @@ impl Outcome {
             ttfb_ms: None,
             client_disconnected: false,
             error: Some(CallError::from(error)),
+            tokens: None,
         }
     }
 }
@@ -114,10 +127,14 @@ impl Call {
         }
     }
 
-    fn upstream_request(&self) -> Result<http::Request<crate::http_body::SliceBody>, Error> {
+    fn upstream_request(
+        &self,
+        base_url: &str,
+    ) -> Result<http::Request<crate::http_body::SliceBody>, Error> {
         UpstreamClient::request(
             &*self.dialect,
             self.entry.session.upstream(),
+            base_url,
             Some(self.entry.session.id()),
             self.dialect.upstream_path(),
             &self.headers,
@@ -154,20 +171,76 @@ impl Call {
         }
     }
 
-    /// Sends the request and waits for the response head.
+    /// Sends the request to the session's engine and waits for the response head.
+    ///
+    /// The engine is the session's first in rendezvous order among those not marked
+    /// down. One that refuses the connection is marked down and the next one is tried
+    /// within the same call (the request never left); other transport failures mark it
+    /// down and fail the call (the harness's SDK retries, on the next engine).
     async fn open(&self) -> Result<(Response<Incoming>, Instant), Error> {
-        let req = self.upstream_request()?;
-        let send = self.shared.upstream.send(req);
-        let resp = match self.shared.config.upstream_timeout {
-            Some(t) => tokio::time::timeout(t, send).await.map_err(|_| {
-                Error::UpstreamTimeout(format!(
-                    "no response within the configured {} s",
-                    t.as_secs_f64()
-                ))
-            })??,
-            None => send.await?,
-        };
-        Ok((resp, Instant::now()))
+        let upstream = self.entry.session.upstream();
+        let engines = upstream.engines();
+        let session = self.entry.session.id();
+        let health = &self.shared.engines;
+        let multi = engines.len() > 1;
+        // Engines already tried by this call (the first 64; more is not a real setup).
+        let mut tried: u64 = 0;
+        let bit = |i: usize| 1u64.checked_shl(i as u32).unwrap_or(0);
+        loop {
+            let choice = if multi {
+                intercept_core::routing::pick(session, engines, |i| {
+                    tried & bit(i) == 0 && health.is_up(&engines[i])
+                })
+                // Every engine left is marked down: try the best of them anyway.
+                .or_else(|| {
+                    intercept_core::routing::pick(session, engines, |i| tried & bit(i) == 0)
+                })
+            } else {
+                (tried == 0).then_some(0)
+            };
+            let Some(index) = choice else {
+                return Err(Error::UpstreamUnavailable(format!(
+                    "none of the {} engines accepted a connection",
+                    engines.len()
+                )));
+            };
+            tried |= bit(index);
+            self.engine.store(index, Ordering::Relaxed);
+            let engine = &engines[index];
+            let req = self.upstream_request(engine)?;
+            let send = self.shared.upstream.send_to(req);
+            let sent = match self.shared.config.upstream_timeout {
+                Some(t) => match tokio::time::timeout(t, send).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        return Err(Error::UpstreamTimeout(format!(
+                            "no response within the configured {} s",
+                            t.as_secs_f64()
+                        )))
+                    }
+                },
+                None => send.await,
+            };
+            match sent {
+                Ok(resp) => {
+                    if multi {
+                        health.mark_up(engine);
+                    }
+                    return Ok((resp, Instant::now()));
+                }
+                Err(failure) => {
+                    if !multi {
+                        return Err(failure.error);
+                    }
+                    health.mark_down(engine);
+                    if failure.connect && tried.count_ones() < engines.len() as u32 {
+                        warn!(session, %engine, error = %failure.error, "engine refused the connection; failing over");
+                        continue;
+                    }
+                    return Err(failure.error);
+                }
+            }
+        }
     }
 
     /// Turns a non-2xx upstream answer into the error the harness gets. A context-length
@@ -203,6 +276,7 @@ impl Call {
 
     async fn run_json(mut self, reply: oneshot::Sender<Response<ResponseBody>>) {
         let cancel = self.entry.cancel.clone();
+        let mut capture = self.capture.take();
         let work = async {
             let (resp, head_at) = self.open().await?;
             if !resp.status().is_success() {
@@ -227,6 +301,12 @@ impl Call {
         let (outcome, response) = match result {
             Ok(Ok((body, content_type, head_at))) => match self.dialect.summarize(&body) {
                 Ok(summary) => {
+                    // Token capture: the harness (and the record's `response`) get the
+                    // reply without what the harness did not ask for.
+                    let body = match &mut capture {
+                        Some(c) => c.strip_json(&body),
+                        None => body,
+                    };
                     // A response hook may rewrite the answer or stop the rollout.
                     let mut served = body.clone();
                     let mut stop: Option<String> = None;
@@ -252,6 +332,7 @@ impl Call {
                         ttfb_ms: Some(ms_since(self.started, head_at)),
                         client_disconnected: false,
                         error: None,
+                        tokens: None,
                     };
                     if let Some(e) = hook_error {
                         outcome.error = Some(CallError::from(&e));
@@ -301,6 +382,7 @@ impl Call {
         let disconnected = reply.is_closed();
         let mut outcome = outcome;
         outcome.client_disconnected = disconnected;
+        outcome.tokens = capture.map(TokenCollector::finish);
         self.record(outcome);
         let _ = reply.send(response);
     }
@@ -336,7 +418,8 @@ impl Call {
         }
     }
 
-    async fn run_stream(self, reply: oneshot::Sender<Response<ResponseBody>>) {
+    async fn run_stream(mut self, reply: oneshot::Sender<Response<ResponseBody>>) {
+        let mut capture = self.capture.take();
         let cancel = self.entry.cancel.clone();
         let keepalive = self.shared.config.keepalive;
         let (tx, rx) = mpsc::channel::<Bytes>(self.shared.config.stream_buffer.max(1));
@@ -469,6 +552,11 @@ impl Call {
                 }
             }
             for ev in events.drain(..) {
+                // Token capture: read ids and logprobs, relay the event without them.
+                let ev = match &mut capture {
+                    Some(c) => c.strip_event(&ev),
+                    None => ev,
+                };
                 let parsed = SseEvent::new(&ev);
                 let out = if parsed.is_dataless() {
                     // Comment-only or empty events are not relayed as they are (some
@@ -530,6 +618,7 @@ impl Call {
                 ttfb_ms: ttfb,
                 client_disconnected: client_gone,
                 error: None,
+                tokens: None,
             },
             Err(e) => {
                 let mut o = Outcome::failed(e);
@@ -539,6 +628,8 @@ impl Call {
                 o
             }
         };
+        let mut outcome = outcome;
+        outcome.tokens = capture.map(TokenCollector::finish);
         self.record(outcome);
         if let Some(reason) = stopped {
             self.entry.session.stop(&reason);
@@ -621,6 +712,15 @@ impl Call {
             );
         }
         self.shared.stats.record(&outcome.error);
+        // A call that failed before the relay began still says capture was asked for.
+        let tokens = match (outcome.tokens, self.capturing) {
+            (Some(t), _) => t,
+            (None, true) => CapturedTokens {
+                status: TokenCapture::Missing,
+                ..CapturedTokens::default()
+            },
+            (None, false) => CapturedTokens::default(),
+        };
         let record = CallRecord {
             session: session.id().to_owned(),
             seq: self.seq,
@@ -639,6 +739,16 @@ impl Call {
             ttfb_ms: outcome.ttfb_ms,
             client_disconnected: outcome.client_disconnected,
             error: outcome.error,
+            epoch: self.admission.epoch,
+            engine: session
+                .upstream()
+                .engines()
+                .get(self.engine.load(Ordering::Relaxed))
+                .cloned(),
+            token_capture: tokens.status,
+            prompt_token_ids: tokens.prompt_token_ids,
+            completion_token_ids: tokens.completion_token_ids,
+            completion_logprobs: tokens.completion_logprobs,
         };
         session.record(record);
     }
@@ -697,9 +807,18 @@ pub(crate) async fn aux_call(
     if let Err(e) = body.set("model", entry.session.model()) {
         return fail(e);
     }
+    let upstream = entry.session.upstream();
+    let engines = upstream.engines();
+    let engine = intercept_core::routing::pick(entry.session.id(), engines, |i| {
+        shared.engines.is_up(&engines[i])
+    })
+    .unwrap_or(0);
     let request = match UpstreamClient::request(
         &*dialect,
-        entry.session.upstream(),
+        upstream,
+        engines
+            .get(engine)
+            .map_or(upstream.base_url.as_str(), String::as_str),
         None,
         upstream_path,
         &parts.headers,

@@ -43,6 +43,10 @@ pub struct ServerConfig {
     pub released_memory: usize,
     /// Idle upstream connections kept per upstream host (default 256).
     pub upstream_idle_per_host: usize,
+    /// When an upstream has several engines and one refuses connections, new calls skip
+    /// it for this long (doubling on each failed retry, up to 32x), then try it again
+    /// (default 5 s).
+    pub engine_retry_after: Duration,
     /// Secrets of shared tool servers: with one of them and the
     /// `X-Intercept-State-Route: <session id>` header, `/state` of any session is reachable.
     pub service_secrets: Vec<intercept_core::Secret>,
@@ -66,6 +70,7 @@ impl Default for ServerConfig {
             stream_buffer: 16,
             released_memory: 65_536,
             upstream_idle_per_host: 256,
+            engine_retry_after: Duration::from_secs(5),
             service_secrets: Vec::new(),
             listen: None,
             tunnel: None,
@@ -93,6 +98,7 @@ impl fmt::Debug for ServerConfig {
             .field("upstream_timeout", &self.upstream_timeout)
             .field("stream_buffer", &self.stream_buffer)
             .field("released_memory", &self.released_memory)
+            .field("engine_retry_after", &self.engine_retry_after)
             .field("listen", &self.listen)
             .field("tunnel", &self.tunnel.as_ref().map(|t| t.kind()))
             .finish()

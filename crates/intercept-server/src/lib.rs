@@ -46,7 +46,9 @@
 
 mod call;
 mod config;
+mod engines;
 mod http_body;
+mod pause;
 mod registry;
 mod respond;
 mod retry;

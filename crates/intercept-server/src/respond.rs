@@ -20,12 +20,8 @@ pub(crate) fn error_response(dialect: &dyn Dialect, error: &Error) -> Response<R
         GENERATED_HEADER,
         HeaderValue::from_static(error.blame().as_str()),
     );
-    if let Error::UpstreamStatus {
-        retry_after: Some(ra),
-        ..
-    } = error
-    {
-        if let Ok(v) = HeaderValue::from_str(ra) {
+    if let Some(ra) = error.retry_after() {
+        if let Ok(v) = HeaderValue::from_str(&ra) {
             headers.insert(http::header::RETRY_AFTER, v);
         }
     }

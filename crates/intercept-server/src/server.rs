@@ -15,8 +15,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use intercept_core::interception::join_errors;
 use intercept_core::{
-    CallError, CallInfo, ChatDialect, Dialect, Endpoint, Error, HookAction, Interception, JsonBody,
-    MessagesDialect, ResponsesDialect, Secret, Session, Slot, SlotGuard, SlotRelease,
+    CallError, CallInfo, ChatDialect, CompletionsDialect, Dialect, Endpoint, Error, HookAction,
+    Interception, JsonBody, MessagesDialect, PauseMode, PauseStatus, ResponsesDialect, Secret,
+    Session, Slot, SlotGuard, SlotRelease,
 };
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
@@ -68,6 +69,10 @@ pub(crate) struct Shared {
     /// Cancels every call (parent of each session's token).
     pub(crate) calls_cancel: CancellationToken,
     pub(crate) stats: Stats,
+    /// Admission of model calls (pause and resume).
+    pub(crate) gate: Arc<crate::pause::PauseGate>,
+    /// Engines marked down (session-sticky routing).
+    pub(crate) engines: crate::engines::EngineHealth,
     dialects: Vec<Arc<dyn Dialect>>,
 }
 
@@ -139,10 +144,13 @@ impl InterceptionServer {
             tasks: TaskTracker::new(),
             calls_cancel: CancellationToken::new(),
             stats: Stats::default(),
+            gate: Arc::new(crate::pause::PauseGate::new()),
+            engines: crate::engines::EngineHealth::new(config.engine_retry_after),
             dialects: vec![
                 Arc::new(ChatDialect),
                 Arc::new(ResponsesDialect),
                 Arc::new(MessagesDialect),
+                Arc::new(CompletionsDialect),
             ],
             config,
         };
@@ -222,6 +230,37 @@ impl InterceptionServer {
     /// Counters.
     pub fn stats(&self) -> &Stats {
         &self.shared.stats
+    }
+
+    /// Pauses new model calls (see [`Interception::pause`]); returns at once. Await
+    /// [`InterceptionServer::wait_idle`] to know when no call is being served.
+    pub fn pause(&self, mode: PauseMode) -> PauseStatus {
+        let status = self.shared.gate.pause(mode);
+        info!(mode = ?mode.kind(), inflight = status.inflight, epoch = status.epoch, "model calls paused");
+        status
+    }
+
+    /// Resumes model calls; the pause epoch goes up by one if the server was paused.
+    pub fn resume(&self) -> PauseStatus {
+        let status = self.shared.gate.resume();
+        info!(
+            epoch = status.epoch,
+            held = status.held,
+            "model calls resumed"
+        );
+        status
+    }
+
+    /// Pause state, epoch, admitted calls in flight and held calls.
+    pub fn pause_status(&self) -> PauseStatus {
+        self.shared.gate.status()
+    }
+
+    /// Waits until no admitted model call is in flight (streams still relaying count).
+    /// Paired with [`InterceptionServer::pause`]: once this returns, no call is being
+    /// served and none is admitted until resume.
+    pub async fn wait_idle(&self) {
+        self.shared.gate.idle().await
     }
 
     /// Calls in flight across all sessions.
@@ -324,6 +363,39 @@ impl Interception for InterceptionServer {
 
     fn load(&self) -> usize {
         self.shared.registry.load()
+    }
+
+    /// This server, once started: its base URL, load, and its endpoint's health (true
+    /// without a tunnel). Empty before start and after stop.
+    async fn servers(&self) -> Vec<intercept_core::ServerStatus> {
+        let Some(base_url) = self.base_url() else {
+            return Vec::new();
+        };
+        let healthy = match self.endpoint() {
+            Some(endpoint) => endpoint.health().await.is_healthy(),
+            None => true,
+        };
+        vec![intercept_core::ServerStatus {
+            base_url: Some(base_url),
+            load: self.shared.registry.load(),
+            healthy,
+        }]
+    }
+
+    fn inflight(&self) -> usize {
+        InterceptionServer::inflight(self)
+    }
+
+    async fn pause(&self, mode: PauseMode) -> Result<PauseStatus, Error> {
+        Ok(InterceptionServer::pause(self, mode))
+    }
+
+    async fn resume(&self) -> Result<PauseStatus, Error> {
+        Ok(InterceptionServer::resume(self))
+    }
+
+    fn pause_status(&self) -> PauseStatus {
+        InterceptionServer::pause_status(self)
     }
 }
 
@@ -653,6 +725,24 @@ async fn model_call(
         Ok(p) => p,
         Err(e) => return fail(e),
     };
+    // Pause (weight sync): wait for resume, or be refused; nothing is served meanwhile.
+    let admission = match shared
+        .gate
+        .admit(&entry.cancel, || {
+            if entry.is_released() {
+                Error::RolloutConcluded
+            } else {
+                Error::Cancelled("the server is shutting down; retry on another server".into())
+            }
+        })
+        .await
+    {
+        Ok(a) => a,
+        Err(e) => {
+            debug!(session = session.id(), error = %e, "call not admitted");
+            return fail(e);
+        }
+    };
     // Retry atomicity (non-streamed calls): replay before any refusal check.
     let retry = if prepared.stream {
         None
@@ -709,6 +799,14 @@ async fn model_call(
         Ok(_) => {}
         Err(e) => return fail(e),
     }
+    let capture = if session.capture_tokens() {
+        match dialect.capture_tokens(&mut body) {
+            Ok(c) => c,
+            Err(e) => return fail(e),
+        }
+    } else {
+        None
+    };
     debug!(session = session.id(), seq, stream = prepared.stream, path = %parts.uri.path(), "intercept");
     let call = Call {
         shared: shared.clone(),
@@ -721,9 +819,14 @@ async fn model_call(
         headers: parts.headers,
         started: SystemTime::now(),
         claim,
+        admission,
+        capturing: capture.is_some(),
+        capture,
+        engine: std::sync::atomic::AtomicUsize::new(usize::MAX),
     };
     let (tx, rx) = oneshot::channel();
-    shared.tasks.spawn(call.run(tx));
+    // Boxed: the call future is large, and spawning it unboxed copies it.
+    shared.tasks.spawn(Box::pin(call.run(tx)));
     match rx.await {
         Ok(resp) => resp,
         Err(_) => fail(Error::Internal("the call ended without an answer".into())),

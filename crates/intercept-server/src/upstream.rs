@@ -79,16 +79,19 @@ impl UpstreamClient {
         Ok(UpstreamClient { client })
     }
 
-    /// Builds the upstream request of a model call.
+    /// Builds the upstream request of a model call to one engine of `upstream`
+    /// (`base_url`: one of [`Upstream::engines`]).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn request(
         dialect: &dyn Dialect,
         upstream: &Upstream,
+        base_url: &str,
         session_id: Option<&str>,
         path: &str,
         incoming: &HeaderMap,
         body: &JsonBody,
     ) -> Result<Request<SliceBody>, Error> {
-        let url = join_url(&upstream.base_url, path);
+        let url = join_url(base_url, path);
         let uri: Uri = url.parse().map_err(|e| {
             Error::Internal(format!(
                 "the session's upstream URL `{url}` is not a valid URL: {e}"
@@ -123,16 +126,33 @@ impl UpstreamClient {
 
     /// Sends a request; transport failures become typed errors (timeouts 504, the rest 503).
     pub(crate) async fn send(&self, req: Request<SliceBody>) -> Result<Response<Incoming>, Error> {
+        self.send_to(req).await.map_err(|f| f.error)
+    }
+
+    /// Sends a request; a failure says whether the connection could not be made at all
+    /// (then the request was never sent, and another engine may take it).
+    pub(crate) async fn send_to(
+        &self,
+        req: Request<SliceBody>,
+    ) -> Result<Response<Incoming>, SendFailure> {
         let host = req
             .uri()
             .authority()
             .map(|a| a.to_string())
             .unwrap_or_default();
-        self.client
-            .request(req)
-            .await
-            .map_err(|e| transport_error(&host, &e))
+        self.client.request(req).await.map_err(|e| SendFailure {
+            error: transport_error(&host, &e),
+            connect: e.is_connect(),
+        })
     }
+}
+
+/// A request that got no response.
+#[derive(Debug)]
+pub(crate) struct SendFailure {
+    pub(crate) error: Error,
+    /// No connection could be made: the request never left.
+    pub(crate) connect: bool,
 }
 
 /// Maps a client error to [`Error::UpstreamTimeout`] or [`Error::UpstreamUnavailable`].
@@ -222,10 +242,17 @@ where
     }
     Ok(match (first, buf) {
         (_, Some(b)) => b.freeze(),
+        // A small body arrived in one frame: that frame is a slice of the connection's
+        // read buffer. Copy it, so a record holding the body does not keep the whole
+        // buffer alive.
+        (Some(f), None) if f.len() < SMALL_BODY => Bytes::copy_from_slice(&f),
         (Some(f), None) => f,
         (None, None) => Bytes::new(),
     })
 }
+
+/// Bodies below this size are copied out of the connection's read buffer.
+const SMALL_BODY: usize = 64 * 1024;
 
 /// Why a body could not be read.
 #[derive(Debug)]
@@ -270,6 +297,7 @@ mod tests {
         let req = UpstreamClient::request(
             &intercept_core::ChatDialect,
             &upstream,
+            &upstream.base_url,
             Some("r-1"),
             "/chat/completions",
             &incoming,

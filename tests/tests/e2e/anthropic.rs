@@ -14,14 +14,24 @@ use intercept_server::{InterceptionServer, ServerConfig};
 use intercept_test::{MockUpstream, Reply};
 use serde_json::{json, Value};
 
-async fn setup(id: &str) -> (MockUpstream, InterceptionServer, Arc<RolloutSession>, SlotGuard) {
+async fn setup(
+    id: &str,
+) -> (
+    MockUpstream,
+    InterceptionServer,
+    Arc<RolloutSession>,
+    SlotGuard,
+) {
     let upstream = MockUpstream::start().await.expect("mock");
     let server = InterceptionServer::new(ServerConfig::default()).expect("server");
     server.start().await.expect("start");
     let session = Arc::new(RolloutSession::new(SessionConfig {
         id: id.into(),
         model: "policy-model".into(),
-        sampling: json!({"temperature": 0.2}).as_object().cloned().unwrap_or_default(),
+        sampling: json!({"temperature": 0.2})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
         upstream: Upstream::new(upstream.base_url()).with_api_key("sk-ant-upstream"),
         limits: Default::default(),
         task: None,
@@ -44,12 +54,17 @@ async fn sdk_post(guard: &SlotGuard, path: &str, body: Value) -> (u16, Bytes) {
         .header("x-stainless-retry-count", "0")
         .header("x-stainless-timeout", "600")
         .header("anthropic-beta", "interleaved-thinking-2025-05-14")
-        .body(Full::new(Bytes::from(serde_json::to_vec(&body).expect("json"))))
+        .body(Full::new(Bytes::from(
+            serde_json::to_vec(&body).expect("json"),
+        )))
         .expect("request");
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let resp = client.request(req).await.expect("response");
     let status = resp.status().as_u16();
-    (status, resp.into_body().collect().await.expect("body").to_bytes())
+    (
+        status,
+        resp.into_body().collect().await.expect("body").to_bytes(),
+    )
 }
 
 #[tokio::test]
@@ -66,10 +81,16 @@ async fn messages_round_trip_as_the_sdk_sends_them() {
     assert_eq!(v["type"], "message");
     assert_eq!(v["content"][0]["text"], "echo: hi claude");
     let sent = upstream.last_request().expect("sent");
-    assert_eq!(sent.path, "/v1/messages", "the version segment is not doubled");
+    assert_eq!(
+        sent.path, "/v1/messages",
+        "the version segment is not doubled"
+    );
     assert_eq!(sent.header("x-api-key"), Some("sk-ant-upstream"));
     assert_eq!(sent.header("anthropic-version"), Some("2023-06-01"));
-    assert_eq!(sent.header("anthropic-beta"), Some("interleaved-thinking-2025-05-14"));
+    assert_eq!(
+        sent.header("anthropic-beta"),
+        Some("interleaved-thinking-2025-05-14")
+    );
     let sent = sent.json().cloned().expect("json");
     assert_eq!(sent["model"], "policy-model");
     assert_eq!(sent["temperature"], 0.2);
@@ -83,7 +104,11 @@ async fn messages_round_trip_as_the_sdk_sends_them() {
 #[tokio::test]
 async fn messages_stream_and_count_tokens() {
     let (upstream, _server, session, guard) = setup("e2e-anthropic-stream").await;
-    upstream.push(Reply::text("streamed claude words").with_reasoning("hmm").with_chunks(3));
+    upstream.push(
+        Reply::text("streamed claude words")
+            .with_reasoning("hmm")
+            .with_chunks(3),
+    );
     let (status, body) = sdk_post(
         &guard,
         "/v1/messages",
@@ -102,7 +127,11 @@ async fn messages_stream_and_count_tokens() {
         }
     }
     assert_eq!(streamed, "streamed claude words");
-    assert!(text.trim_end().ends_with("data: {\"type\":\"message_stop\"}"), "{text}");
+    assert!(
+        text.trim_end()
+            .ends_with("data: {\"type\":\"message_stop\"}"),
+        "{text}"
+    );
     let record = &session.trace().calls[0];
     assert!(record.error.is_none(), "{:?}", record.error);
     let assembled = record.response.as_ref().expect("assembled").to_value();
@@ -118,12 +147,24 @@ async fn messages_stream_and_count_tokens() {
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     let v: Value = serde_json::from_slice(&body).expect("json");
     assert!(v["input_tokens"].as_u64().is_some_and(|n| n > 0));
-    assert_eq!(session.trace().calls.len(), 1, "count_tokens is never recorded");
-    assert_eq!(upstream.last_request().expect("sent").json().expect("json")["model"], "policy-model");
+    assert_eq!(
+        session.trace().calls.len(),
+        1,
+        "count_tokens is never recorded"
+    );
+    assert_eq!(
+        upstream.last_request().expect("sent").json().expect("json")["model"],
+        "policy-model"
+    );
 
     // Errors come back in the Anthropic shape.
     upstream.push(Reply::error(529, "overloaded"));
-    let (status, body) = sdk_post(&guard, "/v1/messages", json!({"model": "m", "max_tokens": 8, "messages": []})).await;
+    let (status, body) = sdk_post(
+        &guard,
+        "/v1/messages",
+        json!({"model": "m", "max_tokens": 8, "messages": []}),
+    )
+    .await;
     assert_eq!(status, 529);
     let v: Value = serde_json::from_slice(&body).expect("json");
     assert_eq!(v["type"], "error");

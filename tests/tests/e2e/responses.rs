@@ -11,21 +11,34 @@ use intercept_server::{InterceptionServer, ServerConfig};
 use intercept_test::{MockUpstream, Reply};
 use serde_json::json;
 
-async fn setup(id: &str) -> (MockUpstream, InterceptionServer, Arc<RolloutSession>, SlotGuard, Client<OpenAIConfig>) {
+async fn setup(
+    id: &str,
+) -> (
+    MockUpstream,
+    InterceptionServer,
+    Arc<RolloutSession>,
+    SlotGuard,
+    Client<OpenAIConfig>,
+) {
     let upstream = MockUpstream::start().await.expect("mock");
     let server = InterceptionServer::new(ServerConfig::default()).expect("server");
     server.start().await.expect("start");
     let session = Arc::new(RolloutSession::new(SessionConfig {
         id: id.into(),
         model: "policy-model".into(),
-        sampling: json!({"temperature": 0.3, "max_tokens": 256}).as_object().cloned().unwrap_or_default(),
+        sampling: json!({"temperature": 0.3, "max_tokens": 256})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
         upstream: Upstream::new(upstream.base_url()),
         limits: Default::default(),
         task: None,
     }));
     let guard = server.acquire(session.clone()).await.expect("acquire");
     let client = Client::with_config(
-        OpenAIConfig::new().with_api_base(guard.openai_base_url()).with_api_key(guard.model_secret.expose()),
+        OpenAIConfig::new()
+            .with_api_base(guard.openai_base_url())
+            .with_api_key(guard.model_secret.expose()),
     );
     (upstream, server, session, guard, client)
 }
@@ -39,11 +52,18 @@ async fn responses_round_trip_with_sampling_imposed() {
     let (upstream, _server, session, guard, client) = setup("e2e-responses").await;
     let resp = client
         .responses()
-        .create(request(json!({"model": "gpt-4.1", "input": "hello responses", "temperature": 1.0})))
+        .create(request(
+            json!({"model": "gpt-4.1", "input": "hello responses", "temperature": 1.0}),
+        ))
         .await
         .expect("response");
     assert_eq!(resp.output_text().as_deref(), Some("echo: hello responses"));
-    let sent = upstream.last_request().expect("sent").json().cloned().expect("json");
+    let sent = upstream
+        .last_request()
+        .expect("sent")
+        .json()
+        .cloned()
+        .expect("json");
     assert_eq!(sent["model"], "policy-model");
     assert_eq!(sent["temperature"], 0.3);
     assert_eq!(sent["max_output_tokens"], 256);
@@ -61,7 +81,9 @@ async fn responses_stream_withholds_completed_until_recorded() {
     upstream.push(Reply::text("streamed responses text").with_chunks(4));
     let mut stream = client
         .responses()
-        .create_stream(request(json!({"model": "m", "input": "go", "stream": true})))
+        .create_stream(request(
+            json!({"model": "m", "input": "go", "stream": true}),
+        ))
         .await
         .expect("stream");
     let mut text = String::new();
@@ -80,7 +102,11 @@ async fn responses_stream_withholds_completed_until_recorded() {
     assert!(completed);
     assert_eq!(text, "streamed responses text");
     let record = &session.trace().calls[0];
-    assert!(record.stream && record.error.is_none(), "{:?}", record.error);
+    assert!(
+        record.stream && record.error.is_none(),
+        "{:?}",
+        record.error
+    );
     let assembled = record.response.as_ref().expect("assembled").to_value();
     assert_eq!(assembled["status"], "completed");
     guard.close().await;

@@ -10,6 +10,7 @@ use super::{
     whitelisted, Assembled, Dialect, DialectKind, Prepared, Relay, StreamAssembler, Summary,
 };
 use crate::body::JsonBody;
+use crate::capture::{CaptureShape, TokenCollector};
 use crate::error::Error;
 use crate::record::Usage;
 use crate::session::Sampling;
@@ -51,7 +52,7 @@ pub(crate) const CHAT_SAMPLING_KEYS: &[&str] = &[
 pub struct ChatDialect;
 
 #[derive(Deserialize)]
-struct WireUsage {
+pub(crate) struct WireUsage {
     #[serde(default)]
     prompt_tokens: u64,
     #[serde(default)]
@@ -105,7 +106,7 @@ struct WireResponse {
 }
 
 /// Normalises a finish reason: `function_call` becomes `tool_calls`; others are kept.
-fn normalise_finish(reason: Option<String>) -> Option<String> {
+pub(crate) fn normalise_finish(reason: Option<String>) -> Option<String> {
     reason.map(|r| {
         if r == "function_call" {
             "tool_calls".to_owned()
@@ -187,6 +188,22 @@ impl Dialect for ChatDialect {
 
     fn sampling_of(&self, body: &JsonBody) -> Sampling {
         whitelisted(body, CHAT_SAMPLING_KEYS)
+    }
+
+    fn capture_tokens(&self, body: &mut JsonBody) -> Result<Option<TokenCollector>, Error> {
+        let keep_logprobs = body.is_true("logprobs");
+        let keep_token_ids = body.is_true("return_token_ids");
+        if !keep_logprobs {
+            body.set_raw("logprobs", bytes::Bytes::from_static(b"true"));
+        }
+        if !keep_token_ids {
+            body.set_raw("return_token_ids", bytes::Bytes::from_static(b"true"));
+        }
+        Ok(Some(TokenCollector::new(
+            CaptureShape::Chat,
+            keep_logprobs,
+            keep_token_ids,
+        )))
     }
 
     fn summarize(&self, response: &[u8]) -> Result<Summary, Error> {

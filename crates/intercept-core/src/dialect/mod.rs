@@ -15,10 +15,12 @@ use crate::session::Sampling;
 use crate::sse::SseEvent;
 
 mod chat;
+mod completions;
 mod messages;
 mod responses;
 
 pub use chat::ChatDialect;
+pub use completions::CompletionsDialect;
 pub use messages::{MessagesDialect, ANTHROPIC_VERSION};
 pub use responses::{is_openai_reasoning_model, ResponsesDialect};
 
@@ -33,6 +35,8 @@ pub enum DialectKind {
     Responses,
     /// Anthropic Messages (`/v1/messages`).
     Messages,
+    /// Legacy OpenAI Completions (`/v1/completions`).
+    Completions,
 }
 
 impl DialectKind {
@@ -42,6 +46,7 @@ impl DialectKind {
             DialectKind::ChatCompletions => "chat_completions",
             DialectKind::Responses => "responses",
             DialectKind::Messages => "messages",
+            DialectKind::Completions => "completions",
         }
     }
 }
@@ -150,6 +155,18 @@ pub trait Dialect: Send + Sync + fmt::Debug + 'static {
         model: &str,
         sampling: &Sampling,
     ) -> Result<Prepared, Error>;
+
+    /// Token capture (session option `capture_tokens`): asks the upstream for token ids
+    /// and logprobs on top of what the harness asked for, and returns the collector that
+    /// reads them out of the reply and strips what the harness did not ask for. Runs on
+    /// the final request body, after [`Dialect::prepare`] and the request hook. `None`
+    /// (the default): this dialect cannot capture tokens.
+    fn capture_tokens(
+        &self,
+        _body: &mut JsonBody,
+    ) -> Result<Option<crate::capture::TokenCollector>, Error> {
+        Ok(None)
+    }
 
     /// The sampling settings of an effective request, for the record.
     fn sampling_of(&self, body: &JsonBody) -> Sampling;

@@ -9,6 +9,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod fake_engine;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
