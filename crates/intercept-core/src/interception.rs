@@ -128,7 +128,7 @@ pub enum PauseKind {
 ///
 /// The trainer may swap weights once `paused` is true and `inflight` is 0: no call is
 /// then being served, and none is admitted until resume.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PauseStatus {
     /// Whether new model calls are paused.
     pub paused: bool,

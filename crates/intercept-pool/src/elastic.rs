@@ -9,7 +9,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::future::join_all;
 use intercept_core::interception::join_errors;
-use intercept_core::{Error, Health, Interception, ServerStatus, Session, SlotGuard};
+use intercept_core::{
+    Error, Health, Interception, PauseMode, PauseStatus, ServerStatus, Session, SlotGuard,
+};
 use parking_lot::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, Notify};
@@ -148,6 +150,7 @@ struct Inner {
     cancel: CancellationToken,
     /// Signalled when a draining server may have become empty.
     drained: Notify,
+    pause: crate::pause::PoolPause,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -267,6 +270,7 @@ impl ElasticPool {
                     waiters: VecDeque::new(),
                     next_waiter: 0,
                 }),
+                pause: crate::pause::PoolPause::default(),
                 tasks: TaskTracker::new(),
                 cancel: CancellationToken::new(),
                 drained: Notify::new(),
@@ -319,6 +323,16 @@ impl Drop for ElasticPool {
 }
 
 impl Inner {
+    /// Every server that is up (ready or draining).
+    fn members(&self) -> Vec<Arc<dyn PoolMember>> {
+        self.state
+            .lock()
+            .servers
+            .iter()
+            .filter_map(|s| s.member.clone())
+            .collect()
+    }
+
     fn demand(&self, state: &State) -> Demand {
         let multiplex = self.config.multiplex;
         let mut d = Demand {
@@ -415,6 +429,10 @@ impl Inner {
             let result = self.factory.start_server(index).await;
             match result {
                 Ok(member) => {
+                    // A server that comes up during a pause is paused, in the pool's
+                    // epoch, before any session can reach it.
+                    self.pause.apply(&*member);
+                    let joined = member.clone();
                     let mut state = self.state.lock();
                     let running = state.lifecycle == Lifecycle::Running;
                     let Some(server) = state.servers.iter_mut().find(|s| s.index == index) else {
@@ -433,6 +451,9 @@ impl Inner {
                     }
                     // When stopping, the server stays listed and stop() tears it down.
                     self.clone().settle(state);
+                    // Again now that it is listed: a pause that ran in between did not
+                    // see it.
+                    self.pause.apply(&*joined);
                     return;
                 }
                 Err(error) => {
@@ -802,6 +823,23 @@ impl Interception for ElasticPool {
                 })
             })
             .collect()
+    }
+
+    /// Pauses every server (servers started later start paused); one epoch for the
+    /// whole pool.
+    async fn pause(&self, mode: PauseMode) -> Result<PauseStatus, Error> {
+        self.inner.pause.pause(mode, || self.inner.members());
+        Ok(self.inner.pause.status(&self.inner.members()))
+    }
+
+    /// Resumes every server in a new epoch.
+    async fn resume(&self) -> Result<PauseStatus, Error> {
+        self.inner.pause.resume(|| self.inner.members());
+        Ok(self.inner.pause.status(&self.inner.members()))
+    }
+
+    fn pause_status(&self) -> PauseStatus {
+        self.inner.pause.status(&self.inner.members())
     }
 
     fn inflight(&self) -> usize {

@@ -31,6 +31,7 @@ mod config;
 mod elastic;
 mod guard;
 mod member;
+mod pause;
 pub mod policy;
 mod static_pool;
 

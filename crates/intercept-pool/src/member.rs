@@ -5,7 +5,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use intercept_core::{Error, Health, Interception, Session, SlotGuard, Tunnel};
+use intercept_core::{
+    Error, Health, Interception, PauseMode, PauseStatus, Session, SlotGuard, Tunnel,
+};
 use intercept_server::{InterceptionServer, ServerConfig};
 
 /// One started server in a pool.
@@ -31,6 +33,15 @@ pub trait PoolMember: Send + Sync + fmt::Debug {
     /// Model calls in flight on this server (for introspection). Defaults to 0.
     fn inflight(&self) -> usize {
         0
+    }
+
+    /// Sets the server's pause state and epoch (the pool keeps its servers in step).
+    /// Defaults to doing nothing.
+    fn sync_pause(&self, _mode: Option<PauseMode>, _epoch: u64) {}
+
+    /// The server's pause status. Defaults to not paused, epoch 0, nothing in flight.
+    fn pause_status(&self) -> PauseStatus {
+        PauseStatus::default()
     }
 }
 
@@ -62,6 +73,14 @@ impl PoolMember for InterceptionServer {
 
     fn inflight(&self) -> usize {
         InterceptionServer::inflight(self)
+    }
+
+    fn sync_pause(&self, mode: Option<PauseMode>, epoch: u64) {
+        InterceptionServer::sync_pause(self, mode, epoch);
+    }
+
+    fn pause_status(&self) -> PauseStatus {
+        InterceptionServer::pause_status(self)
     }
 }
 

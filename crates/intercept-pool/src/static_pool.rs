@@ -7,7 +7,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures_util::future::join_all;
 use intercept_core::interception::join_errors;
-use intercept_core::{Error, Interception, ServerStatus, Session, SlotGuard};
+use intercept_core::{
+    Error, Interception, PauseMode, PauseStatus, ServerStatus, Session, SlotGuard,
+};
 use parking_lot::Mutex;
 use tracing::{info, warn};
 
@@ -27,6 +29,7 @@ pub struct StaticPool {
 
 struct StaticInner {
     state: Mutex<StaticState>,
+    pause: crate::pause::PoolPause,
 }
 
 #[derive(Default)]
@@ -89,11 +92,23 @@ impl StaticPool {
             factories,
             inner: Arc::new(StaticInner {
                 state: Mutex::new(StaticState::default()),
+                pause: crate::pause::PoolPause::default(),
             }),
         })
     }
 
     /// Each server's load as the pool counts it, in creation order (empty before start).
+    fn members(&self) -> Vec<Arc<dyn PoolMember>> {
+        self.inner
+            .state
+            .lock()
+            .members
+            .iter()
+            .map(|(m, _)| m.clone())
+            .collect()
+    }
+
+    /// The number of sessions on each server, in order.
     pub fn loads(&self) -> Vec<usize> {
         self.inner
             .state
@@ -214,6 +229,22 @@ impl Interception for StaticPool {
             }
         }))
         .await
+    }
+
+    /// Pauses every server of the pool; one epoch for the whole pool.
+    async fn pause(&self, mode: PauseMode) -> Result<PauseStatus, Error> {
+        self.inner.pause.pause(mode, || self.members());
+        Ok(self.inner.pause.status(&self.members()))
+    }
+
+    /// Resumes every server in a new epoch.
+    async fn resume(&self) -> Result<PauseStatus, Error> {
+        self.inner.pause.resume(|| self.members());
+        Ok(self.inner.pause.status(&self.members()))
+    }
+
+    fn pause_status(&self) -> PauseStatus {
+        self.inner.pause.status(&self.members())
     }
 
     fn inflight(&self) -> usize {

@@ -161,6 +161,16 @@ impl PauseGate {
         self.status()
     }
 
+    /// Sets the pause state and epoch outright (a pool keeps its servers in step).
+    pub(crate) fn sync(&self, mode: Option<PauseMode>, epoch: u64) -> PauseStatus {
+        let _control = self.control.lock();
+        // The epoch first: calls released by a resume are admitted in the new epoch.
+        self.epoch.store(epoch, Ordering::SeqCst);
+        self.paused.store(mode.is_some(), Ordering::SeqCst);
+        self.mode.send_replace(mode);
+        self.status()
+    }
+
     pub(crate) fn status(&self) -> PauseStatus {
         let mode = *self.mode.borrow();
         PauseStatus {

@@ -251,6 +251,12 @@ impl InterceptionServer {
         status
     }
 
+    /// Sets the pause state and epoch outright: pools use it to keep every server in
+    /// step (a server started during a pause starts paused, in the pool's epoch).
+    pub fn sync_pause(&self, mode: Option<PauseMode>, epoch: u64) -> PauseStatus {
+        self.shared.gate.sync(mode, epoch)
+    }
+
     /// Pause state, epoch, admitted calls in flight and held calls.
     pub fn pause_status(&self) -> PauseStatus {
         self.shared.gate.status()
