@@ -34,6 +34,9 @@ use crate::upstream::{read_all, ReadError, UpstreamClient};
 /// without the blank line that would close an event.
 pub(crate) const KEEPALIVE: &[u8] = b": keepalive\n";
 
+/// Bytes of already-delivered upstream frames gathered into one write to the harness.
+const READY_BATCH_LIMIT: usize = 64 * 1024;
+
 /// Largest upstream error body kept (in the record and the harness's error message).
 const ERROR_BODY_LIMIT: u64 = 64 * 1024;
 
@@ -489,8 +492,15 @@ impl Call {
             },
             Head::Sent { client_gone } => client_gone,
         };
-        let mut gone_deadline =
-            client_gone.then(|| tokio::time::Instant::now() + self.shared.config.disconnect_grace);
+        let grace = self.shared.config.disconnect_grace;
+        // Armed once the harness is gone: how long the upstream may still take.
+        let gone_timer = tokio::time::sleep(grace);
+        tokio::pin!(gone_timer);
+        if client_gone {
+            gone_timer
+                .as_mut()
+                .reset(tokio::time::Instant::now() + grace);
+        }
 
         let keepalive = self.shared.config.keepalive;
         let mut body = resp.into_body();
@@ -499,8 +509,14 @@ impl Call {
         let mut withheld: Vec<Bytes> = Vec::new();
         let mut ttfb: Option<f64> = None;
         let mut failure: Option<Error> = None;
-        let mut next_keepalive = tokio::time::Instant::now() + keepalive;
+        // The keepalive timer is reset lazily: sending only notes the time, and the
+        // timer, when it fires, re-arms itself if something went out meanwhile.
+        let mut last_sent = tokio::time::Instant::now();
+        let keepalive_timer = tokio::time::sleep(keepalive);
+        tokio::pin!(keepalive_timer);
         let mut events: Vec<Bytes> = Vec::new();
+        // Forwarded events of one read, sent to the harness as one piece.
+        let mut batch = bytes::BytesMut::new();
         let mut upstream_done = false;
         let inspect = self.entry.session.inspects_responses();
         let mut spool = crate::spool::Spool::new(self.shared.config.inspect_memory);
@@ -512,41 +528,57 @@ impl Call {
                     failure = Some(self.cancellation());
                     break 'relay;
                 }
-                _ = sleep_until(gone_deadline.unwrap_or(next_keepalive)), if gone_deadline.is_some() => {
+                _ = &mut gone_timer, if client_gone => {
                     failure = Some(Error::ClientDisconnected(format!(
                         "the harness disconnected and the upstream did not finish within {} s",
-                        self.shared.config.disconnect_grace.as_secs_f64()
+                        grace.as_secs_f64()
                     )));
                     break 'relay;
                 }
-                _ = sleep_until(next_keepalive), if !client_gone => {
-                    if tx.send(Bytes::from_static(KEEPALIVE)).await.is_err() {
-                        client_gone = true;
-                        gone_deadline = Some(tokio::time::Instant::now() + self.shared.config.disconnect_grace);
+                _ = &mut keepalive_timer, if !client_gone => {
+                    let due = last_sent + keepalive;
+                    if tokio::time::Instant::now() >= due {
+                        if tx.send(Bytes::from_static(KEEPALIVE)).await.is_err() {
+                            client_gone = true;
+                            gone_timer.as_mut().reset(tokio::time::Instant::now() + grace);
+                        }
+                        last_sent = tokio::time::Instant::now();
+                        keepalive_timer.as_mut().reset(last_sent + keepalive);
+                    } else {
+                        keepalive_timer.as_mut().reset(due);
                     }
-                    next_keepalive = tokio::time::Instant::now() + keepalive;
                     continue 'relay;
                 }
                 f = body.frame() => f,
             };
-            match frame {
-                None => {
-                    upstream_done = true;
-                    events.extend(splitter.finish());
-                }
-                Some(Err(e)) => {
-                    failure = Some(Error::UpstreamUnavailable(format!(
-                        "the upstream stream broke: {e}"
-                    )));
-                }
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        if ttfb.is_none() {
-                            ttfb = Some(ms_since(self.started, Instant::now()));
+            // Take what else the upstream already delivered, so a burst of events goes
+            // to the harness in one write (bounded, so relaying stays incremental).
+            let mut next = Some(frame);
+            let mut taken = 0usize;
+            while let Some(frame) = next.take() {
+                match frame {
+                    None => {
+                        upstream_done = true;
+                        events.extend(splitter.finish());
+                    }
+                    Some(Err(e)) => {
+                        failure = Some(Error::UpstreamUnavailable(format!(
+                            "the upstream stream broke: {e}"
+                        )));
+                    }
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            if ttfb.is_none() {
+                                ttfb = Some(ms_since(self.started, Instant::now()));
+                            }
+                            taken += data.len();
+                            splitter.push(&data);
+                            while let Some(ev) = splitter.next_event() {
+                                events.push(ev);
+                            }
                         }
-                        splitter.push(&data);
-                        while let Some(ev) = splitter.next_event() {
-                            events.push(ev);
+                        if taken < READY_BATCH_LIMIT {
+                            next = futures_util::FutureExt::now_or_never(body.frame());
                         }
                     }
                 }
@@ -558,35 +590,35 @@ impl Call {
                     None => ev,
                 };
                 let parsed = SseEvent::new(&ev);
-                let out = if parsed.is_dataless() {
+                if parsed.is_dataless() {
                     // Comment-only or empty events are not relayed as they are (some
                     // clients decode every event as JSON); a keepalive line stands in.
-                    Some(Bytes::from_static(KEEPALIVE))
-                } else {
-                    match assembler.push(&parsed) {
-                        Relay::Forward | Relay::Withhold if inspect => {
-                            // Held back until the response hook has run.
-                            if let Err(e) = spool.push(ev).await {
-                                failure =
-                                    Some(Error::Internal(format!("cannot buffer the stream: {e}")));
-                            }
-                            None
+                    batch.extend_from_slice(KEEPALIVE);
+                    continue;
+                }
+                match assembler.push(&parsed) {
+                    Relay::Forward | Relay::Withhold if inspect => {
+                        // Held back until the response hook has run.
+                        if let Err(e) = spool.push(ev).await {
+                            failure =
+                                Some(Error::Internal(format!("cannot buffer the stream: {e}")));
                         }
-                        Relay::Forward => Some(ev),
-                        Relay::Withhold => {
-                            withheld.push(ev);
-                            None
-                        }
-                        Relay::Drop => None,
                     }
-                };
-                if let (Some(out), false) = (out, client_gone) {
+                    Relay::Forward => batch.extend_from_slice(&ev),
+                    Relay::Withhold => withheld.push(ev),
+                    Relay::Drop => {}
+                }
+            }
+            if !batch.is_empty() {
+                let out = batch.split().freeze();
+                if !client_gone {
                     if tx.send(out).await.is_err() {
                         client_gone = true;
-                        gone_deadline =
-                            Some(tokio::time::Instant::now() + self.shared.config.disconnect_grace);
+                        gone_timer
+                            .as_mut()
+                            .reset(tokio::time::Instant::now() + grace);
                     }
-                    next_keepalive = tokio::time::Instant::now() + keepalive;
+                    last_sent = tokio::time::Instant::now();
                 }
             }
             if failure.is_some() || upstream_done {
