@@ -1011,3 +1011,29 @@ mod tests {
         assert!(conf.contains("worker_processes 1;"));
     }
 }
+
+/// `cargo xtask bench --pool`: the pool seating measurement (elastic pool against a
+/// serial baseline, fake 1 s tunnel starts, simulated time), printed as a table.
+pub fn pool(root: &Path) -> Result<()> {
+    let status =
+        std::process::Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+            .current_dir(root)
+            .args([
+                "test",
+                "--release",
+                "--locked",
+                "-p",
+                "intercept-pool",
+                "--test",
+                "pool_seat",
+                "--",
+                "--nocapture",
+            ])
+            .status()
+            .context("cannot run cargo")?;
+    anyhow::ensure!(
+        status.success(),
+        "the pool seating measurement failed ({status})"
+    );
+    Ok(())
+}

@@ -54,6 +54,10 @@ struct BenchArgs {
     /// Run the criterion micro-benchmarks (`cargo bench --workspace`) instead.
     #[arg(long)]
     micro: bool,
+    /// Time to seat 1,000 rollouts on an elastic pool whose tunnels take 1 s to start,
+    /// against a serial grow-under-one-lock baseline (simulated time), instead.
+    #[arg(long)]
+    pool: bool,
     /// With --micro: arguments passed to `cargo bench`.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     args: Vec<OsString>,
@@ -79,6 +83,7 @@ fn main() -> ExitCode {
         Task::Tidy => xtask::tidy::run(&root),
         Task::Demo(p) => xtask::demo(&root, &p.args),
         Task::Bench(b) if b.micro => xtask::benchmark::micro(&root, &b.args),
+        Task::Bench(b) if b.pool => xtask::benchmark::pool(&root),
         Task::Bench(b) => xtask::benchmark::run(
             &root,
             &xtask::benchmark::BenchOptions {

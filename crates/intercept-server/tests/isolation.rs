@@ -64,3 +64,77 @@ proptest! {
         run_interleaving(calls, sessions)?;
     }
 }
+
+/// Which secret a request carries.
+#[derive(Debug, Clone, Copy)]
+enum Carrier {
+    Model,
+    State,
+    Other,
+}
+
+fn run_capabilities(
+    cases: Vec<(usize, Carrier, bool)>,
+    sessions: usize,
+) -> Result<(), TestCaseError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let h = Harness::new().await;
+        let mut slots = Vec::new();
+        for i in 0..sessions {
+            slots.push(h.session(&format!("cap-{i}")).await);
+        }
+        let c = client();
+        for (s, carrier, model_route) in cases {
+            let guard = &slots[s % sessions].2;
+            let secret = match carrier {
+                Carrier::Model => guard.model_secret.expose().to_owned(),
+                Carrier::State => guard.state_secret.expose().to_owned(),
+                Carrier::Other => {
+                    slots[(s + 1) % sessions].2.state_secret.expose().to_owned() + "x"
+                }
+            };
+            let status = if model_route {
+                post_json(&guard.base_url, Some(&secret), &chat_body("x", false))
+                    .await
+                    .status
+            } else {
+                let req = http::Request::get(format!("{}/state", guard.base_url))
+                    .header("authorization", format!("Bearer {secret}"))
+                    .body(http_body_util::Full::new(bytes::Bytes::new()))
+                    .expect("request");
+                c.request(req).await.expect("response").status().as_u16()
+            };
+            let allowed = matches!(
+                (carrier, model_route),
+                (Carrier::Model, true) | (Carrier::State, false)
+            );
+            prop_assert_eq!(
+                status,
+                if allowed { 200 } else { 401 },
+                "{:?} on model route {}",
+                carrier,
+                model_route
+            );
+        }
+        Ok(())
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
+    /// A model secret never opens a state route and a state secret never a model route.
+    #[test]
+    fn secrets_open_only_their_own_capability(
+        sessions in 1usize..4,
+        cases in prop::collection::vec(
+            (0usize..4, prop_oneof![Just(Carrier::Model), Just(Carrier::State), Just(Carrier::Other)], any::<bool>()),
+            1..16,
+        ),
+    ) {
+        run_capabilities(cases, sessions)?;
+    }
+}
