@@ -997,21 +997,6 @@ pub fn micro(root: &Path, args: &[OsString]) -> Result<()> {
     crate::bench(root, args)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn nginx_config_names_the_prefix_and_upstream() {
-        let conf = nginx_config(Path::new("/tmp/b"), 8081, "127.0.0.1:9000");
-        assert!(conf.contains("server 127.0.0.1:9000;"));
-        assert!(conf.contains("listen 127.0.0.1:8081"));
-        assert!(conf.contains("keepalive 256;"));
-        assert!(conf.contains("pid /tmp/b/nginx.pid;"));
-        assert!(conf.contains("worker_processes 1;"));
-    }
-}
-
 /// `cargo xtask bench --pool`: the pool seating measurement (elastic pool against a
 /// serial baseline, fake 1 s tunnel starts, simulated time), printed as a table.
 pub fn pool(root: &Path) -> Result<()> {
@@ -1036,4 +1021,19 @@ pub fn pool(root: &Path) -> Result<()> {
         "the pool seating measurement failed ({status})"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nginx_config_names_the_prefix_and_upstream() {
+        let conf = nginx_config(Path::new("/tmp/b"), 8081, "127.0.0.1:9000");
+        assert!(conf.contains("server 127.0.0.1:9000;"));
+        assert!(conf.contains("listen 127.0.0.1:8081"));
+        assert!(conf.contains("keepalive 256;"));
+        assert!(conf.contains("pid /tmp/b/nginx.pid;"));
+        assert!(conf.contains("worker_processes 1;"));
+    }
 }
