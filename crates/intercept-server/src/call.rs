@@ -555,6 +555,7 @@ impl Call {
             // to the harness in one write (bounded, so relaying stays incremental).
             let mut next = Some(frame);
             let mut taken = 0usize;
+            let mut yielded = false;
             while let Some(frame) = next.take() {
                 match frame {
                     None => {
@@ -567,9 +568,11 @@ impl Call {
                         )));
                     }
                     Some(Ok(frame)) => {
+                        let mut first = false;
                         if let Ok(data) = frame.into_data() {
                             if ttfb.is_none() {
                                 ttfb = Some(ms_since(self.started, Instant::now()));
+                                first = true;
                             }
                             taken += data.len();
                             splitter.push(&data);
@@ -577,8 +580,22 @@ impl Call {
                                 events.push(ev);
                             }
                         }
-                        if taken < READY_BATCH_LIMIT {
+                        // The first bytes go out at once (time to first byte); later
+                        // events are gathered.
+                        if !first && taken < READY_BATCH_LIMIT {
                             next = futures_util::FutureExt::now_or_never(body.frame());
+                            if next.is_none() && !yielded {
+                                // Let the upstream connection hand over what it has
+                                // already read (it passes one frame at a time), so a
+                                // burst reaches the harness in one write, not one per
+                                // event.
+                                yielded = true;
+                                tokio::task::yield_now().await;
+                                next = futures_util::FutureExt::now_or_never(body.frame());
+                            }
+                            if next.is_some() {
+                                yielded = false;
+                            }
                         }
                     }
                 }
