@@ -70,6 +70,8 @@ pub enum ErrorKind {
     Conflict,
     /// Model calls are paused (weight sync): rejected at once, or held past the timeout.
     Paused,
+    /// No capacity: a pool is at its cap, or no server came up in time.
+    Unavailable,
     /// intercept failed internally.
     Internal,
 }
@@ -94,6 +96,7 @@ impl ErrorKind {
             ErrorKind::Tunnel => "tunnel",
             ErrorKind::Conflict => "conflict",
             ErrorKind::Paused => "paused",
+            ErrorKind::Unavailable => "unavailable",
             ErrorKind::Internal => "internal",
         }
     }
@@ -176,6 +179,10 @@ pub enum Error {
     /// intercept failed internally.
     #[error("internal error: {0}")]
     Internal(String),
+    /// No capacity to seat a rollout (a pool at its cap, or no server up in time); the
+    /// message names the cap and what to change.
+    #[error("{0}")]
+    Unavailable(String),
     /// Model calls are paused while the trainer updates the policy's weights.
     #[error("{}", paused_message(*.held, *.retry_after_secs))]
     Paused {
@@ -221,6 +228,7 @@ impl Error {
             Error::Conflict(_) => ErrorKind::Conflict,
             Error::Internal(_) => ErrorKind::Internal,
             Error::Paused { .. } => ErrorKind::Paused,
+            Error::Unavailable(_) => ErrorKind::Unavailable,
         }
     }
 
@@ -240,6 +248,7 @@ impl Error {
             Error::ClientDisconnected(_) => 499,
             Error::Internal(_) => 500,
             Error::Paused { held: true, .. } => 503,
+            Error::Unavailable(_) => 503,
             Error::Paused { held: false, .. } => 429,
         }
     }
@@ -261,7 +270,10 @@ impl Error {
             | Error::UpstreamUnavailable(_)
             | Error::UpstreamMalformed(_) => Blame::Upstream,
             Error::Tunnel { .. } => Blame::Tunnel,
-            Error::Cancelled(_) | Error::Internal(_) | Error::Paused { .. } => Blame::Internal,
+            Error::Cancelled(_)
+            | Error::Internal(_)
+            | Error::Paused { .. }
+            | Error::Unavailable(_) => Blame::Internal,
         }
     }
 
@@ -273,7 +285,8 @@ impl Error {
             | Error::UpstreamUnavailable(_)
             | Error::UpstreamMalformed(_)
             | Error::Cancelled(_)
-            | Error::Paused { .. } => true,
+            | Error::Paused { .. }
+            | Error::Unavailable(_) => true,
             Error::Tunnel { retryable, .. } => *retryable,
             _ => false,
         }

@@ -624,13 +624,13 @@ impl Inner {
     fn cap_error(&self, state: &State) -> Error {
         let c = &self.config;
         if state.servers.len() >= c.max_servers {
-            Error::Cancelled(format!(
+            Error::Unavailable(format!(
                 "elastic pool is at max_servers = {} ({} sessions per server, all taken): \
                  no seat freed within {:?}; raise max_servers or multiplex, or wait_timeout",
                 c.max_servers, c.multiplex, c.wait_timeout
             ))
         } else {
-            Error::Cancelled(format!(
+            Error::Unavailable(format!(
                 "elastic pool: no server came up within {:?} ({} server(s), max_servers = {}); \
                  check the tunnel backend or raise wait_timeout",
                 c.wait_timeout,

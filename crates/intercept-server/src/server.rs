@@ -521,6 +521,10 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Respons
 /// service secret.
 pub const STATE_ROUTE_HEADER: &str = "x-intercept-state-route";
 
+/// The Python implementation's name for [`STATE_ROUTE_HEADER`], accepted too so existing
+/// shared tool servers work unchanged.
+const LEGACY_STATE_ROUTE_HEADER: &str = "x-verifiers-state-route";
+
 /// A flat `{"error": <text>}` body, as the state and task channels answer.
 fn flat_error(error: &Error) -> Response<ResponseBody> {
     let status = StatusCode::from_u16(error.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -550,6 +554,7 @@ async fn state_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Re
             let route = req
                 .headers()
                 .get(STATE_ROUTE_HEADER)
+                .or_else(|| req.headers().get(LEGACY_STATE_ROUTE_HEADER))
                 .and_then(|v| v.to_str().ok());
             match (is_state && service, route) {
                 (true, Some(id)) => shared.registry.by_id(id),

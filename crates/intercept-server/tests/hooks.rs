@@ -306,6 +306,14 @@ async fn shared_tool_servers_reach_state_with_a_service_secret_and_route_header(
         Value::Null,
         "no session sees another's state"
     );
+    // The Python implementation's header name works too.
+    let legacy = http::Request::put(format!("{}/state", guard_b.base_url))
+        .header("authorization", format!("Bearer {}", service.expose()))
+        .header("x-verifiers-state-route", "shared-b")
+        .body(Full::new(Bytes::from_static(br#"{"n": 3}"#)))
+        .expect("req");
+    assert_eq!(c.request(legacy).await.expect("put").status(), 200);
+    assert_eq!(session_b.state(), json!({"n": 3}));
     let no_route = c
         .request(put(service.expose(), None, "{}"))
         .await
