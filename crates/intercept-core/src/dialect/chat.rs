@@ -1,9 +1,11 @@
 //! OpenAI Chat Completions.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use http::{HeaderMap, HeaderValue};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::{
@@ -279,7 +281,152 @@ struct ChatAssembler {
     upstream_error: Option<String>,
 }
 
+/// A `chat.completion.chunk` as providers send it, read without building a
+/// `serde_json::Value` tree (the hot path of every streamed call). Chunks that do not fit
+/// these types are read by the general path instead.
+#[derive(Deserialize)]
+struct WireChunk<'a> {
+    #[serde(default, borrow)]
+    error: Option<&'a RawValue>,
+    #[serde(default)]
+    choices: Option<Vec<WireChunkChoice<'a>>>,
+    #[serde(default, borrow)]
+    usage: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    id: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    created: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    model: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    system_fingerprint: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    service_tier: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct WireChunkChoice<'a> {
+    #[serde(default)]
+    index: u64,
+    #[serde(default, borrow)]
+    finish_reason: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    delta: Option<WireDelta<'a>>,
+}
+
+#[derive(Deserialize)]
+struct WireDelta<'a> {
+    #[serde(default, borrow)]
+    content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reasoning: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    refusal: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    tool_calls: Option<Vec<WireToolDelta<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct WireToolDelta<'a> {
+    #[serde(default)]
+    index: u64,
+    #[serde(default, borrow)]
+    id: Option<Cow<'a, str>>,
+    #[serde(default, borrow, rename = "type")]
+    kind: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    function: Option<WireFunctionDelta<'a>>,
+}
+
+#[derive(Deserialize)]
+struct WireFunctionDelta<'a> {
+    #[serde(default, borrow)]
+    name: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    arguments: Option<Cow<'a, str>>,
+}
+
+fn raw_value(raw: &RawValue) -> Value {
+    serde_json::from_str(raw.get()).unwrap_or(Value::Null)
+}
+
 impl ChatAssembler {
+    /// Reads a chunk that fits [`WireChunk`]; same effect as [`ChatAssembler::absorb`].
+    fn absorb_wire(&mut self, chunk: WireChunk<'_>) -> Relay {
+        if let Some(err) = chunk.error {
+            let err = raw_value(err);
+            self.upstream_error = Some(
+                err.get("message")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| err.to_string()),
+            );
+            return Relay::Forward;
+        }
+        let usage_only = chunk.choices.as_ref().is_some_and(Vec::is_empty);
+        if let Some(u) = chunk.usage {
+            self.usage = Some(raw_value(u));
+        }
+        if self.head.is_none() {
+            let mut head = Map::new();
+            for (key, value) in [
+                ("id", chunk.id),
+                ("created", chunk.created),
+                ("model", chunk.model),
+                ("system_fingerprint", chunk.system_fingerprint),
+                ("service_tier", chunk.service_tier),
+            ] {
+                if let Some(v) = value {
+                    head.insert(key.to_owned(), raw_value(v));
+                }
+            }
+            self.head = Some(head);
+        }
+        for choice in chunk.choices.into_iter().flatten().filter(|c| c.index == 0) {
+            if let Some(reason) = choice.finish_reason {
+                self.finish_reason = Some(reason.into_owned());
+            }
+            let Some(delta) = choice.delta else { continue };
+            if let Some(text) = delta.content {
+                self.content.push_str(&text);
+                self.saw_content = true;
+            }
+            if let Some(text) = delta.reasoning_content {
+                self.reasoning_content.push_str(&text);
+            }
+            if let Some(text) = delta.reasoning {
+                self.reasoning.push_str(&text);
+            }
+            if let Some(text) = delta.refusal {
+                self.refusal.get_or_insert_with(String::new).push_str(&text);
+            }
+            for call in delta.tool_calls.into_iter().flatten() {
+                let entry = self.tool_calls.entry(call.index).or_default();
+                if let Some(id) = call.id.filter(|s| !s.is_empty()) {
+                    entry.id = id.into_owned();
+                }
+                if let Some(kind) = call.kind.filter(|s| !s.is_empty()) {
+                    entry.kind = kind.into_owned();
+                }
+                if let Some(f) = call.function {
+                    if let Some(name) = f.name.filter(|s| !s.is_empty()) {
+                        entry.name = name.into_owned();
+                    }
+                    if let Some(args) = f.arguments {
+                        entry.arguments.push_str(&args);
+                    }
+                }
+            }
+        }
+        if usage_only && self.hide_usage {
+            Relay::Drop
+        } else {
+            Relay::Forward
+        }
+    }
+
     fn absorb(&mut self, chunk: Map<String, Value>) -> Relay {
         if let Some(err) = chunk.get("error") {
             self.upstream_error = Some(
@@ -388,6 +535,9 @@ impl StreamAssembler for ChatAssembler {
         if data.trim_ascii() == b"[DONE]" {
             self.done = true;
             return Relay::Withhold;
+        }
+        if let Ok(chunk) = serde_json::from_slice::<WireChunk<'_>>(&data) {
+            return self.absorb_wire(chunk);
         }
         match serde_json::from_slice::<Map<String, Value>>(&data) {
             Ok(chunk) => self.absorb(chunk),
@@ -651,6 +801,26 @@ mod tests {
             let summary = ChatDialect.summarize(&serde_json::to_vec(&full).expect("json")).expect("summary");
             prop_assert_eq!(out.summary, summary);
         }
+    }
+
+    #[test]
+    fn typical_chunks_take_the_typed_path() {
+        for chunk in [
+            r#"{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","system_fingerprint":null,"choices":[{"index":0,"delta":{"role":"assistant","content":"hi","reasoning_content":null},"logprobs":null,"finish_reason":null}],"usage":null}"#,
+            r#"{"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a\""}}]},"finish_reason":null}]}"#,
+            r#"{"id":"c","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<WireChunk<'_>>(chunk).is_ok(),
+                "{chunk}"
+            );
+        }
+        // A chunk of an unexpected shape still parses through the general path.
+        let mut a = ChatDialect.assembler(&Prepared::default());
+        let odd = "data: {\"choices\":[{\"index\":\"0\",\"delta\":{\"content\":\"x\"}}]}\n\n";
+        assert_eq!(a.push(&SseEvent::new(odd.as_bytes())), Relay::Forward);
+        a.push(&SseEvent::new(b"data: [DONE]\n\n"));
+        assert!(a.finish().is_ok());
     }
 
     #[test]
