@@ -3,7 +3,6 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use http::{HeaderMap, HeaderValue};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
@@ -129,12 +128,6 @@ impl Dialect for ChatDialect {
 
     fn upstream_path(&self) -> &'static str {
         "/chat/completions"
-    }
-
-    fn upstream_auth(&self, api_key: &str, headers: &mut HeaderMap) {
-        if let Ok(v) = HeaderValue::from_str(&format!("Bearer {api_key}")) {
-            headers.insert(http::header::AUTHORIZATION, v);
-        }
     }
 
     fn prepare(
@@ -607,31 +600,48 @@ impl StreamAssembler for ChatAssembler {
         }
         let finish_reason =
             normalise_finish(self.finish_reason).unwrap_or_else(|| "stop".to_owned());
-        let mut response = self.head.unwrap_or_default();
-        response
-            .entry("id")
-            .or_insert_with(|| json!("intercept-assembled"));
-        response.insert("object".into(), json!("chat.completion"));
-        response.insert(
-            "choices".into(),
-            json!([{"index": 0, "message": Value::Object(message), "finish_reason": finish_reason, "logprobs": null}]),
-        );
-        let usage = match &self.usage {
-            Some(u) => {
-                response.insert("usage".into(), u.clone());
-                serde_json::from_value::<WireUsage>(u.clone())
-                    .map(Usage::from)
-                    .unwrap_or_default()
-            }
-            None => Usage::default(),
-        };
-        Ok(Assembled {
-            response: Value::Object(response),
-            summary: Summary {
-                finish_reason: Some(finish_reason),
-                usage,
-            },
-        })
+        let choice = json!({"index": 0, "message": Value::Object(message), "finish_reason": finish_reason, "logprobs": null});
+        Ok(assembled_completion(
+            self.head,
+            "chat.completion",
+            choice,
+            self.usage,
+            finish_reason,
+        ))
+    }
+}
+
+/// The response object of an assembled OpenAI-style stream (`chat.completion` or
+/// `text_completion`): the first chunk's head fields, one choice, the stream's usage.
+pub(super) fn assembled_completion(
+    head: Option<Map<String, Value>>,
+    object: &str,
+    choice: Value,
+    usage: Option<Value>,
+    finish_reason: String,
+) -> Assembled {
+    let mut response = head.unwrap_or_default();
+    response
+        .entry("id")
+        .or_insert_with(|| json!("intercept-assembled"));
+    response.insert("object".into(), json!(object));
+    response.insert("choices".into(), json!([choice]));
+    let usage = match usage {
+        Some(u) => {
+            let read = serde_json::from_value::<WireUsage>(u.clone())
+                .map(Usage::from)
+                .unwrap_or_default();
+            response.insert("usage".into(), u);
+            read
+        }
+        None => Usage::default(),
+    };
+    Assembled {
+        response: Value::Object(response),
+        summary: Summary {
+            finish_reason: Some(finish_reason),
+            usage,
+        },
     }
 }
 

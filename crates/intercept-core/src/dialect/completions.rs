@@ -1,11 +1,10 @@
 //! Legacy OpenAI Completions (`/v1/completions`): a prompt in, text out. Kept because
 //! token-level RL pipelines drive engines (vLLM) through it.
 
-use http::{HeaderMap, HeaderValue};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::chat::{normalise_finish, WireUsage};
+use super::chat::{assembled_completion, normalise_finish, WireUsage};
 use super::{
     whitelisted, Assembled, Dialect, DialectKind, Prepared, Relay, StreamAssembler, Summary,
 };
@@ -67,12 +66,6 @@ impl Dialect for CompletionsDialect {
 
     fn upstream_path(&self) -> &'static str {
         "/completions"
-    }
-
-    fn upstream_auth(&self, api_key: &str, headers: &mut HeaderMap) {
-        if let Ok(v) = HeaderValue::from_str(&format!("Bearer {api_key}")) {
-            headers.insert(http::header::AUTHORIZATION, v);
-        }
     }
 
     fn prepare(
@@ -282,31 +275,14 @@ impl StreamAssembler for CompletionsAssembler {
         }
         let finish_reason =
             normalise_finish(self.finish_reason).unwrap_or_else(|| "stop".to_owned());
-        let mut response = self.head.unwrap_or_default();
-        response
-            .entry("id")
-            .or_insert_with(|| json!("intercept-assembled"));
-        response.insert("object".into(), json!("text_completion"));
-        response.insert(
-            "choices".into(),
-            json!([{"index": 0, "text": self.text, "logprobs": null, "finish_reason": finish_reason}]),
-        );
-        let usage = match &self.usage {
-            Some(u) => {
-                response.insert("usage".into(), u.clone());
-                serde_json::from_value::<WireUsage>(u.clone())
-                    .map(Usage::from)
-                    .unwrap_or_default()
-            }
-            None => Usage::default(),
-        };
-        Ok(Assembled {
-            response: Value::Object(response),
-            summary: Summary {
-                finish_reason: Some(finish_reason),
-                usage,
-            },
-        })
+        let choice = json!({"index": 0, "text": self.text, "logprobs": null, "finish_reason": finish_reason});
+        Ok(assembled_completion(
+            self.head,
+            "text_completion",
+            choice,
+            self.usage,
+            finish_reason,
+        ))
     }
 }
 

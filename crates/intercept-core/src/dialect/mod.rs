@@ -120,8 +120,13 @@ pub trait Dialect: Send + Sync + fmt::Debug + 'static {
         bearer(headers)
     }
 
-    /// Adds the upstream's authentication headers.
-    fn upstream_auth(&self, api_key: &str, headers: &mut HeaderMap);
+    /// Adds the upstream's authentication headers. The default sends
+    /// `Authorization: Bearer <key>` (the OpenAI dialects).
+    fn upstream_auth(&self, api_key: &str, headers: &mut HeaderMap) {
+        if let Ok(v) = http::HeaderValue::from_str(&format!("Bearer {api_key}")) {
+            headers.insert(http::header::AUTHORIZATION, v);
+        }
+    }
 
     /// Sets headers the dialect always sends upstream (e.g. `anthropic-version`).
     fn upstream_headers(&self, _headers: &mut HeaderMap) {}

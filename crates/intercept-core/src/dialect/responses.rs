@@ -1,6 +1,5 @@
 //! OpenAI Responses.
 
-use http::{HeaderMap, HeaderValue};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -158,12 +157,6 @@ impl Dialect for ResponsesDialect {
 
     fn upstream_path(&self) -> &'static str {
         "/responses"
-    }
-
-    fn upstream_auth(&self, api_key: &str, headers: &mut HeaderMap) {
-        if let Ok(v) = HeaderValue::from_str(&format!("Bearer {api_key}")) {
-            headers.insert(http::header::AUTHORIZATION, v);
-        }
     }
 
     fn prepare(
