@@ -17,8 +17,6 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use intercept_core::{Interception, RolloutSession, Secret, ServerStatus, SlotGuard, Upstream};
 use intercept_server::ServerConfig;
 use intercept_test::{MockConfig, MockUpstream};
@@ -26,7 +24,7 @@ use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use crate::config::{ServeConfig, TunnelSetting, UpstreamSetting};
 use crate::jsonl::JsonlSink;
@@ -322,41 +320,10 @@ pub async fn serve(
 }
 
 async fn accept(listener: TcpListener, state: Arc<ControlState>, stop: CancellationToken) {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
-    let connections = TaskTracker::new();
-    loop {
-        let (stream, peer) = tokio::select! {
-            biased;
-            _ = stop.cancelled() => break,
-            r = listener.accept() => match r {
-                Ok(c) => c,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off briefly, keep serving.
-                    warn!(error = %e, "control API accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = stream.set_nodelay(true);
+    let service = service_fn(move |req| {
         let state = state.clone();
-        let service = service_fn(move |req| {
-            let state = state.clone();
-            async move { Ok::<_, Infallible>(crate::control::handle(state, req).await) }
-        });
-        let conn = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .into_owned();
-        let conn = graceful.watch(conn);
-        connections.spawn(async move {
-            if let Err(e) = conn.await {
-                debug!(%peer, error = %e, "control connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    graceful.shutdown().await;
-    connections.close();
-    connections.wait().await;
+        async move { Ok::<_, Infallible>(crate::control::handle(state, req).await) }
+    });
+    let serve = intercept_server::serve_connections(listener, service, stop.cancelled_owned());
+    tracing::Instrument::instrument(serve, tracing::info_span!("control_api")).await
 }

@@ -72,6 +72,8 @@ pub enum ErrorKind {
     Paused,
     /// No capacity: a pool is at its cap, or no server came up in time.
     Unavailable,
+    /// A session hook (request or response) failed with an error of its own.
+    HookFailed,
     /// intercept failed internally.
     Internal,
 }
@@ -97,6 +99,7 @@ impl ErrorKind {
             ErrorKind::Conflict => "conflict",
             ErrorKind::Paused => "paused",
             ErrorKind::Unavailable => "unavailable",
+            ErrorKind::HookFailed => "hook_failed",
             ErrorKind::Internal => "internal",
         }
     }
@@ -176,6 +179,12 @@ pub enum Error {
     /// A conflict with existing state.
     #[error("{0}")]
     Conflict(String),
+    /// A session's request or response hook failed (an [`Error::Internal`] it returned);
+    /// the call is answered 502, like any failure between the harness and the model.
+    /// Hooks that mean a particular answer return that error instead (for example
+    /// [`Error::InvalidRequest`] for 400).
+    #[error("model boundary hook failed: {0}")]
+    HookFailed(String),
     /// intercept failed internally.
     #[error("internal error: {0}")]
     Internal(String),
@@ -208,6 +217,16 @@ impl Error {
         Error::InvalidRequest(message.into())
     }
 
+    /// What a hook's error answers: an [`Error::Internal`] (the hook itself broke)
+    /// becomes [`Error::HookFailed`] (502), prefixed with `what`; any other error is the
+    /// answer the hook chose and is kept as it is.
+    pub fn from_hook(what: &str, error: Error) -> Self {
+        match error {
+            Error::Internal(m) => Error::HookFailed(format!("{what}: {m}")),
+            other => other,
+        }
+    }
+
     /// The kind of this error.
     pub fn kind(&self) -> ErrorKind {
         match self {
@@ -226,6 +245,7 @@ impl Error {
             Error::Cancelled(_) => ErrorKind::Cancelled,
             Error::Tunnel { .. } => ErrorKind::Tunnel,
             Error::Conflict(_) => ErrorKind::Conflict,
+            Error::HookFailed(_) => ErrorKind::HookFailed,
             Error::Internal(_) => ErrorKind::Internal,
             Error::Paused { .. } => ErrorKind::Paused,
             Error::Unavailable(_) => ErrorKind::Unavailable,
@@ -244,7 +264,7 @@ impl Error {
             Error::UpstreamStatus { status, .. } => *status,
             Error::UpstreamTimeout(_) => 504,
             Error::UpstreamUnavailable(_) | Error::Cancelled(_) => 503,
-            Error::UpstreamMalformed(_) | Error::Tunnel { .. } => 502,
+            Error::UpstreamMalformed(_) | Error::Tunnel { .. } | Error::HookFailed(_) => 502,
             Error::ClientDisconnected(_) => 499,
             Error::Internal(_) => 500,
             Error::Paused { held: true, .. } => 503,
@@ -271,6 +291,7 @@ impl Error {
             | Error::UpstreamMalformed(_) => Blame::Upstream,
             Error::Tunnel { .. } => Blame::Tunnel,
             Error::Cancelled(_)
+            | Error::HookFailed(_)
             | Error::Internal(_)
             | Error::Paused { .. }
             | Error::Unavailable(_) => Blame::Internal,
@@ -369,6 +390,11 @@ mod tests {
         assert_eq!(Error::UpstreamTimeout("x".into()).status(), 504);
         assert_eq!(Error::UpstreamUnavailable("x".into()).status(), 503);
         assert_eq!(Error::UpstreamMalformed("x".into()).status(), 502);
+        let hook = Error::HookFailed("boom".into());
+        assert_eq!(hook.status(), 502);
+        assert_eq!(hook.kind().as_str(), "hook_failed");
+        assert_eq!(hook.to_string(), "model boundary hook failed: boom");
+        assert!(!hook.retryable());
         let rejected = Error::Paused {
             retry_after_secs: 2,
             held: false,

@@ -55,7 +55,7 @@ pub use interception::{
     Interception, PauseKind, PauseMode, PauseStatus, ServerStatus, SlotGuard, SlotRelease,
 };
 pub use record::{CallError, CallRecord, TokenCapture, Usage};
-pub use secret::Secret;
+pub use secret::{Secret, SecretStr};
 pub use session::{
     CallInfo, HookAction, Limits, RecordSink, RolloutSession, Sampling, Session, SessionConfig,
     SessionStatus, ToolAction, ToolPhase, Totals, Trace, Upstream,

@@ -1,10 +1,27 @@
 //! Per-rollout secrets: 128 random bits from the OS, url-safe base64, compared in
 //! constant time and never printed.
+//!
+//! A map keyed by [`Secret`] is looked up with a [`SecretStr`] borrowed from a request
+//! header, without allocating; both hash like the `str` they hold, and the map's key
+//! equality stays constant-time:
+//!
+//! ```
+//! use std::collections::HashMap;
+//! use intercept_core::{Secret, SecretStr};
+//!
+//! let secret = Secret::generate();
+//! let header = secret.expose().to_owned();
+//! let map = HashMap::from([(secret, "rollout-1")]);
+//! assert_eq!(map.get(SecretStr::new(&header)), Some(&"rollout-1"));
+//! assert_eq!(map.get(SecretStr::new("not-a-secret")), None);
+//! ```
 
+use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
 use base64::Engine as _;
+use ref_cast::RefCast;
 use subtle::ConstantTimeEq;
 
 /// A bearer secret. `Debug` and `Display` never show it; equality is constant-time.
@@ -50,6 +67,58 @@ impl PartialEq for Secret {
     }
 }
 
+/// A borrowed secret: a `str` whose equality is constant-time and whose `Debug` never
+/// shows it. [`Secret`] borrows as one, so maps keyed by [`Secret`] are looked up with
+/// `map.get(SecretStr::new(header_value))`, no allocation on the request path.
+#[derive(RefCast)]
+#[repr(transparent)]
+pub struct SecretStr(str);
+
+impl SecretStr {
+    /// Views a candidate string (for example a header's value) as a secret.
+    pub fn new(value: &str) -> &SecretStr {
+        SecretStr::ref_cast(value)
+    }
+
+    /// The secret's text. Handle with care: never log it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq for SecretStr {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.as_bytes().ct_eq(other.0.as_bytes()).into()
+    }
+}
+
+impl Eq for SecretStr {}
+
+impl Hash for SecretStr {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // Must hash exactly like `Secret`, which it is borrowed from.
+        self.0.hash(state);
+    }
+}
+
+impl fmt::Debug for SecretStr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SecretStr(<redacted>)")
+    }
+}
+
+impl Borrow<SecretStr> for Secret {
+    fn borrow(&self) -> &SecretStr {
+        SecretStr::new(&self.0)
+    }
+}
+
+impl AsRef<SecretStr> for Secret {
+    fn as_ref(&self) -> &SecretStr {
+        SecretStr::new(&self.0)
+    }
+}
+
 impl Eq for Secret {}
 
 impl Hash for Secret {
@@ -83,5 +152,22 @@ mod tests {
         assert!(a.matches(a.expose()));
         assert!(!a.matches(b.expose()));
         assert!(!format!("{a:?} {a}").contains(a.expose()));
+        let borrowed = SecretStr::new(a.expose());
+        assert!(!format!("{borrowed:?}").contains(a.expose()));
+    }
+
+    #[test]
+    fn borrowed_secrets_hash_and_compare_like_owned_ones() {
+        use std::hash::BuildHasher;
+        let state = std::collections::hash_map::RandomState::new();
+        let a = Secret::generate();
+        let text = a.expose().to_owned();
+        assert_eq!(state.hash_one(&a), state.hash_one(SecretStr::new(&text)));
+        let owned: &SecretStr = a.borrow();
+        assert_eq!(owned, SecretStr::new(&text));
+        assert_ne!(owned, SecretStr::new(&text[1..]));
+        let map = std::collections::HashMap::from([(a.clone(), 1)]);
+        assert_eq!(map.get(SecretStr::new(&text)), Some(&1));
+        assert!(!map.contains_key(SecretStr::new("x")));
     }
 }

@@ -736,7 +736,7 @@ impl Call {
             Ok(HookAction::Stop(reason)) => Ok(HookOutcome::Stop(reason)),
             Ok(_) if value != *response => Ok(HookOutcome::Rewritten(value)),
             Ok(_) => Ok(HookOutcome::Unchanged),
-            Err(e) => Err(Error::Internal(format!("response hook failed: {e}"))),
+            Err(e) => Err(Error::from_hook("response hook failed", e)),
         }
     }
 
@@ -824,12 +824,12 @@ pub(crate) async fn aux_call(
     let fail = |e: Error| error_response(&*dialect, &e);
     let Some(secret) = dialect
         .secret(req.headers())
-        .map(intercept_core::Secret::new)
+        .map(intercept_core::SecretStr::new)
     else {
         return fail(Error::Unauthorized);
     };
-    let Some(entry) = shared.registry.by_model(&secret) else {
-        return fail(if shared.registry.was_released(&secret) {
+    let Some(entry) = shared.registry.by_model(secret) else {
+        return fail(if shared.registry.was_released(secret) {
             Error::RolloutConcluded
         } else {
             Error::Unauthorized

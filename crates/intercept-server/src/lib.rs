@@ -43,6 +43,9 @@
 //!   after the call is recorded. While the upstream is silent, a `: keepalive` comment
 //!   line goes out every [`ServerConfig::keepalive`].
 //! - Responses the server generates itself carry the [`GENERATED_HEADER`] header.
+//!
+//! [`serve_connections`] is the server's accept loop (HTTP/1.1 and h2c, graceful
+//! shutdown), public so that other HTTP front ends (the sidecar's control API) share it.
 
 mod call;
 mod config;
@@ -52,6 +55,7 @@ mod pause;
 mod registry;
 mod respond;
 mod retry;
+mod serve;
 mod server;
 mod spool;
 mod upstream;
@@ -59,4 +63,5 @@ mod upstream;
 pub use config::ServerConfig;
 pub use http_body::ResponseBody;
 pub use respond::GENERATED_HEADER;
+pub use serve::serve_connections;
 pub use server::{InterceptionServer, Stats, STATE_ROUTE_HEADER};

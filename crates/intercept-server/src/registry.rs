@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use dashmap::DashMap;
-use intercept_core::{Secret, Session};
+use intercept_core::{Secret, SecretStr, Session};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -126,7 +126,9 @@ impl Drop for InflightGuard {
     }
 }
 
-/// Every session of a server, by model secret, by state secret and by id.
+/// Every session of a server, by model secret, by state secret and by id. Secrets are
+/// looked up as a [`SecretStr`] borrowed from the request (no allocation); the maps hash
+/// with a random key and compare keys in constant time.
 #[derive(Debug)]
 pub(crate) struct Registry {
     by_model: DashMap<Secret, Arc<Entry>>,
@@ -162,11 +164,11 @@ impl Registry {
         self.by_id.insert(entry.session.id().to_owned(), entry);
     }
 
-    pub(crate) fn by_model(&self, secret: &Secret) -> Option<Arc<Entry>> {
+    pub(crate) fn by_model(&self, secret: &SecretStr) -> Option<Arc<Entry>> {
         self.by_model.get(secret).map(|e| e.clone())
     }
 
-    pub(crate) fn by_state(&self, secret: &Secret) -> Option<Arc<Entry>> {
+    pub(crate) fn by_state(&self, secret: &SecretStr) -> Option<Arc<Entry>> {
         self.by_state.get(secret).map(|e| e.clone())
     }
 
@@ -175,7 +177,7 @@ impl Registry {
     }
 
     /// Whether a secret belonged to a session released recently.
-    pub(crate) fn was_released(&self, secret: &Secret) -> bool {
+    pub(crate) fn was_released(&self, secret: &SecretStr) -> bool {
         self.released.contains_key(secret)
     }
 

@@ -5,7 +5,6 @@
 //! record a second turn; a retry arriving while the first attempt still computes would
 //! start a second inference. Only non-streamed calls take part.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use blake2::digest::consts::U16;
@@ -16,11 +15,56 @@ use tokio::sync::watch;
 
 use crate::registry::Entry;
 
-/// BLAKE2b-128 of a request body as the harness sent it.
-pub(crate) type Digest = [u8; 16];
+/// Bodies up to this size are matched byte for byte (the body is shared, not copied, and
+/// nothing is hashed on the request path); larger ones by a BLAKE2b-128 digest, so a
+/// session between turns never holds more than this much of its last request.
+const COMPARE_LIMIT: usize = 64 * 1024;
 
 /// Bodies larger than this are hashed on a blocking thread, off the request path.
 const INLINE_HASH_LIMIT: usize = 1 << 20;
+
+/// What identifies a request body, as the harness sent it, for retry matching.
+#[derive(Debug, Clone)]
+pub(crate) enum Fingerprint {
+    /// A small body, compared byte for byte.
+    Body(Bytes),
+    /// A large body: its length and BLAKE2b-128 digest.
+    Digest { len: usize, digest: [u8; 16] },
+}
+
+impl Fingerprint {
+    /// The fingerprint of a body; large bodies are hashed, on a blocking thread above
+    /// 1 MiB.
+    pub(crate) async fn of(bytes: &Bytes) -> Self {
+        if bytes.len() <= COMPARE_LIMIT {
+            return Fingerprint::Body(bytes.clone());
+        }
+        let len = bytes.len();
+        let digest = if len <= INLINE_HASH_LIMIT {
+            hash(bytes)
+        } else {
+            let owned = bytes.clone();
+            match tokio::task::spawn_blocking(move || hash(&owned)).await {
+                Ok(d) => d,
+                Err(_) => hash(bytes),
+            }
+        };
+        Fingerprint::Digest { len, digest }
+    }
+
+    /// Whether two fingerprints are of the same body (lengths first: different lengths
+    /// never compare their bytes).
+    fn same(&self, other: &Fingerprint) -> bool {
+        match (self, other) {
+            (Fingerprint::Body(a), Fingerprint::Body(b)) => a.len() == b.len() && a == b,
+            (
+                Fingerprint::Digest { len: a, digest: x },
+                Fingerprint::Digest { len: b, digest: y },
+            ) => a == b && x == y,
+            _ => false,
+        }
+    }
+}
 
 /// Whether the request is an SDK retry (`x-stainless-retry-count` an integer above 0).
 pub(crate) fn is_marked_retry(headers: &HeaderMap) -> bool {
@@ -31,22 +75,10 @@ pub(crate) fn is_marked_retry(headers: &HeaderMap) -> bool {
         .is_some_and(|n| n > 0)
 }
 
-fn hash(bytes: &[u8]) -> Digest {
+fn hash(bytes: &[u8]) -> [u8; 16] {
     let mut h = Blake2b::<U16>::new();
     h.update(bytes);
     h.finalize().into()
-}
-
-/// Digest of a body; large bodies are hashed on a blocking thread.
-pub(crate) async fn digest(bytes: &Bytes) -> Digest {
-    if bytes.len() <= INLINE_HASH_LIMIT {
-        return hash(bytes);
-    }
-    let owned = bytes.clone();
-    match tokio::task::spawn_blocking(move || hash(&owned)).await {
-        Ok(d) => d,
-        Err(_) => hash(bytes),
-    }
 }
 
 /// The state of an attempt in flight.
@@ -60,9 +92,10 @@ pub(crate) enum Flight {
 /// Per-session retry state.
 #[derive(Debug, Default)]
 pub(crate) struct RetryState {
-    /// Digest and body of the last served non-streamed response.
-    last: Option<(Digest, Bytes)>,
-    inflight: HashMap<Digest, Arc<watch::Sender<Flight>>>,
+    /// The request and response bodies of the last served non-streamed call.
+    last: Option<(Fingerprint, Bytes)>,
+    /// Attempts in flight (a handful per session at most: searched in order).
+    inflight: Vec<(Fingerprint, Arc<watch::Sender<Flight>>)>,
 }
 
 /// What to do with a non-streamed request.
@@ -76,10 +109,10 @@ pub(crate) enum Decision {
 
 /// Replay check (before any refusal): a marked retry of the last served body gets the
 /// recorded response. A fresh identical request supersedes the record.
-pub(crate) fn replay(entry: &Entry, digest: &Digest, marked: bool) -> Option<Bytes> {
+pub(crate) fn replay(entry: &Entry, request: &Fingerprint, marked: bool) -> Option<Bytes> {
     let mut state = entry.retry.lock();
     match &state.last {
-        Some((d, body)) if d == digest => {
+        Some((f, body)) if f.same(request) => {
             if marked {
                 return Some(body.clone());
             }
@@ -91,19 +124,23 @@ pub(crate) fn replay(entry: &Entry, digest: &Digest, marked: bool) -> Option<Byt
 }
 
 /// Coalesce with an attempt in flight (marked retries only) or claim a new one.
-pub(crate) fn coalesce_or_claim(entry: &Arc<Entry>, digest: Digest, marked: bool) -> Decision {
+pub(crate) fn coalesce_or_claim(
+    entry: &Arc<Entry>,
+    request: Fingerprint,
+    marked: bool,
+) -> Decision {
     let mut state = entry.retry.lock();
     if marked {
-        if let Some(flight) = state.inflight.get(&digest) {
+        if let Some((_, flight)) = state.inflight.iter().find(|(f, _)| f.same(&request)) {
             return Decision::Coalesce(flight.subscribe());
         }
     }
     let (tx, _rx) = watch::channel(Flight::Pending);
     let tx = Arc::new(tx);
-    state.inflight.insert(digest, tx.clone());
+    state.inflight.push((request.clone(), tx.clone()));
     Decision::Claim(FlightClaim {
         entry: entry.clone(),
-        digest,
+        request,
         tx,
         resolved: false,
     })
@@ -113,7 +150,7 @@ pub(crate) fn coalesce_or_claim(entry: &Arc<Entry>, digest: Digest, marked: bool
 #[derive(Debug)]
 pub(crate) struct FlightClaim {
     entry: Arc<Entry>,
-    digest: Digest,
+    request: Fingerprint,
     tx: Arc<watch::Sender<Flight>>,
     resolved: bool,
 }
@@ -122,20 +159,15 @@ impl FlightClaim {
     /// The attempt was served with this body: it becomes the last served response.
     pub(crate) fn served(mut self, body: Bytes) {
         self.finish(Flight::Served(body.clone()));
-        self.entry.retry.lock().last = Some((self.digest, body));
+        let request = self.request.clone();
+        self.entry.retry.lock().last = Some((request, body));
     }
 
     fn finish(&mut self, flight: Flight) {
         self.resolved = true;
         {
             let mut state = self.entry.retry.lock();
-            if state
-                .inflight
-                .get(&self.digest)
-                .is_some_and(|t| Arc::ptr_eq(t, &self.tx))
-            {
-                state.inflight.remove(&self.digest);
-            }
+            state.inflight.retain(|(_, t)| !Arc::ptr_eq(t, &self.tx));
         }
         self.tx.send_replace(flight);
     }
@@ -176,13 +208,35 @@ mod tests {
         assert!(!is_marked_retry(&h));
     }
 
+    async fn same(a: &[u8], b: &[u8]) -> bool {
+        let a = Fingerprint::of(&Bytes::copy_from_slice(a)).await;
+        let b = Fingerprint::of(&Bytes::copy_from_slice(b)).await;
+        a.same(&b)
+    }
+
     #[tokio::test]
-    async fn large_bodies_hash_like_small_ones() {
-        let big = Bytes::from(vec![7u8; (1 << 20) + 1]);
-        assert_eq!(digest(&big).await, hash(&big));
-        assert_ne!(
-            digest(&Bytes::from_static(b"a")).await,
-            digest(&Bytes::from_static(b"b")).await
-        );
+    async fn small_bodies_are_compared_and_large_ones_hashed() {
+        assert!(matches!(
+            Fingerprint::of(&Bytes::from_static(b"{}")).await,
+            Fingerprint::Body(_)
+        ));
+        let medium = vec![7u8; COMPARE_LIMIT + 1];
+        let big = vec![7u8; INLINE_HASH_LIMIT + 1];
+        match Fingerprint::of(&Bytes::from(big.clone())).await {
+            Fingerprint::Digest { len, digest } => {
+                assert_eq!(len, big.len());
+                assert_eq!(digest, hash(&big));
+            }
+            other => panic!("a large body is digested, got {other:?}"),
+        }
+        assert!(same(b"a", b"a").await);
+        assert!(!same(b"a", b"b").await);
+        assert!(!same(b"a", b"ab").await);
+        assert!(same(&medium, &medium).await);
+        let mut other = medium.clone();
+        other[100] = 8;
+        assert!(!same(&medium, &other).await);
+        // At the limit's edge the two kinds never match each other.
+        assert!(!same(&medium[..COMPARE_LIMIT], &medium).await);
     }
 }

@@ -11,12 +11,10 @@ use async_trait::async_trait;
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use intercept_core::interception::join_errors;
 use intercept_core::{
     CallError, CallInfo, ChatDialect, CompletionsDialect, Dialect, Endpoint, Error, HookAction,
-    Interception, JsonBody, MessagesDialect, PauseMode, PauseStatus, ResponsesDialect, Secret,
+    Interception, JsonBody, MessagesDialect, PauseMode, PauseStatus, ResponsesDialect, SecretStr,
     Session, Slot, SlotGuard, SlotRelease,
 };
 use parking_lot::Mutex;
@@ -431,45 +429,11 @@ impl SlotRelease for Release {
 }
 
 async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
-    // Every connection task is owned here and awaited before the accept loop ends.
-    let connections = TaskTracker::new();
-    loop {
-        let (stream, peer) = tokio::select! {
-            biased;
-            _ = stop.cancelled() => break,
-            r = listener.accept() => match r {
-                Ok(c) => c,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off briefly, keep serving.
-                    warn!(error = %e, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = stream.set_nodelay(true);
+    let service = service_fn(move |req| {
         let shared = shared.clone();
-        let service = service_fn(move |req| {
-            let shared = shared.clone();
-            async move { Ok::<_, Infallible>(handle(shared, req).await) }
-        });
-        let conn = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .into_owned();
-        let conn = graceful.watch(conn);
-        connections.spawn(async move {
-            if let Err(e) = conn.await {
-                debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    // In-flight responses finish; idle connections close.
-    graceful.shutdown().await;
-    connections.close();
-    connections.wait().await;
+        async move { Ok::<_, Infallible>(handle(shared, req).await) }
+    });
+    crate::serve::serve_connections(listener, service, stop.cancelled_owned()).await
 }
 
 async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ResponseBody> {
@@ -540,7 +504,7 @@ fn flat_error(error: &Error) -> Response<ResponseBody> {
 /// `GET /state`, `PUT /state`, `GET /task`: the state capability (the state secret, never
 /// the model secret).
 async fn state_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ResponseBody> {
-    let bearer = intercept_core::dialect::bearer(req.headers()).map(Secret::new);
+    let bearer = intercept_core::dialect::bearer(req.headers()).map(SecretStr::new);
     let is_state = req.uri().path() == "/state";
     let entry = match &bearer {
         None => None,
@@ -616,11 +580,11 @@ async fn state_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Re
 /// `POST /tool`: a harness-run tool's result passes the session's tool hook (model
 /// secret, `Authorization: Bearer` only).
 async fn tool_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ResponseBody> {
-    let Some(secret) = intercept_core::dialect::bearer(req.headers()).map(Secret::new) else {
+    let Some(secret) = intercept_core::dialect::bearer(req.headers()).map(SecretStr::new) else {
         return flat_error(&Error::Unauthorized);
     };
-    let Some(entry) = shared.registry.by_model(&secret) else {
-        let released = shared.registry.was_released(&secret);
+    let Some(entry) = shared.registry.by_model(secret) else {
+        let released = shared.registry.was_released(secret);
         return flat_error(&if released {
             Error::RolloutConcluded
         } else {
@@ -679,7 +643,7 @@ async fn tool_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Res
 /// `GET /v1/models`: the session's model, in the OpenAI list shape.
 fn models(shared: &Shared, req: &Request<Incoming>) -> Response<ResponseBody> {
     let Some(entry) = intercept_core::dialect::bearer(req.headers())
-        .and_then(|s| shared.registry.by_model(&Secret::new(s)))
+        .and_then(|s| shared.registry.by_model(SecretStr::new(s)))
     else {
         return plain_error(&Error::Unauthorized);
     };
@@ -703,11 +667,11 @@ async fn model_call(
     req: Request<Incoming>,
 ) -> Response<ResponseBody> {
     let fail = |e: Error| error_response(&*dialect, &e);
-    let Some(secret) = dialect.secret(req.headers()).map(Secret::new) else {
+    let Some(secret) = dialect.secret(req.headers()).map(SecretStr::new) else {
         return fail(Error::Unauthorized);
     };
-    let Some(entry) = shared.registry.by_model(&secret) else {
-        return fail(if shared.registry.was_released(&secret) {
+    let Some(entry) = shared.registry.by_model(secret) else {
+        return fail(if shared.registry.was_released(secret) {
             Error::RolloutConcluded
         } else {
             Error::Unauthorized
@@ -759,13 +723,13 @@ async fn model_call(
         None
     } else {
         let marked = crate::retry::is_marked_retry(&parts.headers);
-        let digest = crate::retry::digest(body.source()).await;
-        if let Some(recorded) = crate::retry::replay(&entry, &digest, marked) {
+        let fingerprint = crate::retry::Fingerprint::of(body.source()).await;
+        if let Some(recorded) = crate::retry::replay(&entry, &fingerprint, marked) {
             debug!(session = session.id(), "intercept replay");
             session.on_replay();
             return json_response(StatusCode::OK, recorded);
         }
-        Some((digest, marked))
+        Some((fingerprint, marked))
     };
     if entry.is_released() {
         return fail(Error::RolloutConcluded);
@@ -775,20 +739,22 @@ async fn model_call(
     }
     let claim = match retry {
         None => None,
-        Some((digest, marked)) => match crate::retry::coalesce_or_claim(&entry, digest, marked) {
-            crate::retry::Decision::Claim(c) => Some(c),
-            crate::retry::Decision::Coalesce(rx) => {
-                debug!(session = session.id(), "intercept coalesce");
-                drop(guard);
-                return match crate::retry::wait(rx).await {
-                    Some(b) => {
-                        session.on_replay();
-                        json_response(StatusCode::OK, b)
-                    }
-                    None => fail(Error::UpstreamUnavailable("upstream attempt failed".into())),
-                };
+        Some((fingerprint, marked)) => {
+            match crate::retry::coalesce_or_claim(&entry, fingerprint, marked) {
+                crate::retry::Decision::Claim(c) => Some(c),
+                crate::retry::Decision::Coalesce(rx) => {
+                    debug!(session = session.id(), "intercept coalesce");
+                    drop(guard);
+                    return match crate::retry::wait(rx).await {
+                        Some(b) => {
+                            session.on_replay();
+                            json_response(StatusCode::OK, b)
+                        }
+                        None => fail(Error::UpstreamUnavailable("upstream attempt failed".into())),
+                    };
+                }
             }
-        },
+        }
     };
     if let Err(reason) = session.check() {
         return fail(Error::RolloutStopped(reason));
@@ -808,7 +774,7 @@ async fn model_call(
             ));
         }
         Ok(_) => {}
-        Err(e) => return fail(e),
+        Err(e) => return fail(Error::from_hook("request hook failed", e)),
     }
     let capture = if session.capture_tokens() {
         match dialect.capture_tokens(&mut body) {

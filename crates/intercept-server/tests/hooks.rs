@@ -1,20 +1,45 @@
-//! Request, response and tool hooks; shared tool servers on the state channel.
+//! Request, response and tool hooks; shared tool servers on the state channel; failed
+//! Responses answers and keepalives while a response hook buffers a stream. Everything
+//! goes through real HTTP: the server on `127.0.0.1`, a hyper client, the mock upstream.
 
 mod common;
 
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use common::*;
 use http_body_util::{BodyExt, Full};
 use intercept_core::{
-    CallInfo, CallRecord, Error, HookAction, Interception, JsonBody, RolloutSession, Secret,
-    Session, ToolAction, ToolPhase, Upstream,
+    CallInfo, CallRecord, DialectKind, Error, ErrorKind, HookAction, Interception, JsonBody,
+    RolloutSession, Secret, Session, ToolAction, ToolPhase, Upstream,
 };
-use intercept_server::{InterceptionServer, ServerConfig, STATE_ROUTE_HEADER};
+use intercept_server::{InterceptionServer, ServerConfig, GENERATED_HEADER, STATE_ROUTE_HEADER};
 use intercept_test::{MockUpstream, Reply};
 use serde_json::{json, Value};
+
+/// Bounds a test: a hang fails it instead of stalling the run.
+async fn within<T>(test: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), test)
+        .await
+        .expect("the test finished within 30 s")
+}
+
+/// What a [`Hooked`] session's request hook does.
+#[derive(Debug, Clone, Default)]
+enum RequestHook {
+    /// Sets `user` to `hooked` and goes on.
+    #[default]
+    Rewrite,
+    /// Stops the rollout with this reason.
+    Stop(&'static str),
+    /// Fails with this error when the first message's content is `fail`; otherwise as
+    /// `Rewrite`.
+    Fail(Error),
+}
 
 /// A session with hooks around a [`RolloutSession`].
 #[derive(Debug)]
@@ -22,6 +47,9 @@ struct Hooked {
     inner: RolloutSession,
     rewrite_to: Option<String>,
     stop_on: Option<String>,
+    request: RequestHook,
+    /// Times the request hook ran.
+    request_calls: AtomicUsize,
 }
 
 #[async_trait]
@@ -48,6 +76,14 @@ impl Session for Hooked {
         self.inner.on_release()
     }
     async fn on_request(&self, _call: &CallInfo, body: &mut JsonBody) -> Result<HookAction, Error> {
+        self.request_calls.fetch_add(1, Ordering::SeqCst);
+        match &self.request {
+            RequestHook::Stop(reason) => return Ok(HookAction::Stop((*reason).into())),
+            RequestHook::Fail(e) if body.to_value()["messages"][0]["content"] == "fail" => {
+                return Err(e.clone())
+            }
+            RequestHook::Fail(_) | RequestHook::Rewrite => {}
+        }
         body.set("user", "hooked")?;
         Ok(HookAction::Continue)
     }
@@ -86,6 +122,16 @@ impl Session for Hooked {
     }
 }
 
+/// The hooks of a [`Hooked`] session.
+#[derive(Debug, Default)]
+struct Hooks {
+    /// The response hook rewrites the answer's content to this.
+    rewrite_to: Option<String>,
+    /// The response hook stops the rollout (`found_answer`) when the answer contains this.
+    stop_on: Option<String>,
+    request: RequestHook,
+}
+
 async fn setup(
     rewrite_to: Option<&str>,
     stop_on: Option<&str>,
@@ -95,18 +141,35 @@ async fn setup(
     Arc<Hooked>,
     intercept_core::SlotGuard,
 ) {
-    let upstream = MockUpstream::start().await.expect("mock");
-    let server = InterceptionServer::new(ServerConfig {
+    let config = ServerConfig {
         inspect_memory: 64,
         ..ServerConfig::default()
-    })
-    .expect("server");
-    server.start().await.expect("start");
-    let h = Harness { upstream, server };
-    let session = Arc::new(Hooked {
-        inner: RolloutSession::new(h.session_config("hooked")),
+    };
+    let hooks = Hooks {
         rewrite_to: rewrite_to.map(str::to_owned),
         stop_on: stop_on.map(str::to_owned),
+        ..Hooks::default()
+    };
+    setup_with(config, hooks).await
+}
+
+/// A mock upstream, a started server and one [`Hooked`] session on it.
+async fn setup_with(
+    config: ServerConfig,
+    hooks: Hooks,
+) -> (
+    MockUpstream,
+    InterceptionServer,
+    Arc<Hooked>,
+    intercept_core::SlotGuard,
+) {
+    let h = Harness::with_config(config).await;
+    let session = Arc::new(Hooked {
+        inner: RolloutSession::new(h.session_config("hooked")),
+        rewrite_to: hooks.rewrite_to,
+        stop_on: hooks.stop_on,
+        request: hooks.request,
+        request_calls: AtomicUsize::new(0),
     });
     let guard = h.server.acquire(session.clone()).await.expect("acquire");
     (h.upstream, h.server, session, guard)
@@ -343,4 +406,324 @@ async fn shared_tool_servers_reach_state_with_a_service_secret_and_route_header(
         json!({"error": "rollout concluded"})
     );
     guard_b.close().await;
+}
+
+/// The OpenAI error body the server generates (Chat Completions, Responses).
+fn openai_error(message: &str, error_type: &str) -> Value {
+    json!({"error": {"message": message, "type": error_type, "param": null, "code": null}})
+}
+
+#[tokio::test]
+async fn request_hook_stop_refuses_the_call_before_the_upstream() {
+    within(async {
+        let anthropic_body = |text: &str| {
+            json!({"model": "claude", "max_tokens": 32, "messages": [{"role": "user", "content": text}]})
+        };
+        let cases = [
+            (
+                "/v1/chat/completions",
+                chat_body("x", false),
+                openai_error("rollout stopped: request_stop", "invalid_request_error"),
+            ),
+            (
+                "/v1/messages",
+                anthropic_body("x"),
+                json!({"type": "error", "error": {"type": "invalid_request_error", "message": "rollout stopped: request_stop"}}),
+            ),
+        ];
+        for (path, body, expected) in cases {
+            let hooks = Hooks {
+                request: RequestHook::Stop("request_stop"),
+                ..Hooks::default()
+            };
+            let (upstream, server, session, guard) =
+                setup_with(ServerConfig::default(), hooks).await;
+            let secret = guard.model_secret.expose().to_owned();
+            let send = |body: &Value| {
+                post(
+                    &guard.base_url,
+                    path,
+                    Some(&secret),
+                    serde_json::to_vec(body).expect("json"),
+                    &[],
+                )
+            };
+            let a = send(&body).await;
+            assert_eq!(a.status, 400, "{path}: {}", a.text());
+            assert_eq!(a.headers[GENERATED_HEADER], "client", "{path}");
+            assert_eq!(a.headers[http::header::CONTENT_TYPE], "application/json");
+            assert_eq!(a.json(), expected, "{path}");
+            assert_eq!(upstream.request_count(), 0, "{path}: nothing reached the upstream");
+            assert_eq!(session.request_calls.load(Ordering::SeqCst), 1);
+            assert_eq!(session.stop_condition().as_deref(), Some("request_stop"));
+            // A call refused before the upstream is not an exchange: no record.
+            assert!(session.inner.trace().calls.is_empty(), "{path}");
+            assert_eq!(server.stats().calls(), 0);
+
+            // Later calls (streamed ones too) are refused by the stop condition before
+            // the hook runs: same answer, still nothing upstream.
+            let mut streamed = body.clone();
+            streamed["stream"] = json!(true);
+            let again = send(&streamed).await;
+            assert_eq!(again.status, 400, "{path}");
+            assert_eq!(again.json(), expected, "{path}");
+            assert_eq!(session.request_calls.load(Ordering::SeqCst), 1);
+            assert_eq!(upstream.request_count(), 0);
+            assert!(session.inner.trace().calls.is_empty());
+            guard.close().await;
+            server.stop().await.expect("stop");
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn failing_request_hook_is_a_502_and_nothing_goes_upstream() {
+    within(async {
+        let hooks = Hooks {
+            request: RequestHook::Fail(Error::Internal("policy service unreachable".into())),
+            ..Hooks::default()
+        };
+        let (upstream, server, session, guard) = setup_with(ServerConfig::default(), hooks).await;
+        let secret = guard.model_secret.expose().to_owned();
+        let expected = openai_error(
+            "model boundary hook failed: request hook failed: policy service unreachable",
+            "api_error",
+        );
+        // A hook that breaks (`Error::Internal`) is a 502, streamed or not: the refusal
+        // comes before any response head.
+        for stream in [false, true] {
+            let a = post_json(&guard.base_url, Some(&secret), &chat_body("fail", stream)).await;
+            assert_eq!(a.status, 502, "stream {stream}: {}", a.text());
+            assert_eq!(a.headers[GENERATED_HEADER], "internal");
+            assert_eq!(a.headers[http::header::CONTENT_TYPE], "application/json");
+            assert_eq!(a.json(), expected);
+        }
+        assert_eq!(session.request_calls.load(Ordering::SeqCst), 2);
+        assert_eq!(upstream.request_count(), 0, "nothing reached the upstream");
+        assert!(
+            session.inner.trace().calls.is_empty(),
+            "no exchange, no record"
+        );
+        assert_eq!(server.stats().calls(), 0);
+        assert_eq!(
+            session.stop_condition(),
+            None,
+            "a failing hook does not stop"
+        );
+
+        // The rollout goes on: the next call passes the hook and is served.
+        let ok = post_json(&guard.base_url, Some(&secret), &chat_body("fine", false)).await;
+        assert_eq!(ok.status, 200, "{}", ok.text());
+        assert_eq!(ok.json()["choices"][0]["message"]["content"], "echo: fine");
+        assert_eq!(upstream.request_count(), 1);
+        let calls = session.inner.trace().calls;
+        assert_eq!(calls.len(), 1);
+        // The refused calls used sequence numbers 0 and 1.
+        assert_eq!(calls[0].seq, 2);
+        assert!(calls[0].error.is_none());
+        guard.close().await;
+        server.stop().await.expect("stop");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_request_hook_chosen_error_is_answered_as_it_is() {
+    within(async {
+        let hooks = Hooks {
+            request: RequestHook::Fail(Error::invalid("tool output too long")),
+            ..Hooks::default()
+        };
+        let (upstream, server, _session, guard) = setup_with(ServerConfig::default(), hooks).await;
+        let secret = guard.model_secret.expose().to_owned();
+        let a = post_json(&guard.base_url, Some(&secret), &chat_body("fail", false)).await;
+        assert_eq!(a.status, 400, "{}", a.text());
+        assert_eq!(a.headers[GENERATED_HEADER], "client");
+        assert_eq!(
+            a.json(),
+            openai_error("tool output too long", "invalid_request_error")
+        );
+        assert_eq!(upstream.request_count(), 0);
+        guard.close().await;
+        server.stop().await.expect("stop");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn failed_responses_answer_is_an_upstream_error_over_json() {
+    within(async {
+        let h = Harness::new().await;
+        let (session, _waiter, guard) = h.session("responses-failed").await;
+        h.upstream.push(Reply::responses_failed(
+            "server_error",
+            "The model crashed.",
+        ));
+        let body = json!({"model": "m", "input": "hi"});
+        let a = post(
+            &guard.base_url,
+            "/v1/responses",
+            Some(guard.model_secret.expose()),
+            serde_json::to_vec(&body).expect("json"),
+            &[],
+        )
+        .await;
+        let message = "upstream 502: upstream Responses request did not complete: failed: \
+                       server_error: The model crashed.";
+        assert_eq!(a.status, 502, "{}", a.text());
+        assert_eq!(a.headers[GENERATED_HEADER], "upstream");
+        assert_eq!(a.json(), openai_error(message, "api_error"));
+        assert_eq!(h.upstream.request_count(), 1);
+
+        let calls = session.trace().calls;
+        assert_eq!(calls.len(), 1);
+        let record = &calls[0];
+        assert_eq!(record.dialect, DialectKind::Responses);
+        assert!(!record.stream);
+        assert_eq!(record.status, 502);
+        let error = record.error.as_ref().expect("an error");
+        assert_eq!(error.kind, ErrorKind::UpstreamStatus);
+        assert_eq!(error.status, 502);
+        assert_eq!(error.message, message);
+        // The upstream's failed response object is not kept, only the error.
+        assert!(record.response.is_none());
+        assert_eq!(record.finish_reason, None);
+        assert_eq!(
+            record.usage.prompt_tokens + record.usage.completion_tokens,
+            0
+        );
+        assert_eq!(session.stop_condition(), None);
+        assert_eq!(h.server.stats().failed(), 1);
+        guard.close().await;
+        h.server.stop().await.expect("stop");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn failed_responses_stream_ends_with_an_error_event() {
+    within(async {
+        let h = Harness::new().await;
+        let (session, _waiter, guard) = h.session("responses-failed-stream").await;
+        h.upstream.push(Reply::responses_failed(
+            "server_error",
+            "The model crashed.",
+        ));
+        let body = json!({"model": "m", "input": "hi", "stream": true});
+        let a = post(
+            &guard.base_url,
+            "/v1/responses",
+            Some(guard.model_secret.expose()),
+            serde_json::to_vec(&body).expect("json"),
+            &[],
+        )
+        .await;
+        let message = "upstream 502: upstream Responses request did not complete: failed: \
+                       server_error: The model crashed.";
+        // The head went out with the first events, so the failure arrives in-stream.
+        assert_eq!(a.status, 200);
+        assert_eq!(a.headers[http::header::CONTENT_TYPE], "text/event-stream");
+        let text = a.text();
+        let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+        assert_eq!(events.len(), 3, "{text}");
+        assert!(events[0].starts_with("event: response.created\n"), "{text}");
+        assert!(
+            events[1].starts_with("event: response.in_progress\n"),
+            "{text}"
+        );
+        // The terminal `response.failed` is withheld and replaced by the error event.
+        assert!(!text.contains("response.failed"), "{text}");
+        let error: Value = serde_json::from_str(
+            events[2]
+                .strip_prefix("data: ")
+                .unwrap_or_else(|| panic!("a data line: {text}")),
+        )
+        .expect("json");
+        assert_eq!(error, openai_error(message, "api_error"));
+
+        let calls = session.trace().calls;
+        assert_eq!(calls.len(), 1);
+        let record = &calls[0];
+        assert!(record.stream);
+        assert_eq!(record.status, 200, "the harness got a 200 head");
+        let recorded = record.error.as_ref().expect("an error");
+        assert_eq!(recorded.kind, ErrorKind::UpstreamStatus);
+        assert_eq!(recorded.status, 502);
+        assert_eq!(recorded.message, message);
+        assert!(record.response.is_none());
+        assert!(record.ttfb_ms.is_some());
+        guard.close().await;
+        h.server.stop().await.expect("stop");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn keepalives_flow_while_a_response_hook_buffers_a_slow_stream() {
+    within(async {
+        let config = ServerConfig {
+            keepalive: Duration::from_millis(20),
+            ..ServerConfig::default()
+        };
+        let (upstream, server, session, guard) = setup_with(config, Hooks::default()).await;
+        upstream.push(
+            Reply::text("slow buffered answer")
+                .with_chunks(3)
+                .with_chunk_delay(Duration::from_millis(60)),
+        );
+        let a = post_json(
+            &guard.base_url,
+            Some(guard.model_secret.expose()),
+            &chat_body("x", true),
+        )
+        .await;
+        assert_eq!(a.status, 200);
+        assert_eq!(a.headers[http::header::CONTENT_TYPE], "text/event-stream");
+        let text = a.text();
+        let first_data = text
+            .find("data:")
+            .unwrap_or_else(|| panic!("no event: {text}"));
+        // Nothing of the answer goes out before the hook ran on all of it; keepalive
+        // comment lines (never a blank line: they close no event) fill the wait.
+        let before = &text[..first_data];
+        assert!(before.starts_with(": keepalive\n"), "{text}");
+        assert!(
+            before.lines().all(|l| l == ": keepalive"),
+            "only keepalives before the first event: {before:?}"
+        );
+        assert!(!before.contains("\n\n"), "{before:?}");
+        // The buffered stream is replayed as it came, without keepalives in between.
+        let replayed = &text[first_data..];
+        assert!(!replayed.contains(": keepalive"), "{replayed}");
+        let content: String = replayed
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .filter_map(|v| {
+                v["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .collect();
+        assert_eq!(content, "slow buffered answer");
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+
+        let calls = session.inner.trace().calls;
+        assert_eq!(calls.len(), 1, "recorded once");
+        assert!(calls[0].stream);
+        assert!(calls[0].error.is_none());
+        assert_eq!(calls[0].status, 200);
+        let recorded = calls[0].response.as_ref().expect("response").to_value();
+        assert_eq!(
+            recorded["choices"][0]["message"]["content"],
+            "slow buffered answer"
+        );
+        assert_eq!(server.stats().calls(), 1);
+        assert_eq!(upstream.request_count(), 1);
+        guard.close().await;
+        server.stop().await.expect("stop");
+    })
+    .await
 }
