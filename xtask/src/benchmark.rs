@@ -16,7 +16,9 @@
 //!
 //! Scale figures follow: memory and acquire/release time per registered session (100k
 //! sessions, `bench-scale`), peak RSS while proxying one 256 MiB request body, and with
-//! `--scale` 10,000 concurrent slow streams (200 chunks 50 ms apart).
+//! `--scale` the slow-stream ramp: 1000 to 10,000 concurrent slow streams (200 chunks
+//! 50 ms apart) direct, through intercept and through nginx, on a rig of its own (see
+//! `benchmark/streams.rs`). `--streams 1000,2500,…` runs only the ramp, at those points.
 //!
 //! `--micro` runs the criterion micro-benchmarks instead (`cargo bench --workspace`).
 
@@ -29,13 +31,18 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context as _, Result};
 use serde_json::{json, Value};
 
+mod streams;
+
 /// Options of [`run`].
 #[derive(Debug, Clone, Default)]
 pub struct BenchOptions {
     /// A few seconds per case instead of 10 (a smoke run).
     pub quick: bool,
-    /// Also run the 10,000 concurrent slow streams (takes about a minute).
+    /// Also run the slow-stream ramp at 1000, 2500, 5000 and 10,000 streams (or at
+    /// `streams`).
     pub scale: bool,
+    /// Run the slow-stream ramp at these concurrencies (alone, unless `scale`).
+    pub streams: Option<Vec<usize>>,
     /// Skip nginx even when it is installed.
     pub no_nginx: bool,
     /// Use the binaries already built.
@@ -129,11 +136,17 @@ impl Helper {
     }
 
     fn stats(&mut self) -> Result<Value> {
+        self.command("stats")
+    }
+
+    /// Sends one command line and reads the one-line JSON answer.
+    fn command(&mut self, command: &str) -> Result<Value> {
         let stdin = self
             .stdin
             .as_mut()
             .ok_or_else(|| anyhow!("{} has no stdin", self.name))?;
-        stdin.write_all(b"stats\n")?;
+        stdin.write_all(command.as_bytes())?;
+        stdin.write_all(b"\n")?;
         stdin.flush()?;
         self.read_line()
     }
@@ -231,7 +244,19 @@ impl Env {
     }
 
     fn proxy(&self, upstream: &str, sessions: usize, record: &str, tag: &str) -> Result<Helper> {
+        self.proxy_with(upstream, sessions, record, tag, &[])
+    }
+
+    fn proxy_with(
+        &self,
+        upstream: &str,
+        sessions: usize,
+        record: &str,
+        tag: &str,
+        extra: &[String],
+    ) -> Result<Helper> {
         let mut cmd = self.command("bench-proxy", 0);
+        cmd.args(extra);
         let secrets = self.out.join(format!("secrets-{tag}.json"));
         cmd.args(["--upstream", upstream, "--record", record])
             .arg("--sessions")
@@ -287,10 +312,29 @@ fn wait_for_port(port: u16, within: Duration) -> Result<()> {
     bail!("nothing listens on 127.0.0.1:{port} after {within:?}")
 }
 
+/// What differs between the nginx of the load cases and that of the slow streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NginxTuning {
+    /// Idle upstream connections the worker keeps (`keepalive` of the upstream block).
+    pub keepalive: usize,
+    /// Listen for h2c (HTTP/2 with prior knowledge) instead of HTTP/1.1.
+    pub http2: bool,
+}
+
+impl NginxTuning {
+    /// The load cases: HTTP/1.1, 256 idle upstream connections.
+    pub const LOAD: NginxTuning = NginxTuning {
+        keepalive: 256,
+        http2: false,
+    };
+}
+
 /// The nginx configuration: one worker, upstream keepalive, no buffering of responses
 /// (so streams flow event by event, as intercept relays them).
-pub fn nginx_config(prefix: &Path, listen: u16, upstream: &str) -> String {
+pub fn nginx_config(prefix: &Path, listen: u16, upstream: &str, tuning: NginxTuning) -> String {
     let p = prefix.display();
+    let keepalive = tuning.keepalive;
+    let http2 = if tuning.http2 { " http2" } else { "" };
     format!(
         "worker_processes 1;\ndaemon off;\nmaster_process on;\npid {p}/nginx.pid;\n\
 error_log {p}/error.log warn;\nevents {{ worker_connections 20000; }}\n\
@@ -298,19 +342,20 @@ http {{\n  access_log off;\n  client_body_temp_path {p}/client_body;\n  proxy_te
   fastcgi_temp_path {p}/fastcgi;\n  uwsgi_temp_path {p}/uwsgi;\n  scgi_temp_path {p}/scgi;\n\
   keepalive_requests 1000000;\n  keepalive_timeout 120s;\n  client_max_body_size 0;\n\
   client_body_buffer_size 1m;\n\
-  upstream model {{\n    server {upstream};\n    keepalive 256;\n    keepalive_requests 1000000;\n  }}\n\
-  server {{\n    listen 127.0.0.1:{listen};\n\
+  upstream model {{\n    server {upstream};\n    keepalive {keepalive};\n    keepalive_requests 1000000;\n  }}\n\
+  server {{\n    listen 127.0.0.1:{listen}{http2};\n\
     location / {{\n      proxy_pass http://model;\n      proxy_http_version 1.1;\n\
       proxy_set_header Connection \"\";\n      proxy_buffering off;\n    }}\n  }}\n}}\n"
     )
 }
 
-fn start_nginx(env: &Env, upstream_addr: &str) -> Result<Nginx> {
-    let prefix = env.out.join("nginx");
+/// Starts nginx on core 0 with its files under `target/bench/<dir>/`.
+fn start_nginx(env: &Env, upstream_addr: &str, dir: &str, tuning: NginxTuning) -> Result<Nginx> {
+    let prefix = env.out.join(dir);
     std::fs::create_dir_all(&prefix)?;
     let port = free_port()?;
     let conf = prefix.join("nginx.conf");
-    std::fs::write(&conf, nginx_config(&prefix, port, upstream_addr))?;
+    std::fs::write(&conf, nginx_config(&prefix, port, upstream_addr, tuning))?;
     let mut cmd = if env.taskset {
         let mut c = Command::new("taskset");
         c.args(["-c", "0", "nginx"]);
@@ -500,8 +545,8 @@ impl Target {
     }
 }
 
-/// Runs the load benchmark (see the module docs).
-pub fn run(root: &Path, options: &BenchOptions) -> Result<()> {
+/// Builds the bench programs (unless `no_build`) and describes the machine.
+fn prepare(root: &Path, options: &BenchOptions) -> Result<(Env, bool, Value)> {
     let meta = crate::metadata(root)?;
     let target_dir = meta
         .get("target_directory")
@@ -528,7 +573,25 @@ pub fn run(root: &Path, options: &BenchOptions) -> Result<()> {
         "cpu": cpu_model(),
         "taskset": env.taskset,
         "nginx": nginx_on_path,
+        "loadavg_at_start": loadavg(),
     });
+    Ok((env, nginx_on_path, machine))
+}
+
+/// `/proc/loadavg` (1, 5 and 15 minute load averages, runnable/total tasks).
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// Runs the load benchmark (see the module docs).
+pub fn run(root: &Path, options: &BenchOptions) -> Result<()> {
+    let (env, nginx_on_path, machine) = prepare(root, options)?;
+    let out = env.out.clone();
+    if let (Some(points), false) = (&options.streams, options.scale) {
+        return streams::run_alone(&env, nginx_on_path, machine, points);
+    }
     println!(
         "xtask bench: {} run; taskset {}; nginx {}; machine {}",
         if options.quick { "quick" } else { "full" },
@@ -549,7 +612,12 @@ pub fn run(root: &Path, options: &BenchOptions) -> Result<()> {
     let proxy_url = format!("{}/v1/chat/completions", proxy.field("base_url")?);
     let secrets = PathBuf::from(proxy.field("secrets_file")?);
     let nginx = if nginx_on_path {
-        Some(start_nginx(&env, &upstream_addr)?)
+        Some(start_nginx(
+            &env,
+            &upstream_addr,
+            "nginx",
+            NginxTuning::LOAD,
+        )?)
     } else {
         None
     };
@@ -652,7 +720,11 @@ pub fn run(root: &Path, options: &BenchOptions) -> Result<()> {
 
     let big = big_body(&env)?;
     let streams = if options.scale {
-        Some(slow_streams(&env)?)
+        let points = options
+            .streams
+            .clone()
+            .unwrap_or_else(|| streams::DEFAULT_POINTS.to_vec());
+        Some(streams::ramp(&env, nginx_on_path, &points)?)
     } else {
         None
     };
@@ -751,80 +823,6 @@ fn big_body(env: &Env) -> Result<Value> {
         num(&report, &["latency_us", "max"]) / 1e6
     );
     Ok(v)
-}
-
-/// 10,000 concurrent slow streams (200 chunks 50 ms apart), direct and through intercept.
-fn slow_streams(env: &Env) -> Result<Value> {
-    println!("\nscale: 10,000 concurrent slow streams (200 chunks, 50 ms apart), HTTP/2 from the load generator");
-    let mut results = serde_json::Map::new();
-    for mode in ["direct", "intercept"] {
-        let mut upstream = env.upstream(&["--chunks", "200", "--chunk-delay-ms", "50"])?;
-        let base = upstream.field("base_url")?;
-        let addr = upstream.field("addr")?;
-        let mut proxy = if mode == "intercept" {
-            Some(env.proxy(&base, SESSIONS, "count", "slow")?)
-        } else {
-            None
-        };
-        let (url, secrets) = match &proxy {
-            Some(p) => (
-                format!("{}/v1/chat/completions", p.field("base_url")?),
-                p.field("secrets_file")?,
-            ),
-            None => (
-                format!("http://{addr}/v1/chat/completions"),
-                env.out.join("secrets-count.json").display().to_string(),
-            ),
-        };
-        let cpu0 = proxy.as_ref().map(|p| cpu_us(p.pid()));
-        let report = env.loadgen(&[
-            "--url".into(),
-            url,
-            "--secrets-file".into(),
-            secrets,
-            "--http2".into(),
-            "--connections".into(),
-            "100".into(),
-            "--per-connection".into(),
-            "100".into(),
-            "--requests".into(),
-            "10000".into(),
-            "--stream".into(),
-            "--duration".into(),
-            "90".into(),
-            "--timeout".into(),
-            "60".into(),
-        ])?;
-        let cpu1 = proxy.as_ref().map(|p| cpu_us(p.pid()));
-        let pstats = match proxy.as_mut() {
-            Some(p) => Some(p.stats()?),
-            None => None,
-        };
-        let up = upstream.stats()?;
-        let v = json!({
-            "ok": report["ok"],
-            "errors": report["errors"],
-            "error_kinds": report["error_kinds"],
-            "elapsed_s": report["elapsed_s"],
-            "latency_us": report["latency_us"],
-            "ttfb_us": report["ttfb_us"],
-            "max_over_natural_10s": num(&report, &["latency_us", "max"]) / 10e6,
-            "upstream_requests": up["requests"],
-            "upstream_connections": up["connections"],
-            "proxy_cpu_s": match (cpu0, cpu1) { (Some(a), Some(b)) => json!((b - a) as f64 / 1e6), _ => Value::Null },
-            "proxy_peak_rss_kib": pstats.as_ref().map(|s| s["hwm_kib"].clone()),
-        });
-        println!(
-            "  {mode:<9} ok {} errors {}  wall {:.1} s  stream p50 {:.2} s  max {:.2} s ({:.2}× 10 s)  upstream connections {}  proxy CPU {} s  peak RSS {} KiB",
-            v["ok"], v["errors"], num(&v, &["elapsed_s"]),
-            num(&report, &["latency_us", "p50"]) / 1e6,
-            num(&report, &["latency_us", "max"]) / 1e6,
-            num(&v, &["max_over_natural_10s"]),
-            v["upstream_connections"], v["proxy_cpu_s"], v["proxy_peak_rss_kib"]
-        );
-        results.insert(mode.to_owned(), v);
-    }
-    Ok(Value::Object(results))
 }
 
 fn find<'a>(rows: &'a [Row], case: &str, mode: &str) -> Option<&'a Row> {
@@ -954,27 +952,7 @@ fn targets(
         format!("{peak:.2}×"),
         Some(peak <= 1.3 && big["ok"].as_u64() == Some(1)),
     ));
-    match streams.and_then(|s| s.get("intercept")) {
-        Some(s) => {
-            let ratio = num(s, &["max_over_natural_10s"]);
-            let ok = s["ok"].as_u64().unwrap_or(0);
-            out.push(Target::new(
-                "10k slow streams: all complete within 1.2× of 10 s",
-                "10000 ok, ≤ 1.2×",
-                format!(
-                    "{ok} ok, slowest {ratio:.2}×, upstream connections {}",
-                    s["upstream_connections"]
-                ),
-                Some(ok == 10_000 && ratio <= 1.2),
-            ));
-        }
-        None => out.push(Target::new(
-            "10k slow streams",
-            "10000 ok, ≤ 1.2×",
-            "not run (use --scale)".into(),
-            None,
-        )),
-    }
+    out.push(streams::target(streams));
     let all_equal = rows.iter().all(|r| r.upstream_requests == r.completed());
     out.push(Target::new(
         "every request really proxied",
@@ -1029,11 +1007,27 @@ mod tests {
 
     #[test]
     fn nginx_config_names_the_prefix_and_upstream() {
-        let conf = nginx_config(Path::new("/tmp/b"), 8081, "127.0.0.1:9000");
+        let conf = nginx_config(
+            Path::new("/tmp/b"),
+            8081,
+            "127.0.0.1:9000",
+            NginxTuning::LOAD,
+        );
         assert!(conf.contains("server 127.0.0.1:9000;"));
-        assert!(conf.contains("listen 127.0.0.1:8081"));
+        assert!(conf.contains("listen 127.0.0.1:8081;"));
         assert!(conf.contains("keepalive 256;"));
         assert!(conf.contains("pid /tmp/b/nginx.pid;"));
         assert!(conf.contains("worker_processes 1;"));
+        let conf = nginx_config(
+            Path::new("/tmp/b"),
+            8081,
+            "127.0.0.1:9000",
+            NginxTuning {
+                keepalive: 10_000,
+                http2: true,
+            },
+        );
+        assert!(conf.contains("listen 127.0.0.1:8081 http2;"));
+        assert!(conf.contains("keepalive 10000;"));
     }
 }

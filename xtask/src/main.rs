@@ -42,9 +42,14 @@ struct BenchArgs {
     /// A short smoke run (a few seconds per case).
     #[arg(long)]
     quick: bool,
-    /// Also run 10,000 concurrent slow streams (about a minute more).
+    /// Also run the slow-stream ramp: 1000, 2500, 5000 and 10,000 concurrent slow streams,
+    /// direct, through intercept and through nginx (about 6 minutes more).
     #[arg(long)]
     scale: bool,
+    /// Run only the slow-stream ramp, at these concurrencies (e.g. 1000,2500,5000,10000);
+    /// with --scale, the ramp of the full run uses them.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    streams: Option<Vec<usize>>,
     /// Skip nginx even when it is installed.
     #[arg(long)]
     no_nginx: bool,
@@ -89,6 +94,7 @@ fn main() -> ExitCode {
             &xtask::benchmark::BenchOptions {
                 quick: b.quick,
                 scale: b.scale,
+                streams: b.streams,
                 no_nginx: b.no_nginx,
                 no_build: b.no_build,
             },

@@ -1,7 +1,8 @@
 //! Load-test programs for intercept's benchmarks (`cargo xtask bench`): a fast mock
 //! upstream (`bench-upstream`), an interception server with many registered sessions
-//! (`bench-proxy`), a load generator (`loadgen`) and in-process scale figures
-//! (`bench-scale`). This library holds what the binaries share, so tests can drive
+//! (`bench-proxy`), a load generator (`loadgen`), in-process scale figures
+//! (`bench-scale`), and the slow-stream rig: a cheap paced upstream (`slow-upstream`)
+//! and a lean streaming client (`slowgen`). This library holds what the binaries share, so tests can drive
 //! every piece in-process.
 //!
 //! ```no_run
@@ -27,8 +28,11 @@
 
 pub mod bodies;
 pub mod control;
+pub mod http1;
 pub mod load;
 pub mod procfs;
 pub mod session;
+pub mod slow_streams;
+pub mod slow_upstream;
 
 pub use session::CountingSession;

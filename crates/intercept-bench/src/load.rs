@@ -90,7 +90,8 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    fn of(h: &Histogram<u64>) -> Self {
+    /// The percentiles of `h` (all zero when it is empty).
+    pub fn of(h: &Histogram<u64>) -> Self {
         if h.is_empty() {
             return Percentiles::default();
         }
