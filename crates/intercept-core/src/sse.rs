@@ -12,9 +12,13 @@ use std::borrow::Cow;
 use bytes::{Bytes, BytesMut};
 
 /// Incremental splitter of an SSE byte stream into raw events.
+///
+/// Events are cut out of the pushed buffers without copying when they lie within one
+/// ([`SseSplitter::push_bytes`]); only an event split across reads is copied, once.
 #[derive(Debug, Default)]
 pub struct SseSplitter {
-    buf: BytesMut,
+    /// Bytes pushed and not yet handed out as events.
+    buf: Bytes,
     /// Where the line being scanned starts.
     line_start: usize,
     /// How far the buffer has been scanned.
@@ -27,9 +31,22 @@ impl SseSplitter {
         Self::default()
     }
 
-    /// Appends bytes read from the stream.
+    /// Appends bytes read from the stream (copied).
     pub fn push(&mut self, chunk: &[u8]) {
-        self.buf.extend_from_slice(chunk);
+        self.push_bytes(Bytes::copy_from_slice(chunk));
+    }
+
+    /// Appends bytes read from the stream. When nothing is pending, the events are
+    /// later handed out as slices of `chunk` itself, without a copy.
+    pub fn push_bytes(&mut self, chunk: Bytes) {
+        if self.buf.is_empty() {
+            self.buf = chunk;
+        } else if !chunk.is_empty() {
+            let mut joined = BytesMut::with_capacity(self.buf.len() + chunk.len());
+            joined.extend_from_slice(&self.buf);
+            joined.extend_from_slice(&chunk);
+            self.buf = joined.freeze();
+        }
     }
 
     /// Bytes held that do not yet form a complete event.
@@ -40,31 +57,32 @@ impl SseSplitter {
     /// The next complete event (delimiter included), if one is buffered.
     pub fn next_event(&mut self) -> Option<Bytes> {
         let buf = &self.buf[..];
-        while self.pos < buf.len() {
-            let b = buf[self.pos];
-            let ending = match b {
-                b'\n' => 1,
-                b'\r' => match buf.get(self.pos + 1) {
+        while let Some(found) = memchr::memchr2(b'\n', b'\r', &buf[self.pos..]) {
+            let at = self.pos + found;
+            let ending = if buf[at] == b'\n' {
+                1
+            } else {
+                match buf.get(at + 1) {
                     Some(b'\n') => 2,
                     Some(_) => 1,
                     // A `\r` at the end may be the first half of `\r\n`: wait for more.
-                    None => return None,
-                },
-                _ => {
-                    self.pos += 1;
-                    continue;
+                    None => {
+                        self.pos = at;
+                        return None;
+                    }
                 }
             };
-            let blank = self.pos == self.line_start;
-            self.pos += ending;
+            let blank = at == self.line_start;
+            self.pos = at + ending;
             self.line_start = self.pos;
             if blank {
-                let event = self.buf.split_to(self.pos).freeze();
+                let event = self.buf.split_to(self.pos);
                 self.pos = 0;
                 self.line_start = 0;
                 return Some(event);
             }
         }
+        self.pos = buf.len();
         None
     }
 
@@ -75,7 +93,7 @@ impl SseSplitter {
         if self.buf.is_empty() {
             None
         } else {
-            Some(self.buf.split().freeze())
+            Some(std::mem::take(&mut self.buf))
         }
     }
 }
@@ -92,10 +110,7 @@ fn lines(raw: &[u8]) -> impl Iterator<Item = &[u8]> {
         if rest.is_empty() {
             return None;
         }
-        let end = rest
-            .iter()
-            .position(|b| *b == b'\n' || *b == b'\r')
-            .unwrap_or(rest.len());
+        let end = memchr::memchr2(b'\n', b'\r', rest).unwrap_or(rest.len());
         let line = &rest[..end];
         let mut next = end;
         if rest.get(end) == Some(&b'\r') && rest.get(end + 1) == Some(&b'\n') {
@@ -128,6 +143,14 @@ impl<'a> SseEvent<'a> {
     /// The `data` payload: every `data:` line's value joined by `\n`; `None` when the
     /// event has no `data:` line.
     pub fn data(&self) -> Option<Cow<'a, [u8]>> {
+        // The common shape, one `data:` line and the blank line: no joining needed.
+        if let Some(rest) = self.raw.strip_prefix(b"data:") {
+            let end = memchr::memchr2(b'\n', b'\r', rest).unwrap_or(rest.len());
+            if rest[end..].iter().all(|b| *b == b'\n' || *b == b'\r') {
+                let value = &rest[..end];
+                return Some(Cow::Borrowed(value.strip_prefix(b" ").unwrap_or(value)));
+            }
+        }
         let mut out: Option<Cow<'a, [u8]>> = None;
         for line in lines(self.raw) {
             if let Some(value) = field(line, b"data") {
@@ -154,6 +177,9 @@ impl<'a> SseEvent<'a> {
     /// fields). Such events are not relayed as they are: some clients try to decode an
     /// empty payload.
     pub fn is_dataless(&self) -> bool {
+        if self.raw.starts_with(b"data:") {
+            return false;
+        }
         !lines(self.raw).any(|l| field(l, b"data").is_some())
     }
 
@@ -179,6 +205,48 @@ mod tests {
         }
         out.extend(s.finish());
         out
+    }
+
+    #[test]
+    fn data_of_single_and_multi_line_events() {
+        let cases: [(&[u8], Option<&[u8]>); 8] = [
+            (b"data: {\"a\":1}\n\n", Some(b"{\"a\":1}")),
+            (b"data:x\r\n\r\n", Some(b"x")),
+            (b"data:  two spaces\n\n", Some(b" two spaces")),
+            (b"data: a\ndata: b\n\n", Some(b"a\nb")),
+            (b"data: a\nevent: e\n\n", Some(b"a")),
+            (b"event: e\ndata: a\n\n", Some(b"a")),
+            (b": comment\n\n", None),
+            (
+                b"data: tail without blank line",
+                Some(b"tail without blank line"),
+            ),
+        ];
+        for (raw, data) in cases {
+            let ev = SseEvent::new(raw);
+            assert_eq!(
+                ev.data().as_deref(),
+                data,
+                "{}",
+                String::from_utf8_lossy(raw)
+            );
+            assert_eq!(ev.is_dataless(), data.is_none());
+        }
+    }
+
+    #[test]
+    fn events_within_one_buffer_are_not_copied() {
+        let input = Bytes::from_static(b"data: a\n\ndata: b\n\ndata: c");
+        let mut s = SseSplitter::new();
+        s.push_bytes(input.clone());
+        let a = s.next_event().expect("first event");
+        assert_eq!(&a[..], b"data: a\n\n");
+        assert_eq!(a.as_ptr(), input.as_ptr(), "a slice of the pushed buffer");
+        assert_eq!(&s.next_event().expect("second")[..], b"data: b\n\n");
+        assert!(s.next_event().is_none());
+        s.push_bytes(Bytes::from_static(b"\n\n"));
+        assert_eq!(&s.next_event().expect("joined")[..], b"data: c\n\n");
+        assert_eq!(s.buffered(), 0);
     }
 
     #[test]

@@ -575,13 +575,13 @@ impl Call {
                                 first = true;
                             }
                             taken += data.len();
-                            splitter.push(&data);
+                            splitter.push_bytes(data);
                             while let Some(ev) = splitter.next_event() {
                                 events.push(ev);
                             }
                         }
                         // The first bytes go out at once (time to first byte); later
-                        // events are gathered.
+                        // events are gathered with what else has already arrived.
                         if !first && taken < READY_BATCH_LIMIT {
                             next = futures_util::FutureExt::now_or_never(body.frame());
                             if next.is_none() && !yielded {
@@ -626,7 +626,10 @@ impl Call {
                     Relay::Drop => {}
                 }
             }
-            if !batch.is_empty() {
+            // The last piece waits for the record, to go out with the withheld
+            // terminal event in one write.
+            let last = upstream_done && failure.is_none() && !inspect;
+            if !batch.is_empty() && !last {
                 let out = batch.split().freeze();
                 if !client_gone {
                     if tx.send(out).await.is_err() {
@@ -704,9 +707,10 @@ impl Call {
                 },
                 Ok(_) => {
                     for ev in withheld {
-                        if tx.send(ev).await.is_err() {
-                            break;
-                        }
+                        batch.extend_from_slice(&ev);
+                    }
+                    if !batch.is_empty() {
+                        let _ = tx.send(batch.split().freeze()).await;
                     }
                 }
                 Err(e) => {
@@ -715,9 +719,11 @@ impl Call {
                     } else {
                         self.stop_on_context_length(&e)
                     };
-                    let _ = tx
-                        .send(self.dialect.error_event(shown.status(), &shown.to_string()))
-                        .await;
+                    // What was relayed before the failure goes out first.
+                    batch.extend_from_slice(
+                        &self.dialect.error_event(shown.status(), &shown.to_string()),
+                    );
+                    let _ = tx.send(batch.split().freeze()).await;
                 }
             }
         }

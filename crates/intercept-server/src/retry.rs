@@ -95,7 +95,18 @@ pub(crate) struct RetryState {
     /// The request and response bodies of the last served non-streamed call.
     last: Option<(Fingerprint, Bytes)>,
     /// Attempts in flight (a handful per session at most: searched in order).
-    inflight: Vec<(Fingerprint, Arc<watch::Sender<Flight>>)>,
+    inflight: Vec<InFlight>,
+    /// Names the next attempt.
+    next_id: u64,
+}
+
+/// One attempt in flight.
+#[derive(Debug)]
+struct InFlight {
+    id: u64,
+    request: Fingerprint,
+    /// Made when the first identical retry waits for it (most attempts have none).
+    waiters: Option<watch::Sender<Flight>>,
 }
 
 /// What to do with a non-streamed request.
@@ -131,17 +142,28 @@ pub(crate) fn coalesce_or_claim(
 ) -> Decision {
     let mut state = entry.retry.lock();
     if marked {
-        if let Some((_, flight)) = state.inflight.iter().find(|(f, _)| f.same(&request)) {
-            return Decision::Coalesce(flight.subscribe());
+        if let Some(flight) = state.inflight.iter_mut().find(|f| f.request.same(&request)) {
+            let rx = match &flight.waiters {
+                Some(tx) => tx.subscribe(),
+                None => {
+                    let (tx, rx) = watch::channel(Flight::Pending);
+                    flight.waiters = Some(tx);
+                    rx
+                }
+            };
+            return Decision::Coalesce(rx);
         }
     }
-    let (tx, _rx) = watch::channel(Flight::Pending);
-    let tx = Arc::new(tx);
-    state.inflight.push((request.clone(), tx.clone()));
+    let id = state.next_id;
+    state.next_id += 1;
+    state.inflight.push(InFlight {
+        id,
+        request,
+        waiters: None,
+    });
     Decision::Claim(FlightClaim {
         entry: entry.clone(),
-        request,
-        tx,
+        id,
         resolved: false,
     })
 }
@@ -150,26 +172,32 @@ pub(crate) fn coalesce_or_claim(
 #[derive(Debug)]
 pub(crate) struct FlightClaim {
     entry: Arc<Entry>,
-    request: Fingerprint,
-    tx: Arc<watch::Sender<Flight>>,
+    id: u64,
     resolved: bool,
 }
 
 impl FlightClaim {
     /// The attempt was served with this body: it becomes the last served response.
     pub(crate) fn served(mut self, body: Bytes) {
-        self.finish(Flight::Served(body.clone()));
-        let request = self.request.clone();
-        self.entry.retry.lock().last = Some((request, body));
+        self.finish(Flight::Served(body));
     }
 
     fn finish(&mut self, flight: Flight) {
         self.resolved = true;
-        {
+        let waiters = {
             let mut state = self.entry.retry.lock();
-            state.inflight.retain(|(_, t)| !Arc::ptr_eq(t, &self.tx));
+            let Some(at) = state.inflight.iter().position(|f| f.id == self.id) else {
+                return;
+            };
+            let done = state.inflight.swap_remove(at);
+            if let Flight::Served(body) = &flight {
+                state.last = Some((done.request, body.clone()));
+            }
+            done.waiters
+        };
+        if let Some(tx) = waiters {
+            tx.send_replace(flight);
         }
-        self.tx.send_replace(flight);
     }
 }
 
