@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
+use crate::upstream::UpstreamBody;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
@@ -180,7 +181,7 @@ impl Call {
     /// down. One that refuses the connection is marked down and the next one is tried
     /// within the same call (the request never left); other transport failures mark it
     /// down and fail the call (the harness's SDK retries, on the next engine).
-    async fn open(&self) -> Result<(Response<Incoming>, Instant), Error> {
+    async fn open(&self) -> Result<(Response<UpstreamBody>, Instant), Error> {
         let upstream = self.entry.session.upstream();
         let engines = upstream.engines();
         let session = self.entry.session.id();
@@ -248,7 +249,7 @@ impl Call {
 
     /// Turns a non-2xx upstream answer into the error the harness gets. A context-length
     /// error stops the rollout with `context_length` (a clean truncation).
-    async fn upstream_failure(&self, resp: Response<Incoming>) -> (Error, Error) {
+    async fn upstream_failure(&self, resp: Response<UpstreamBody>) -> (Error, Error) {
         let status = resp.status().as_u16();
         let retry_after = resp
             .headers()
@@ -639,6 +640,9 @@ impl Call {
                             .reset(tokio::time::Instant::now() + grace);
                     }
                     last_sent = tokio::time::Instant::now();
+                    // Let the harness's connection write this piece now, and other
+                    // calls run, before more of what the upstream sent is worked through.
+                    tokio::task::yield_now().await;
                 }
             }
             if failure.is_some() || upstream_done {

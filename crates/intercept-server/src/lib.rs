@@ -50,6 +50,7 @@
 mod call;
 mod config;
 mod engines;
+mod h1pool;
 mod http_body;
 mod pause;
 mod registry;

@@ -1,6 +1,5 @@
 //! The pooled upstream client shared by every session of a server.
 
-use std::error::Error as _;
 use std::fmt;
 use std::sync::Arc;
 
@@ -15,6 +14,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use intercept_core::{join_url, Dialect, Error, JsonBody, Upstream};
 
 use crate::config::ServerConfig;
+use crate::h1pool::{DrivenBody, H1Error, H1Pool};
 use crate::http_body::SliceBody;
 
 /// Incoming headers never forwarded upstream (auth, framing, hop-by-hop, signatures).
@@ -47,10 +47,51 @@ const BLOCKED: &[&str] = &[
 
 /// One HTTP(S) client with a keep-alive pool, shared by all sessions of a server.
 /// Connections are pooled per upstream host; no client retries (the harness's SDK
-/// retries on the relayed status).
+/// retries on the relayed status). Plain `http://` upstreams use HTTP/1.1 connections
+/// that each call drives itself ([`H1Pool`]); `https://` ones a general pooled client
+/// (TLS, HTTP/1.1 or HTTP/2 by ALPN).
 #[derive(Clone)]
 pub(crate) struct UpstreamClient {
     client: Client<HttpsConnector<HttpConnector>, SliceBody>,
+    h1: Arc<H1Pool>,
+}
+
+/// An upstream response body, from either kind of connection.
+#[derive(Debug)]
+pub(crate) enum UpstreamBody {
+    /// A plain-HTTP/1.1 connection driven by the reader.
+    Driven(DrivenBody),
+    /// A connection of the general pooled client.
+    Pooled(Incoming),
+}
+
+impl http_body::Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            UpstreamBody::Driven(b) => std::pin::Pin::new(b).poll_frame(cx),
+            UpstreamBody::Pooled(b) => std::pin::Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamBody::Driven(b) => b.is_end_stream(),
+            UpstreamBody::Pooled(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            UpstreamBody::Driven(b) => b.size_hint(),
+            UpstreamBody::Pooled(b) => b.size_hint(),
+        }
+    }
 }
 
 impl fmt::Debug for UpstreamClient {
@@ -76,7 +117,8 @@ impl UpstreamClient {
             .pool_timer(TokioTimer::new())
             .pool_max_idle_per_host(config.upstream_idle_per_host)
             .build(https);
-        Ok(UpstreamClient { client })
+        let h1 = H1Pool::new(config.upstream_idle_per_host, config.connect_timeout);
+        Ok(UpstreamClient { client, h1 })
     }
 
     /// Builds the upstream request of a model call to one engine of `upstream`
@@ -125,7 +167,10 @@ impl UpstreamClient {
     }
 
     /// Sends a request; transport failures become typed errors (timeouts 504, the rest 503).
-    pub(crate) async fn send(&self, req: Request<SliceBody>) -> Result<Response<Incoming>, Error> {
+    pub(crate) async fn send(
+        &self,
+        req: Request<SliceBody>,
+    ) -> Result<Response<UpstreamBody>, Error> {
         self.send_to(req).await.map_err(|f| f.error)
     }
 
@@ -134,16 +179,25 @@ impl UpstreamClient {
     pub(crate) async fn send_to(
         &self,
         req: Request<SliceBody>,
-    ) -> Result<Response<Incoming>, SendFailure> {
+    ) -> Result<Response<UpstreamBody>, SendFailure> {
         let host = req
             .uri()
             .authority()
             .map(|a| a.to_string())
             .unwrap_or_default();
-        self.client.request(req).await.map_err(|e| SendFailure {
-            error: transport_error(&host, &e),
-            connect: e.is_connect(),
-        })
+        if req.uri().scheme_str() == Some("http") {
+            return match self.h1.send(req).await {
+                Ok(resp) => Ok(resp.map(UpstreamBody::Driven)),
+                Err(e) => Err(h1_failure(&host, e)),
+            };
+        }
+        match self.client.request(req).await {
+            Ok(resp) => Ok(resp.map(UpstreamBody::Pooled)),
+            Err(e) => Err(SendFailure {
+                error: transport_error(&host, &e),
+                connect: e.is_connect(),
+            }),
+        }
     }
 }
 
@@ -155,8 +209,30 @@ pub(crate) struct SendFailure {
     pub(crate) connect: bool,
 }
 
+/// Maps a plain-HTTP/1.1 failure like [`transport_error`] does a pooled client's.
+fn h1_failure(host: &str, e: H1Error) -> SendFailure {
+    match e {
+        H1Error::Connect(io) => SendFailure {
+            error: if io.kind() == std::io::ErrorKind::TimedOut {
+                Error::UpstreamTimeout(format!("no answer from {host}: {io}"))
+            } else {
+                Error::UpstreamUnavailable(format!("cannot connect to {host}: {io}"))
+            },
+            connect: true,
+        },
+        H1Error::ConnectTimeout => SendFailure {
+            error: Error::UpstreamTimeout(format!("no answer from {host}: connecting timed out")),
+            connect: true,
+        },
+        H1Error::Http(e) => SendFailure {
+            error: transport_error(host, &e),
+            connect: false,
+        },
+    }
+}
+
 /// Maps a client error to [`Error::UpstreamTimeout`] or [`Error::UpstreamUnavailable`].
-fn transport_error(host: &str, e: &hyper_util::client::legacy::Error) -> Error {
+fn transport_error(host: &str, e: &(dyn std::error::Error + 'static)) -> Error {
     let mut causes = Vec::new();
     let mut timed_out = false;
     let mut source = e.source();
@@ -176,7 +252,10 @@ fn transport_error(host: &str, e: &hyper_util::client::legacy::Error) -> Error {
     };
     if timed_out {
         Error::UpstreamTimeout(format!("no answer from {host}: {cause}"))
-    } else if e.is_connect() {
+    } else if e
+        .downcast_ref::<hyper_util::client::legacy::Error>()
+        .is_some_and(|e| e.is_connect())
+    {
         Error::UpstreamUnavailable(format!("cannot connect to {host}: {cause}"))
     } else {
         Error::UpstreamUnavailable(format!("connection to {host} failed: {cause}"))
