@@ -22,7 +22,6 @@ use std::hash::{Hash, Hasher};
 
 use base64::Engine as _;
 use ref_cast::RefCast;
-use subtle::ConstantTimeEq;
 
 /// A bearer secret. `Debug` and `Display` never show it; equality is constant-time.
 #[derive(Clone)]
@@ -57,7 +56,7 @@ impl Secret {
 
     /// Constant-time comparison with a candidate string.
     pub fn matches(&self, candidate: &str) -> bool {
-        self.0.as_bytes().ct_eq(candidate.as_bytes()).into()
+        constant_time_eq::constant_time_eq(self.0.as_bytes(), candidate.as_bytes())
     }
 }
 
@@ -88,7 +87,7 @@ impl SecretStr {
 
 impl PartialEq for SecretStr {
     fn eq(&self, other: &Self) -> bool {
-        self.0.as_bytes().ct_eq(other.0.as_bytes()).into()
+        constant_time_eq::constant_time_eq(self.0.as_bytes(), other.0.as_bytes())
     }
 }
 
