@@ -349,13 +349,7 @@ impl ChatAssembler {
     /// Reads a chunk that fits [`WireChunk`]; same effect as [`ChatAssembler::absorb`].
     fn absorb_wire(&mut self, chunk: WireChunk<'_>) -> Relay {
         if let Some(err) = chunk.error {
-            let err = raw_value(err);
-            self.upstream_error = Some(
-                err.get("message")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| err.to_string()),
-            );
+            self.upstream_error = Some(super::error_text(&raw_value(err)));
             return Relay::Forward;
         }
         let usage_only = chunk.choices.as_ref().is_some_and(Vec::is_empty);
@@ -422,12 +416,7 @@ impl ChatAssembler {
 
     fn absorb(&mut self, chunk: Map<String, Value>) -> Relay {
         if let Some(err) = chunk.get("error") {
-            self.upstream_error = Some(
-                err.get("message")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| err.to_string()),
-            );
+            self.upstream_error = Some(super::error_text(err));
             return Relay::Forward;
         }
         let choices = chunk.get("choices").and_then(Value::as_array);

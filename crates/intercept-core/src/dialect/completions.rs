@@ -213,12 +213,7 @@ impl StreamAssembler for CompletionsAssembler {
             }
         };
         if let Some(err) = chunk.get("error") {
-            self.upstream_error = Some(
-                err.get("message")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| err.to_string()),
-            );
+            self.upstream_error = Some(super::error_text(err));
             return Relay::Forward;
         }
         let choices = chunk.get("choices").and_then(Value::as_array);

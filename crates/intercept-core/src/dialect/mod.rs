@@ -214,6 +214,13 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
         .filter(|t| !t.is_empty())
 }
 
+/// The text of an upstream error object: its `message`, else the whole object.
+pub(crate) fn error_text(err: &serde_json::Value) -> String {
+    err.get("message")
+        .and_then(serde_json::Value::as_str)
+        .map_or_else(|| err.to_string(), str::to_owned)
+}
+
 /// Copies the keys of `sampling` that appear in `whitelist` out of `body`.
 pub(crate) fn whitelisted(body: &JsonBody, whitelist: &[&str]) -> Sampling {
     let mut out = Sampling::new();
