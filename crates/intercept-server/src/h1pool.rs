@@ -132,7 +132,7 @@ impl H1Pool {
 
     /// Sends `req` (an absolute `http://` request) on a pooled or new connection to its
     /// authority. A pooled connection that turns out closed before the request left is
-    /// replaced by a new one, once.
+    /// replaced by another (hyper hands back a request it did not send).
     pub(crate) async fn send(
         self: &Arc<Self>,
         req: Request<SliceBody>,
@@ -162,8 +162,7 @@ impl H1Pool {
                 parts.headers.insert(http::header::HOST, host);
             }
         }
-        let mut spare = Some(body.clone());
-        let mut req = Request::from_parts(parts.clone(), body);
+        let mut req = Request::from_parts(parts, body);
         loop {
             let (reused, mut live) = match self.checkout(&key) {
                 Some(c) => (true, c),
@@ -171,13 +170,14 @@ impl H1Pool {
             };
             let Live { sender, conn } = &mut *live;
             // Not ready: the connection closed while it rested, and nothing was sent.
-            let ready = drive(conn, sender.ready()).await.and_then(|r| r);
-            let result = match ready {
-                Ok(()) => drive(conn, sender.send_request(req)).await.and_then(|r| r),
-                Err(e) => Err(e),
-            };
-            match result {
-                Ok(resp) => {
+            if let Err(e) = drive(conn, sender.ready()).await.and_then(|r| r) {
+                if reused {
+                    continue;
+                }
+                return Err(H1Error::Http(e));
+            }
+            match drive(conn, sender.try_send_request(req)).await {
+                Ok(Ok(resp)) => {
                     return Ok(resp.map(|body| DrivenBody {
                         body,
                         conn: Some(live),
@@ -185,9 +185,10 @@ impl H1Pool {
                         key,
                     }))
                 }
-                Err(e) if reused && (e.is_canceled() || e.is_closed()) => match spare.take() {
-                    Some(body) => req = Request::from_parts(parts.clone(), body),
-                    None => return Err(H1Error::Http(e)),
+                // The request never left a pooled connection: try it on another.
+                Ok(Err(mut e)) => match e.take_message() {
+                    Some(back) if reused => req = back,
+                    _ => return Err(H1Error::Http(e.into_error())),
                 },
                 Err(e) => return Err(H1Error::Http(e)),
             }

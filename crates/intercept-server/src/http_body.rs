@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 
 /// A body made of byte slices (typically sharing the harness's request buffer), with an
 /// exact length so it is sent with `content-length`.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default)]
 pub(crate) struct SliceBody {
     chunks: VecDeque<Bytes>,
     remaining: u64,

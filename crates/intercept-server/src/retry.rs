@@ -52,11 +52,11 @@ impl Fingerprint {
         Fingerprint::Digest { len, digest }
     }
 
-    /// Whether two fingerprints are of the same body (lengths first: different lengths
-    /// never compare their bytes).
+    /// Whether two fingerprints are of the same body (bodies of different lengths never
+    /// compare their bytes).
     fn same(&self, other: &Fingerprint) -> bool {
         match (self, other) {
-            (Fingerprint::Body(a), Fingerprint::Body(b)) => a.len() == b.len() && a == b,
+            (Fingerprint::Body(a), Fingerprint::Body(b)) => a == b,
             (
                 Fingerprint::Digest { len: a, digest: x },
                 Fingerprint::Digest { len: b, digest: y },
