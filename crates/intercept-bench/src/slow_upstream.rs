@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use bytes::{Buf as _, Bytes, BytesMut};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::json;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -84,108 +84,31 @@ pub struct Rendered {
     pub json: Bytes,
 }
 
-#[derive(Serialize)]
-struct ChunkOut<'a> {
-    id: &'a str,
-    object: &'static str,
-    created: u64,
-    model: &'a str,
-    choices: &'a [ChoiceOut<'a>],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<serde_json::Value>,
-}
-
-#[derive(Serialize)]
-struct ChoiceOut<'a> {
-    index: u32,
-    delta: DeltaOut<'a>,
-    logprobs: Option<()>,
-    finish_reason: Option<&'a str>,
-}
-
-#[derive(Serialize, Default)]
-struct DeltaOut<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    role: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    content: Option<&'a str>,
-}
-
 const ID: &str = "chatcmpl-slow";
 const CREATED: u64 = 1_700_000_000;
 
-fn usage(chunks: usize) -> serde_json::Value {
-    let completion = chunks as u64;
-    json!({
-        "prompt_tokens": PROMPT_TOKENS,
-        "completion_tokens": completion,
-        "total_tokens": PROMPT_TOKENS + completion,
-    })
-}
-
-fn event(model: &str, delta: DeltaOut<'_>, finish: Option<&str>) -> Vec<u8> {
-    let choices = [ChoiceOut {
-        index: 0,
-        delta,
-        logprobs: None,
-        finish_reason: finish,
-    }];
-    data_line(&ChunkOut {
-        id: ID,
-        object: "chat.completion.chunk",
-        created: CREATED,
-        model,
-        choices: &choices,
-        usage: None,
-    })
-}
-
-fn data_line(chunk: &ChunkOut<'_>) -> Vec<u8> {
-    let mut out = b"data: ".to_vec();
-    // These types always serialise.
-    out.extend_from_slice(&serde_json::to_vec(chunk).unwrap_or_else(|_| b"null".to_vec()));
-    out.extend_from_slice(b"\n\n");
-    out
-}
-
-/// Renders every reply for `model` with `chunks` content chunks.
+/// Renders every reply for `model` with `chunks` content chunks, in the mock upstream's
+/// own shape ([`intercept_test::render_chat`]).
 pub fn render(model: &str, chunks: usize) -> Rendered {
     let chunks = chunks.max(1);
-    let role = event(
-        model,
-        DeltaOut {
-            role: Some("assistant"),
-            content: Some(""),
-        },
-        None,
-    );
-    let content = event(
-        model,
-        DeltaOut {
-            content: Some(CONTENT_PIECE),
-            ..DeltaOut::default()
-        },
-        None,
-    );
-    let finish = event(model, DeltaOut::default(), Some("stop"));
-    let usage_event = data_line(&ChunkOut {
-        id: ID,
-        object: "chat.completion.chunk",
-        created: CREATED,
-        model,
-        choices: &[],
-        usage: Some(usage(chunks)),
-    });
-    let done = b"data: [DONE]\n\n";
+    let usage = intercept_test::Usage::new(PROMPT_TOKENS, chunks as u64);
+    // One piece streamed: role, content, finish, usage, [DONE]; the content event is
+    // written at every tick.
+    let (_, events) = intercept_test::render_chat(model, CONTENT_PIECE, usage, ID, CREATED);
+    let [role, content, finish, usage_event, done] = &events[..] else {
+        unreachable!("a one-piece answer streams as five events")
+    };
+    let (json_body, _) =
+        intercept_test::render_chat(model, &CONTENT_PIECE.repeat(chunks), usage, ID, CREATED);
 
     let mut head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
-    http1::encode_chunk(&mut head, &role);
+    http1::encode_chunk(&mut head, role);
     let mut content_chunk = Vec::new();
-    http1::encode_chunk(&mut content_chunk, &content);
+    http1::encode_chunk(&mut content_chunk, content);
     let last = |with_usage: bool| {
         let mut events = [&content[..], &finish[..]].concat();
         if with_usage {
-            events.extend_from_slice(&usage_event);
+            events.extend_from_slice(usage_event);
         }
         events.extend_from_slice(done);
         let mut out = Vec::new();
@@ -193,26 +116,12 @@ pub fn render(model: &str, chunks: usize) -> Rendered {
         out.extend_from_slice(http1::LAST_CHUNK);
         Bytes::from(out)
     };
-    let body = serde_json::to_vec(&json!({
-        "id": ID,
-        "object": "chat.completion",
-        "created": CREATED,
-        "model": model,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": CONTENT_PIECE.repeat(chunks)},
-            "logprobs": null,
-            "finish_reason": "stop",
-        }],
-        "usage": usage(chunks),
-    }))
-    .unwrap_or_default();
     Rendered {
         head: head.into(),
         content: content_chunk.into(),
         last_with_usage: last(true),
         last_without_usage: last(false),
-        json: response(200, "OK", &body),
+        json: response(200, "OK", &json_body),
     }
 }
 

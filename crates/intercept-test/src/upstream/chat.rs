@@ -588,6 +588,38 @@ struct FunctionOut<'a> {
     arguments: &'a str,
 }
 
+/// A plain answer (`content`, finish `stop`, `usage`) exactly as the mock renders it: the
+/// non-streamed `chat.completion` body, and the streamed events with `content` in one
+/// piece (role, content, finish, usage, `data: [DONE]`, each `Bytes` one event with `\n`
+/// line ends). For other servers that must speak like the mock, e.g. benchmark upstreams.
+pub fn render_chat(
+    model: &str,
+    content: &str,
+    usage: Usage,
+    id: &str,
+    created: u64,
+) -> (Bytes, Vec<Bytes>) {
+    let answer = Answer {
+        model,
+        content: Some(Cow::Borrowed(content)),
+        reasoning: None,
+        tool_calls: Vec::new(),
+        finish_reason: "stop",
+        usage,
+        cached_tokens: 0,
+    };
+    let shape = StreamShape {
+        chunks: 1,
+        include_usage: true,
+        crlf: false,
+        done: true,
+    };
+    (
+        render_json(&answer, id, created),
+        render_stream(&answer, id, created, shape),
+    )
+}
+
 /// The answer as a `chat.completion` object.
 pub(crate) fn render_json(answer: &Answer<'_>, id: &str, created: u64) -> Bytes {
     let tool_calls: Vec<ToolCallOut<'_>> = answer

@@ -103,6 +103,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use chat::render_chat;
 pub use config::MockConfig;
 pub use log::{ReceivedRequest, RequestBody};
 pub use reply::{Reply, ToolCall, Usage, ANTHROPIC_CONTEXT_LENGTH_MESSAGE, CONTEXT_LENGTH_MESSAGE};
