@@ -241,20 +241,25 @@ async fn connect(addr: SocketAddr, http2: bool, shared: &Shared) -> Result<Sende
     }
 }
 
+/// The host part of a target URL and the address it resolves to.
+pub(crate) async fn resolve(url: &http::Uri) -> Result<(http::uri::Authority, SocketAddr)> {
+    let authority = url
+        .authority()
+        .ok_or_else(|| anyhow!("the URL {url} has no host"))?
+        .clone();
+    let addr = tokio::net::lookup_host(authority.as_str())
+        .await?
+        .next()
+        .ok_or_else(|| anyhow!("{authority} does not resolve"))?;
+    Ok((authority, addr))
+}
+
 /// Runs the load and reports. Fails only if the target cannot be reached at all.
 pub async fn run(config: &LoadConfig) -> Result<LoadReport> {
     if config.secrets.is_empty() {
         return Err(anyhow!("no secrets to send"));
     }
-    let authority = config
-        .url
-        .authority()
-        .ok_or_else(|| anyhow!("the URL {} has no host", config.url))?
-        .clone();
-    let addr: SocketAddr = tokio::net::lookup_host(authority.as_str())
-        .await?
-        .next()
-        .ok_or_else(|| anyhow!("{authority} does not resolve"))?;
+    let (_, addr) = resolve(&config.url).await?;
     let auth: Arc<Vec<HeaderValue>> = Arc::new(
         config
             .secrets

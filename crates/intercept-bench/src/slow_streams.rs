@@ -150,15 +150,7 @@ impl StreamClient {
         if config.secrets.is_empty() {
             return Err(anyhow!("no secrets to send"));
         }
-        let authority = config
-            .url
-            .authority()
-            .ok_or_else(|| anyhow!("the URL {} has no host", config.url))?
-            .clone();
-        let addr: SocketAddr = tokio::net::lookup_host(authority.as_str())
-            .await?
-            .next()
-            .ok_or_else(|| anyhow!("{authority} does not resolve"))?;
+        let (authority, addr) = crate::load::resolve(&config.url).await?;
         let auth = config
             .secrets
             .iter()
