@@ -80,7 +80,7 @@ enum Head {
 
 /// The head of a relayed event stream.
 fn sse_head(rx: mpsc::Receiver<Bytes>) -> Response<ResponseBody> {
-    let mut head = Response::new(ResponseBody::Channel(rx));
+    let mut head = Response::new(ResponseBody::channel(rx));
     let h = head.headers_mut();
     h.insert(
         http::header::CONTENT_TYPE,
@@ -658,7 +658,7 @@ impl Call {
         let mut stopped: Option<String> = None;
         if inspect {
             if let Ok(a) = &assembled {
-                match self.response_hook(&a.response).await {
+                match self.response_hook(&a.response.to_value()).await {
                     Ok(HookOutcome::Unchanged) => {}
                     Ok(HookOutcome::Rewritten(v)) => rewritten = Some(v),
                     Ok(HookOutcome::Stop(reason)) => stopped = Some(reason),
@@ -669,7 +669,7 @@ impl Call {
         let outcome = match &assembled {
             Ok(a) => Outcome {
                 status: 200,
-                response: Some(RawJson::from_value(&a.response)),
+                response: Some(a.response.clone()),
                 summary: a.summary.clone(),
                 ttfb_ms: ttfb,
                 client_disconnected: client_gone,

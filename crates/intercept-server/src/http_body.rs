@@ -10,6 +10,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::mpsc;
 
+use crate::detach::Detachable;
+
 /// A body made of byte slices (typically sharing the harness's request buffer), with an
 /// exact length so it is sent with `content-length`.
 #[derive(Debug, Default)]
@@ -54,18 +56,40 @@ impl Body for SliceBody {
     }
 }
 
-/// What the server answers with.
+/// What the server answers with: a complete body, or a relayed stream.
+///
+/// A relayed stream is fed by its call; while the harness's connection polls the body,
+/// it also polls the call (see `detach`), so relaying a piece needs no wakeup of
+/// another task.
 #[derive(Debug)]
-pub enum ResponseBody {
-    /// A complete body.
+pub struct ResponseBody(Kind);
+
+#[derive(Debug)]
+enum Kind {
     Full(Option<Bytes>),
-    /// A stream fed by the relay task; ends when the sender is dropped.
-    Channel(mpsc::Receiver<Bytes>),
+    Channel {
+        rx: mpsc::Receiver<Bytes>,
+        /// The call feeding `rx`, when the body drives it.
+        call: Option<Detachable>,
+    },
 }
 
 impl ResponseBody {
     pub(crate) fn full(bytes: impl Into<Bytes>) -> Self {
-        ResponseBody::Full(Some(bytes.into()))
+        ResponseBody(Kind::Full(Some(bytes.into())))
+    }
+
+    /// A stream fed through `rx`; ends when the sender is dropped.
+    pub(crate) fn channel(rx: mpsc::Receiver<Bytes>) -> Self {
+        ResponseBody(Kind::Channel { rx, call: None })
+    }
+
+    /// Hands `call` to the body, which polls it from now on; a complete body has no use
+    /// for it and lets it go on as a task.
+    pub(crate) fn drive(&mut self, call: Detachable) {
+        if let Kind::Channel { call: slot, .. } = &mut self.0 {
+            *slot = Some(call);
+        }
     }
 }
 
@@ -77,21 +101,41 @@ impl Body for ResponseBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        match self.get_mut() {
-            ResponseBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            ResponseBody::Channel(rx) => rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b)))),
+        match &mut self.get_mut().0 {
+            Kind::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            Kind::Channel { rx, call } => {
+                // Let the call work through what its upstream delivered first, so that
+                // what it relays is ready below.
+                if let Some(c) = call {
+                    if c.poll_call(cx).is_ready() {
+                        *call = None;
+                    }
+                }
+                rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self, ResponseBody::Full(None))
+        matches!(self.0, Kind::Full(None))
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self {
-            ResponseBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
-            ResponseBody::Full(None) => SizeHint::with_exact(0),
-            ResponseBody::Channel(_) => SizeHint::default(),
+        match &self.0 {
+            Kind::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            Kind::Full(None) => SizeHint::with_exact(0),
+            Kind::Channel { .. } => SizeHint::default(),
+        }
+    }
+}
+
+impl Drop for ResponseBody {
+    fn drop(&mut self) {
+        // The harness is gone (or the stream ended): close the channel before the call
+        // goes on as a task, so it sees at once that nobody reads.
+        if let Kind::Channel { rx, call } = &mut self.0 {
+            rx.close();
+            drop(call.take());
         }
     }
 }

@@ -49,6 +49,7 @@
 
 mod call;
 mod config;
+mod detach;
 mod engines;
 mod h1pool;
 mod http_body;

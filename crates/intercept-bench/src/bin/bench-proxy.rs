@@ -20,6 +20,10 @@ use intercept_core::{Interception, RolloutSession, Session, SessionConfig, Upstr
 use intercept_server::{InterceptionServer, ServerConfig};
 use serde_json::json;
 
+/// The allocator of the `intercept` binary, which this program stands in for.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// What the registered sessions do with call records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Record {

@@ -3,14 +3,14 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::{
     whitelisted, Assembled, Dialect, DialectKind, Prepared, Relay, StreamAssembler, Summary,
 };
-use crate::body::JsonBody;
+use crate::body::{JsonBody, RawJson};
 use crate::capture::{CaptureShape, TokenCollector};
 use crate::error::Error;
 use crate::record::Usage;
@@ -202,7 +202,7 @@ impl Dialect for ChatDialect {
     }
 
     fn summarize(&self, response: &[u8]) -> Result<Summary, Error> {
-        let r: WireResponse = serde_json::from_slice(response).map_err(|e| {
+        let r: WireResponse = crate::body::from_json_bytes(response).map_err(|e| {
             Error::UpstreamMalformed(format!("expected a chat.completion object: {e}"))
         })?;
         Ok(Summary {
@@ -518,10 +518,10 @@ impl StreamAssembler for ChatAssembler {
             self.done = true;
             return Relay::Withhold;
         }
-        if let Ok(chunk) = serde_json::from_slice::<WireChunk<'_>>(&data) {
+        if let Ok(chunk) = crate::body::from_json_bytes::<WireChunk<'_>>(&data) {
             return self.absorb_wire(chunk);
         }
-        match serde_json::from_slice::<Map<String, Value>>(&data) {
+        match crate::body::from_json_bytes::<Map<String, Value>>(&data) {
             Ok(chunk) => self.absorb(chunk),
             Err(e) => {
                 if self.errors.len() < 4 {
@@ -553,85 +553,147 @@ impl StreamAssembler for ChatAssembler {
                 "upstream stream ended before its terminal event (`data: [DONE]`)".into(),
             ));
         }
-        let mut message = Map::new();
-        message.insert("role".into(), json!("assistant"));
         let has_tools = !self.tool_calls.is_empty();
-        message.insert(
-            "content".into(),
-            if self.saw_content || !has_tools {
-                json!(self.content)
-            } else {
-                Value::Null
-            },
-        );
-        if !self.reasoning_content.is_empty() {
-            message.insert("reasoning_content".into(), json!(self.reasoning_content));
-        }
-        if !self.reasoning.is_empty() {
-            message.insert("reasoning".into(), json!(self.reasoning));
-        }
-        if let Some(refusal) = self.refusal {
-            message.insert("refusal".into(), json!(refusal));
-        }
-        if has_tools {
-            let calls: Vec<Value> = self
-                .tool_calls
-                .into_values()
-                .map(|c| {
-                    json!({
-                        "id": c.id,
-                        "type": if c.kind.is_empty() { "function".to_owned() } else { c.kind },
-                        "function": {"name": c.name, "arguments": c.arguments},
-                    })
-                })
-                .collect();
-            message.insert("tool_calls".into(), Value::Array(calls));
-        }
         let finish_reason =
             normalise_finish(self.finish_reason).unwrap_or_else(|| "stop".to_owned());
-        let choice = json!({"index": 0, "message": Value::Object(message), "finish_reason": finish_reason, "logprobs": null});
-        Ok(assembled_completion(
-            self.head,
+        let choice = OutChoice {
+            index: 0,
+            message: OutMessage {
+                role: "assistant",
+                content: (self.saw_content || !has_tools).then_some(self.content.as_str()),
+                reasoning_content: &self.reasoning_content,
+                reasoning: &self.reasoning,
+                refusal: self.refusal.as_deref(),
+                tool_calls: self
+                    .tool_calls
+                    .values()
+                    .map(|c| OutToolCall {
+                        id: &c.id,
+                        kind: if c.kind.is_empty() {
+                            "function"
+                        } else {
+                            &c.kind
+                        },
+                        function: OutFunction {
+                            name: &c.name,
+                            arguments: &c.arguments,
+                        },
+                    })
+                    .collect(),
+            },
+            finish_reason: &finish_reason,
+            logprobs: (),
+        };
+        let response = assembled_completion(
+            self.head.as_ref(),
             "chat.completion",
-            choice,
-            self.usage,
-            finish_reason,
-        ))
+            &choice,
+            self.usage.as_ref(),
+        );
+        Ok(Assembled {
+            response,
+            summary: Summary {
+                finish_reason: Some(finish_reason),
+                usage: read_usage(self.usage.as_ref()),
+            },
+        })
     }
 }
 
-/// The response object of an assembled OpenAI-style stream (`chat.completion` or
-/// `text_completion`): the first chunk's head fields, one choice, the stream's usage.
-pub(super) fn assembled_completion(
-    head: Option<Map<String, Value>>,
-    object: &str,
-    choice: Value,
-    usage: Option<Value>,
-    finish_reason: String,
-) -> Assembled {
-    let mut response = head.unwrap_or_default();
-    response
-        .entry("id")
-        .or_insert_with(|| json!("intercept-assembled"));
-    response.insert("object".into(), json!(object));
-    response.insert("choices".into(), json!([choice]));
-    let usage = match usage {
-        Some(u) => {
-            let read = serde_json::from_value::<WireUsage>(u.clone())
-                .map(Usage::from)
-                .unwrap_or_default();
-            response.insert("usage".into(), u);
-            read
-        }
-        None => Usage::default(),
-    };
-    Assembled {
-        response: Value::Object(response),
-        summary: Summary {
-            finish_reason: Some(finish_reason),
-            usage,
-        },
+/// The assembled `chat.completion`'s choice, serialised straight from the assembler's
+/// buffers (no `serde_json::Value` tree, no copy of the text).
+#[derive(Serialize)]
+struct OutChoice<'a> {
+    index: u32,
+    message: OutMessage<'a>,
+    finish_reason: &'a str,
+    /// Always `null`.
+    logprobs: (),
+}
+
+#[derive(Serialize)]
+struct OutMessage<'a> {
+    role: &'static str,
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    reasoning_content: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    reasoning: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    refusal: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<OutToolCall<'a>>,
+}
+
+#[derive(Serialize)]
+struct OutToolCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    function: OutFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct OutFunction<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+/// Token usage read from an assembled stream's usage object (zero when absent or
+/// unreadable).
+pub(super) fn read_usage(usage: Option<&Value>) -> Usage {
+    usage
+        .and_then(|u| WireUsage::deserialize(u).ok())
+        .map(Usage::from)
+        .unwrap_or_default()
+}
+
+/// An assembled completion object (`object` is `chat.completion` or `text_completion`):
+/// the stream's head fields (`id` defaults to `intercept-assembled`), `object`, one
+/// choice and the usage, encoded at once.
+pub(super) fn assembled_completion<C: Serialize>(
+    head: Option<&Map<String, Value>>,
+    object: &'static str,
+    choice: &C,
+    usage: Option<&Value>,
+) -> RawJson {
+    struct Out<'a, C> {
+        head: Option<&'a Map<String, Value>>,
+        object: &'static str,
+        choice: &'a C,
+        usage: Option<&'a Value>,
     }
+    impl<C: Serialize> Serialize for Out<'_, C> {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap as _;
+            let mut map = serializer.serialize_map(None)?;
+            let head = self.head.into_iter().flatten();
+            if !self.head.is_some_and(|h| h.contains_key("id")) {
+                map.serialize_entry("id", "intercept-assembled")?;
+            }
+            for (key, value) in
+                head.filter(|(k, _)| !matches!(k.as_str(), "object" | "choices" | "usage"))
+            {
+                map.serialize_entry(key, value)?;
+            }
+            map.serialize_entry("object", self.object)?;
+            map.serialize_entry("choices", &[self.choice])?;
+            if let Some(u) = self.usage {
+                map.serialize_entry("usage", u)?;
+            }
+            map.end()
+        }
+    }
+    let out = Out {
+        head,
+        object,
+        choice,
+        usage,
+    };
+    // Encoding borrowed strings and `Value`s to a Vec cannot fail.
+    RawJson::new(bytes::Bytes::from(
+        serde_json::to_vec(&out).unwrap_or_else(|_| b"null".to_vec()),
+    ))
 }
 
 #[cfg(test)]
@@ -796,7 +858,7 @@ mod tests {
             prop_assert_eq!(relayed.last(), Some(&Relay::Withhold));
             prop_assert_eq!(relayed[relayed.len() - 2], Relay::Drop);
             let out = a.finish().expect("assembled");
-            prop_assert_eq!(&out.response, &full);
+            prop_assert_eq!(&out.response.to_value(), &full);
             let summary = ChatDialect.summarize(&serde_json::to_vec(&full).expect("json")).expect("summary");
             prop_assert_eq!(out.summary, summary);
         }

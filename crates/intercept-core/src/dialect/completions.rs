@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::chat::{assembled_completion, normalise_finish, WireUsage};
+use super::chat::{assembled_completion, normalise_finish, read_usage, WireUsage};
 use super::{
     whitelisted, Assembled, Dialect, DialectKind, Prepared, Relay, StreamAssembler, Summary,
 };
@@ -138,7 +138,7 @@ impl Dialect for CompletionsDialect {
     }
 
     fn summarize(&self, response: &[u8]) -> Result<Summary, Error> {
-        let r: WireResponse = serde_json::from_slice(response).map_err(|e| {
+        let r: WireResponse = crate::body::from_json_bytes(response).map_err(|e| {
             Error::UpstreamMalformed(format!("expected a text_completion object: {e}"))
         })?;
         Ok(Summary {
@@ -202,7 +202,7 @@ impl StreamAssembler for CompletionsAssembler {
             self.done = true;
             return Relay::Withhold;
         }
-        let chunk = match serde_json::from_slice::<Map<String, Value>>(&data) {
+        let chunk = match crate::body::from_json_bytes::<Map<String, Value>>(&data) {
             Ok(c) => c,
             Err(e) => {
                 if self.errors.len() < 4 {
@@ -271,13 +271,18 @@ impl StreamAssembler for CompletionsAssembler {
         let finish_reason =
             normalise_finish(self.finish_reason).unwrap_or_else(|| "stop".to_owned());
         let choice = json!({"index": 0, "text": self.text, "logprobs": null, "finish_reason": finish_reason});
-        Ok(assembled_completion(
-            self.head,
-            "text_completion",
-            choice,
-            self.usage,
-            finish_reason,
-        ))
+        Ok(Assembled {
+            response: assembled_completion(
+                self.head.as_ref(),
+                "text_completion",
+                &choice,
+                self.usage.as_ref(),
+            ),
+            summary: Summary {
+                finish_reason: Some(finish_reason),
+                usage: read_usage(self.usage.as_ref()),
+            },
+        })
     }
 }
 
@@ -349,11 +354,11 @@ mod tests {
             [Relay::Forward, Relay::Forward, Relay::Drop, Relay::Withhold]
         );
         let out = a.finish().expect("assembled");
-        assert_eq!(out.response["choices"][0]["text"], "Hello");
+        assert_eq!(out.response.to_value()["choices"][0]["text"], "Hello");
         assert_eq!(out.summary.finish_reason.as_deref(), Some("length"));
         assert_eq!(out.summary.usage.completion_tokens, 2);
         let summary = CompletionsDialect
-            .summarize(&serde_json::to_vec(&out.response).expect("json"))
+            .summarize(out.response.bytes())
             .expect("summary");
         assert_eq!(summary, out.summary);
     }

@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 use super::{
     whitelisted, Assembled, Dialect, DialectKind, Prepared, Relay, StreamAssembler, Summary,
 };
-use crate::body::JsonBody;
+use crate::body::{JsonBody, RawJson};
 use crate::error::{error_type_for_status, Error};
 use crate::record::Usage;
 use crate::session::Sampling;
@@ -202,7 +202,7 @@ impl Dialect for MessagesDialect {
     }
 
     fn summarize(&self, response: &[u8]) -> Result<Summary, Error> {
-        let v: Value = serde_json::from_slice(response)
+        let v: Value = crate::body::from_json_bytes(response)
             .map_err(|e| Error::UpstreamMalformed(format!("expected a message object: {e}")))?;
         read_message(&v)
     }
@@ -404,7 +404,7 @@ impl StreamAssembler for MessagesAssembler {
         let Some(data) = event.data() else {
             return Relay::Forward;
         };
-        match serde_json::from_slice::<Map<String, Value>>(&data) {
+        match crate::body::from_json_bytes::<Map<String, Value>>(&data) {
             Ok(v) => self.absorb(v),
             Err(e) => {
                 self.unreadable
@@ -461,7 +461,10 @@ impl StreamAssembler for MessagesAssembler {
         message.entry("role").or_insert_with(|| json!("assistant"));
         let response = Value::Object(message);
         let summary = read_message(&response)?;
-        Ok(Assembled { response, summary })
+        Ok(Assembled {
+            response: RawJson::from_value(&response),
+            summary,
+        })
     }
 }
 
@@ -591,7 +594,7 @@ mod tests {
             prop_assert_eq!(relays.last(), Some(&Relay::Withhold));
             prop_assert_eq!(relays.iter().filter(|r| **r == Relay::Withhold).count(), 1);
             let out = a.finish().expect("assembled");
-            prop_assert_eq!(&out.response, &full);
+            prop_assert_eq!(&out.response.to_value(), &full);
             let summary = MessagesDialect.summarize(&serde_json::to_vec(&full).expect("json")).expect("summary");
             prop_assert_eq!(out.summary, summary);
         }

@@ -73,8 +73,8 @@ pub struct Summary {
 /// A stream, assembled.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Assembled {
-    /// The response object a non-streamed call would have returned.
-    pub response: serde_json::Value,
+    /// The response object a non-streamed call would have returned, encoded.
+    pub response: crate::body::RawJson,
     /// Its finish reason and usage.
     pub summary: Summary,
 }
@@ -316,7 +316,7 @@ mod synthesis_tests {
             assembler.push(&SseEvent::new(&e));
         }
         assert!(assembler.saw_terminal());
-        assembler.finish().expect("assembled").response
+        assembler.finish().expect("assembled").response.to_value()
     }
 
     #[test]

@@ -6,7 +6,7 @@ use serde_json::{json, Map, Value};
 use super::{
     whitelisted, Assembled, Dialect, DialectKind, Prepared, Relay, StreamAssembler, Summary,
 };
-use crate::body::JsonBody;
+use crate::body::{JsonBody, RawJson};
 use crate::error::Error;
 use crate::record::Usage;
 use crate::session::Sampling;
@@ -226,7 +226,7 @@ impl Dialect for ResponsesDialect {
     }
 
     fn summarize(&self, response: &[u8]) -> Result<Summary, Error> {
-        let v: Value = serde_json::from_slice(response)
+        let v: Value = crate::body::from_json_bytes(response)
             .map_err(|e| Error::UpstreamMalformed(format!("expected a response object: {e}")))?;
         read_response(&v)
     }
@@ -320,7 +320,7 @@ impl StreamAssembler for ResponsesAssembler {
         if data.trim_ascii() == b"[DONE]" {
             return Relay::Forward;
         }
-        let v: Value = match serde_json::from_slice(&data) {
+        let v: Value = match crate::body::from_json_bytes(&data) {
             Ok(v) => v,
             Err(e) => {
                 self.unreadable
@@ -363,7 +363,10 @@ impl StreamAssembler for ResponsesAssembler {
             }));
         };
         let summary = read_response(&response)?;
-        Ok(Assembled { response, summary })
+        Ok(Assembled {
+            response: RawJson::from_value(&response),
+            summary,
+        })
     }
 }
 
