@@ -15,8 +15,12 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use futures_util::FutureExt as _;
+use http::Response;
 use tokio::runtime::Handle;
+use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
+
+use crate::http_body::ResponseBody;
 
 type CallFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -60,6 +64,50 @@ impl Detachable {
             None => Poll::Ready(()),
         }
     }
+}
+
+/// Polls `call` in place until it answers through `head`, then hands what is left of
+/// it to the response body, which polls it from then on. `None`: the call ended without
+/// answering (it panicked).
+///
+/// Dropped before the answer (the harness went away), the receiver is closed first, so
+/// the call, going on as a task, sees at once that nobody waits for its answer.
+pub(crate) async fn answer(
+    call: Detachable,
+    head: oneshot::Receiver<Response<ResponseBody>>,
+) -> Option<Response<ResponseBody>> {
+    struct Waiting {
+        head: oneshot::Receiver<Response<ResponseBody>>,
+        call: Option<Detachable>,
+    }
+    impl Drop for Waiting {
+        fn drop(&mut self) {
+            self.head.close();
+            drop(self.call.take());
+        }
+    }
+    let mut waiting = Waiting {
+        head,
+        call: Some(call),
+    };
+    let answered = std::future::poll_fn(|cx| {
+        if let Some(c) = &mut waiting.call {
+            if c.poll_call(cx).is_ready() {
+                waiting.call = None;
+            }
+        }
+        match Pin::new(&mut waiting.head).poll(cx) {
+            Poll::Ready(r) => Poll::Ready(r.ok()),
+            Poll::Pending if waiting.call.is_none() => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await;
+    let mut resp = answered?;
+    if let Some(c) = waiting.call.take() {
+        resp.body_mut().drive(c);
+    }
+    Some(resp)
 }
 
 impl Drop for Detachable {
@@ -114,6 +162,56 @@ mod tests {
             .await
             .expect("the detached call ended");
         assert!(ended.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_harness_gone_before_the_answer_leaves_the_call_running_and_told() {
+        let tasks = TaskTracker::new();
+        let told = Arc::new(AtomicBool::new(false));
+        let flag = told.clone();
+        let (mut tx, rx) = oneshot::channel::<Response<ResponseBody>>();
+        let call = Detachable::new(
+            async move {
+                // Ends only once nobody waits for the answer any more.
+                tx.closed().await;
+                flag.store(true, Ordering::SeqCst);
+            },
+            &tasks,
+        );
+        let mut waiting = Box::pin(answer(call, rx));
+        assert!(
+            std::future::poll_fn(|cx| Poll::Ready(waiting.as_mut().poll(cx).is_pending())).await
+        );
+        drop(waiting);
+        tasks.close();
+        tokio::time::timeout(Duration::from_secs(5), tasks.wait())
+            .await
+            .expect("the detached call ended");
+        assert!(told.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn an_answer_with_a_stream_hands_the_call_to_the_body() {
+        use http_body_util::BodyExt as _;
+        let tasks = TaskTracker::new();
+        let (tx, rx) = oneshot::channel::<Response<ResponseBody>>();
+        let call = Detachable::new(
+            async move {
+                let (events, body) = tokio::sync::mpsc::channel(1);
+                let _ = tx.send(Response::new(ResponseBody::channel(body)));
+                for piece in ["a", "b", "c"] {
+                    if events.send(bytes::Bytes::from(piece)).await.is_err() {
+                        return;
+                    }
+                }
+            },
+            &tasks,
+        );
+        let resp = answer(call, rx).await.expect("answered");
+        assert_eq!(tasks.len(), 1, "the call is still running, in the body");
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(&body[..], b"abc");
+        assert_eq!(tasks.len(), 0);
     }
 
     #[tokio::test]

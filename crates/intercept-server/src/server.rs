@@ -2,11 +2,9 @@
 
 use std::convert::Infallible;
 use std::fmt;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::SystemTime;
 
 use async_trait::async_trait;
@@ -803,32 +801,13 @@ async fn model_call(
         capture,
         engine: std::sync::atomic::AtomicUsize::new(usize::MAX),
     };
-    let (tx, mut rx) = oneshot::channel();
+    let (tx, rx) = oneshot::channel();
     // The call runs in this task (the harness's connection): here until the response
     // head exists, then in the response body. Dropped unfinished (the harness went
     // away), it goes on as a task of the server's tracker, to its record.
-    let mut call = Some(crate::detach::Detachable::new(call.run(tx), &shared.tasks));
-    let head = std::future::poll_fn(|cx| {
-        if let Some(c) = &mut call {
-            if c.poll_call(cx).is_ready() {
-                call = None;
-            }
-        }
-        match std::pin::Pin::new(&mut rx).poll(cx) {
-            Poll::Ready(r) => Poll::Ready(r.ok()),
-            // The call ended without answering (it panicked).
-            Poll::Pending if call.is_none() => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        }
-    })
-    .await;
-    match head {
-        Some(mut resp) => {
-            if let Some(c) = call {
-                resp.body_mut().drive(c);
-            }
-            resp
-        }
+    let call = crate::detach::Detachable::new(call.run(tx), &shared.tasks);
+    match crate::detach::answer(call, rx).await {
+        Some(resp) => resp,
         None => fail(Error::Internal("the call ended without an answer".into())),
     }
 }
