@@ -505,6 +505,7 @@ impl Call {
 
         let keepalive = self.shared.config.keepalive;
         let mut body = resp.into_body();
+        let driven = matches!(body, UpstreamBody::Driven(_));
         let mut splitter = SseSplitter::new();
         let mut assembler = self.dialect.assembler(&self.prepared);
         let mut withheld: Vec<Bytes> = Vec::new();
@@ -585,11 +586,12 @@ impl Call {
                         // events are gathered with what else has already arrived.
                         if !first && taken < READY_BATCH_LIMIT {
                             next = futures_util::FutureExt::now_or_never(body.frame());
-                            if next.is_none() && !yielded {
-                                // Let the upstream connection hand over what it has
-                                // already read (it passes one frame at a time), so a
-                                // burst reaches the harness in one write, not one per
-                                // event.
+                            if next.is_none() && !yielded && !driven {
+                                // Let the upstream connection (a task of the pooled
+                                // client) hand over what it has already read: it passes
+                                // one frame at a time, so a burst reaches the harness
+                                // in one write, not one per event. A driven connection
+                                // is polled right here, by `body.frame()`.
                                 yielded = true;
                                 tokio::task::yield_now().await;
                                 next = futures_util::FutureExt::now_or_never(body.frame());
@@ -640,9 +642,6 @@ impl Call {
                             .reset(tokio::time::Instant::now() + grace);
                     }
                     last_sent = tokio::time::Instant::now();
-                    // Let the harness's connection write this piece now, and other
-                    // calls run, before more of what the upstream sent is worked through.
-                    tokio::task::yield_now().await;
                 }
             }
             if failure.is_some() || upstream_done {
