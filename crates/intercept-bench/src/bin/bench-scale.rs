@@ -15,6 +15,10 @@ use intercept_core::{Interception, RolloutSession, Session, SessionConfig, Upstr
 use intercept_server::{InterceptionServer, ServerConfig};
 use serde_json::json;
 
+/// The allocator of the `intercept` binary, whose memory per session this measures.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Which session type is registered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Kind {
