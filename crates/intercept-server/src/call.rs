@@ -1,8 +1,9 @@
 //! One model call, from the authenticated request to its record.
 //!
-//! After the request is accepted, the exchange runs in its own task (owned by the
-//! server's task tracker), so a harness that disconnects cannot drop the call half-way:
-//! every call that reaches the upstream ends in exactly one [`CallRecord`].
+//! After the request is accepted, the exchange is polled by the harness's connection
+//! task and counted by the server's task tracker; if the harness disconnects, what is
+//! left of it goes on as a task of that tracker (`detach`), so it is never dropped
+//! half-way: every call that reaches the upstream ends in exactly one [`CallRecord`].
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
