@@ -216,6 +216,7 @@ impl Dialect for ChatDialect {
     fn assembler(&self, prepared: &Prepared) -> Box<dyn StreamAssembler> {
         Box::new(ChatAssembler {
             hide_usage: prepared.hide_stream_usage,
+            prefix_tries: PREFIX_TRIES,
             ..ChatAssembler::default()
         })
     }
@@ -272,6 +273,32 @@ struct ChatAssembler {
     done: bool,
     errors: Vec<String>,
     upstream_error: Option<String>,
+    /// The members every chunk repeats before `choices` (`{"id":…,"object":…,
+    /// "created":…,"model":…,`), byte for byte as the last fully parsed chunk had them;
+    /// empty until found. A chunk that starts with them is parsed from `choices` on.
+    prefix: Vec<u8>,
+    /// Attempts left at finding `prefix` (an upstream whose chunks differ in it, say a
+    /// `created` that changes, stops being looked at).
+    prefix_tries: u8,
+    /// `{` and the rest of a chunk after `prefix`, parsed in place of the chunk.
+    scratch: String,
+}
+
+/// How many chunks of a stream may be searched for the repeated prefix.
+const PREFIX_TRIES: u8 = 4;
+
+/// The bytes of `chunk` up to and including the comma that closes its top-level members
+/// before `"choices"`, when there are any and they form a valid object on their own.
+fn repeated_prefix(chunk: &[u8]) -> Option<&[u8]> {
+    // An unescaped quote cannot follow a comma inside a string, so `,"choices":` is a
+    // member boundary; checking that what precedes it closes as an object makes sure it
+    // is a top-level one (a nested `choices` leaves braces open).
+    let comma = memchr::memmem::find(chunk, b",\"choices\":")?;
+    let mut probe = Vec::with_capacity(comma + 1);
+    probe.extend_from_slice(&chunk[..comma]);
+    probe.push(b'}');
+    crate::body::from_json_bytes::<serde::de::IgnoredAny>(&probe).ok()?;
+    Some(&chunk[..=comma])
 }
 
 /// A `chat.completion.chunk` as providers send it, read without building a
@@ -518,7 +545,34 @@ impl StreamAssembler for ChatAssembler {
             self.done = true;
             return Relay::Withhold;
         }
+        // The members already read from an earlier chunk, repeated byte for byte, are
+        // skipped: whatever they hold (head, usage, error) had its effect then.
+        if !self.prefix.is_empty() && data.len() > self.prefix.len() {
+            if let Some(rest) = data
+                .strip_prefix(self.prefix.as_slice())
+                .and_then(|r| std::str::from_utf8(r).ok())
+            {
+                let mut scratch = std::mem::take(&mut self.scratch);
+                scratch.clear();
+                scratch.push('{');
+                scratch.push_str(rest);
+                let relay = serde_json::from_str::<WireChunk<'_>>(&scratch)
+                    .ok()
+                    .map(|chunk| self.absorb_wire(chunk));
+                self.scratch = scratch;
+                if let Some(relay) = relay {
+                    return relay;
+                }
+            }
+        }
         if let Ok(chunk) = crate::body::from_json_bytes::<WireChunk<'_>>(&data) {
+            if self.prefix_tries > 0 && chunk.error.is_none() && chunk.choices.is_some() {
+                self.prefix_tries -= 1;
+                self.prefix.clear();
+                if let Some(p) = repeated_prefix(&data) {
+                    self.prefix.extend_from_slice(p);
+                }
+            }
             return self.absorb_wire(chunk);
         }
         match crate::body::from_json_bytes::<Map<String, Value>>(&data) {
@@ -862,6 +916,65 @@ mod tests {
             let summary = ChatDialect.summarize(&serde_json::to_vec(&full).expect("json")).expect("summary");
             prop_assert_eq!(out.summary, summary);
         }
+    }
+
+    #[test]
+    fn repeated_members_are_skipped_only_when_repeated_byte_for_byte() {
+        let chunk = |created: u64, extra: &str, body: &str| {
+            format!(
+                "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":{created},\"model\":\"m\",{extra}\"choices\":[{body}]}}\n\n"
+            )
+        };
+        let delta =
+            |t: &str| format!(r#"{{"index":0,"delta":{{"content":"{t}"}},"finish_reason":null}}"#);
+        // A `choices` nested in a member before the real one is not a member boundary:
+        // no prefix then (every chunk is parsed whole).
+        assert_eq!(
+            repeated_prefix(br#"{"meta":{"a":1,"choices":2},"choices":[]}"#),
+            None
+        );
+        assert_eq!(
+            repeated_prefix(br#"{"id":"x","choices":[]}"#),
+            Some(&br#"{"id":"x","#[..])
+        );
+        assert_eq!(repeated_prefix(br#"{"x":[{"y":1,"choices":[]}]}"#), None);
+        let events = [
+            chunk(1, "", &delta("a")),
+            chunk(1, "", &delta("b\\n")),
+            // Another `created`: parsed whole, and becomes the prefix.
+            chunk(2, "", &delta("c")),
+            chunk(2, "", &delta("d")),
+            chunk(2, r#""meta":{"choices":1},"#, &delta("e")),
+            chunk(
+                2,
+                "",
+                r#"{"index":1,"delta":{"content":"other"}},{"index":0,"delta":{},"finish_reason":"stop"}"#,
+            ),
+            chunk(2, "", "").replace(
+                r#""choices":[]}"#,
+                r#""choices":[],"usage":{"prompt_tokens":3,"completion_tokens":5}}"#,
+            ),
+            "data: [DONE]\n\n".to_owned(),
+        ];
+        let mut a = Box::new(ChatAssembler {
+            prefix_tries: PREFIX_TRIES,
+            ..ChatAssembler::default()
+        });
+        for e in &events {
+            a.push(&SseEvent::new(e.as_bytes()));
+        }
+        // Parsed whole: the first chunk and the first with `created` 2; the rest after
+        // the prefix.
+        assert_eq!(a.prefix_tries, PREFIX_TRIES - 2);
+        assert_eq!(
+            a.prefix,
+            br#"{"id":"c1","object":"chat.completion.chunk","created":2,"model":"m","#
+        );
+        let out = a.finish().expect("assembled").response.to_value();
+        assert_eq!(out["choices"][0]["message"]["content"], "ab\ncde");
+        assert_eq!(out["choices"][0]["finish_reason"], "stop");
+        assert_eq!(out["created"], 1, "the head is the first chunk's");
+        assert_eq!(out["usage"]["completion_tokens"], 5);
     }
 
     #[test]
