@@ -56,6 +56,10 @@ struct BenchArgs {
     /// Use the release binaries already built.
     #[arg(long)]
     no_build: bool,
+    /// Rounds per load case, targets measured in turn in each (default: 1 with --quick,
+    /// else 3); the median round of each target is reported.
+    #[arg(long)]
+    rounds: Option<usize>,
     /// Run the criterion micro-benchmarks (`cargo bench --workspace`) instead.
     #[arg(long)]
     micro: bool,
@@ -97,6 +101,7 @@ fn main() -> ExitCode {
                 streams: b.streams,
                 no_nginx: b.no_nginx,
                 no_build: b.no_build,
+                rounds: b.rounds,
             },
         ),
     };
