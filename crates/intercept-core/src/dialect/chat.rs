@@ -282,6 +282,11 @@ struct ChatAssembler {
     prefix_tries: u8,
     /// `{` and the rest of a chunk after `prefix`, parsed in place of the chunk.
     scratch: String,
+    /// The bytes around the delta of a chunk whose only effect was its delta (see
+    /// [`delta_frame`]); empty until found. A chunk made of the same bytes around one
+    /// JSON object is read as that delta alone.
+    delta_head: Vec<u8>,
+    delta_tail: Vec<u8>,
 }
 
 /// How many chunks of a stream may be searched for the repeated prefix.
@@ -297,8 +302,62 @@ fn repeated_prefix(chunk: &[u8]) -> Option<&[u8]> {
     let mut probe = Vec::with_capacity(comma + 1);
     probe.extend_from_slice(&chunk[..comma]);
     probe.push(b'}');
-    crate::body::from_json_bytes::<serde::de::IgnoredAny>(&probe).ok()?;
+    // Members whose effect is not the same when taken once as when repeated (a usage or
+    // an error another chunk may change in between) are never skipped.
+    let members: ProbedMembers<'_> = crate::body::from_json_bytes(&probe).ok()?;
+    if members.usage.is_some() || members.error.is_some() {
+        return None;
+    }
     Some(&chunk[..=comma])
+}
+
+/// The members before `choices` that must not be skipped when present.
+#[derive(Deserialize)]
+struct ProbedMembers<'a> {
+    #[serde(default, borrow)]
+    usage: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    error: Option<&'a RawValue>,
+}
+
+/// A chunk read only to find where its one choice's `delta` sits.
+#[derive(Deserialize)]
+struct LocateDelta<'a> {
+    #[serde(borrow)]
+    choices: Vec<LocateChoice<'a>>,
+}
+
+#[derive(Deserialize)]
+struct LocateChoice<'a> {
+    #[serde(borrow)]
+    delta: &'a RawValue,
+}
+
+/// For a chunk whose only effect is its delta (one choice, of index 0, no finish
+/// reason, no usage, no error, as `chunk` was read): the bytes before the delta's value
+/// and after it. Another chunk made of the same bytes around another JSON value differs
+/// from this one only in that value, which is then its delta.
+fn delta_frame<'d>(data: &'d [u8], chunk: &WireChunk<'_>) -> Option<(&'d [u8], &'d [u8])> {
+    let choices = chunk.choices.as_ref()?;
+    let [choice] = choices.as_slice() else {
+        return None;
+    };
+    if choice.index != 0
+        || choice.finish_reason.is_some()
+        || choice.delta.is_none()
+        || chunk.usage.is_some()
+        || chunk.error.is_some()
+    {
+        return None;
+    }
+    let located: LocateDelta<'_> = crate::body::from_json_bytes(data).ok()?;
+    let [choice] = located.choices.as_slice() else {
+        return None;
+    };
+    let raw = choice.delta.get().as_bytes();
+    let start = (raw.as_ptr() as usize).checked_sub(data.as_ptr() as usize)?;
+    let end = start.checked_add(raw.len())?;
+    (end <= data.len()).then(|| (&data[..start], &data[end..]))
 }
 
 /// A `chat.completion.chunk` as providers send it, read without building a
@@ -402,42 +461,48 @@ impl ChatAssembler {
             if let Some(reason) = choice.finish_reason {
                 self.finish_reason = Some(reason.into_owned());
             }
-            let Some(delta) = choice.delta else { continue };
-            if let Some(text) = delta.content {
-                self.content.push_str(&text);
-                self.saw_content = true;
-            }
-            if let Some(text) = delta.reasoning_content {
-                self.reasoning_content.push_str(&text);
-            }
-            if let Some(text) = delta.reasoning {
-                self.reasoning.push_str(&text);
-            }
-            if let Some(text) = delta.refusal {
-                self.refusal.get_or_insert_with(String::new).push_str(&text);
-            }
-            for call in delta.tool_calls.into_iter().flatten() {
-                let entry = self.tool_calls.entry(call.index).or_default();
-                if let Some(id) = call.id.filter(|s| !s.is_empty()) {
-                    entry.id = id.into_owned();
-                }
-                if let Some(kind) = call.kind.filter(|s| !s.is_empty()) {
-                    entry.kind = kind.into_owned();
-                }
-                if let Some(f) = call.function {
-                    if let Some(name) = f.name.filter(|s| !s.is_empty()) {
-                        entry.name = name.into_owned();
-                    }
-                    if let Some(args) = f.arguments {
-                        entry.arguments.push_str(&args);
-                    }
-                }
+            if let Some(delta) = choice.delta {
+                self.absorb_delta(delta);
             }
         }
         if usage_only && self.hide_usage {
             Relay::Drop
         } else {
             Relay::Forward
+        }
+    }
+
+    /// The delta of the call's choice (index 0).
+    fn absorb_delta(&mut self, delta: WireDelta<'_>) {
+        if let Some(text) = delta.content {
+            self.content.push_str(&text);
+            self.saw_content = true;
+        }
+        if let Some(text) = delta.reasoning_content {
+            self.reasoning_content.push_str(&text);
+        }
+        if let Some(text) = delta.reasoning {
+            self.reasoning.push_str(&text);
+        }
+        if let Some(text) = delta.refusal {
+            self.refusal.get_or_insert_with(String::new).push_str(&text);
+        }
+        for call in delta.tool_calls.into_iter().flatten() {
+            let entry = self.tool_calls.entry(call.index).or_default();
+            if let Some(id) = call.id.filter(|s| !s.is_empty()) {
+                entry.id = id.into_owned();
+            }
+            if let Some(kind) = call.kind.filter(|s| !s.is_empty()) {
+                entry.kind = kind.into_owned();
+            }
+            if let Some(f) = call.function {
+                if let Some(name) = f.name.filter(|s| !s.is_empty()) {
+                    entry.name = name.into_owned();
+                }
+                if let Some(args) = f.arguments {
+                    entry.arguments.push_str(&args);
+                }
+            }
         }
     }
 
@@ -545,8 +610,20 @@ impl StreamAssembler for ChatAssembler {
             self.done = true;
             return Relay::Withhold;
         }
+        // The usual content chunk: the same bytes as an earlier one around another delta.
+        if !self.delta_head.is_empty()
+            && data.len() > self.delta_head.len() + self.delta_tail.len()
+            && data.starts_with(&self.delta_head)
+            && data.ends_with(&self.delta_tail)
+        {
+            let delta = &data[self.delta_head.len()..data.len() - self.delta_tail.len()];
+            if let Ok(delta) = crate::body::from_json_bytes::<WireDelta<'_>>(delta) {
+                self.absorb_delta(delta);
+                return Relay::Forward;
+            }
+        }
         // The members already read from an earlier chunk, repeated byte for byte, are
-        // skipped: whatever they hold (head, usage, error) had its effect then.
+        // skipped: they are only those whose effect was taken then (the head).
         if !self.prefix.is_empty() && data.len() > self.prefix.len() {
             if let Some(rest) = data
                 .strip_prefix(self.prefix.as_slice())
@@ -571,6 +648,12 @@ impl StreamAssembler for ChatAssembler {
                 self.prefix.clear();
                 if let Some(p) = repeated_prefix(&data) {
                     self.prefix.extend_from_slice(p);
+                }
+                if let Some((head, tail)) = delta_frame(&data, &chunk) {
+                    self.delta_head.clear();
+                    self.delta_head.extend_from_slice(head);
+                    self.delta_tail.clear();
+                    self.delta_tail.extend_from_slice(tail);
                 }
             }
             return self.absorb_wire(chunk);
@@ -937,6 +1020,15 @@ mod tests {
             repeated_prefix(br#"{"id":"x","choices":[]}"#),
             Some(&br#"{"id":"x","#[..])
         );
+        // A usage or an error before `choices` is never skipped.
+        assert_eq!(
+            repeated_prefix(br#"{"id":"x","usage":{"prompt_tokens":1},"choices":[]}"#),
+            None
+        );
+        assert_eq!(
+            repeated_prefix(br#"{"id":"x","usage":null,"choices":[]}"#),
+            Some(&br#"{"id":"x","usage":null,"#[..])
+        );
         assert_eq!(repeated_prefix(br#"{"x":[{"y":1,"choices":[]}]}"#), None);
         let events = [
             chunk(1, "", &delta("a")),
@@ -944,6 +1036,12 @@ mod tests {
             // Another `created`: parsed whole, and becomes the prefix.
             chunk(2, "", &delta("c")),
             chunk(2, "", &delta("d")),
+            // The same bytes around something that is not one object: read whole.
+            chunk(
+                2,
+                "",
+                r#"{"index":0,"delta":{"content":"x"},"extra":{"content":"y"},"finish_reason":null}"#,
+            ),
             chunk(2, r#""meta":{"choices":1},"#, &delta("e")),
             chunk(
                 2,
@@ -970,8 +1068,13 @@ mod tests {
             a.prefix,
             br#"{"id":"c1","object":"chat.completion.chunk","created":2,"model":"m","#
         );
+        assert_eq!(
+            a.delta_head,
+            br#"{"id":"c1","object":"chat.completion.chunk","created":2,"model":"m","choices":[{"index":0,"delta":"#
+        );
+        assert_eq!(a.delta_tail, br#","finish_reason":null}]}"#);
         let out = a.finish().expect("assembled").response.to_value();
-        assert_eq!(out["choices"][0]["message"]["content"], "ab\ncde");
+        assert_eq!(out["choices"][0]["message"]["content"], "ab\ncdxe");
         assert_eq!(out["choices"][0]["finish_reason"], "stop");
         assert_eq!(out["created"], 1, "the head is the first chunk's");
         assert_eq!(out["usage"]["completion_tokens"], 5);
