@@ -98,7 +98,9 @@ fn offset_in(outer: &[u8], inner: &[u8]) -> usize {
 /// `serde_json::from_slice`, faster: the bytes are checked as UTF-8 once, in bulk, and
 /// parsed as a `str`, instead of every string (kept or skipped) being checked on its
 /// own. Invalid UTF-8 goes through `from_slice`, for its error (with line and column).
-pub fn from_json_bytes<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> serde_json::Result<T> {
+pub(crate) fn from_json_bytes<'a, T: serde::Deserialize<'a>>(
+    bytes: &'a [u8],
+) -> serde_json::Result<T> {
     match std::str::from_utf8(bytes) {
         Ok(text) => serde_json::from_str(text),
         Err(_) => serde_json::from_slice(bytes),

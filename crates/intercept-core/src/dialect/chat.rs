@@ -721,19 +721,13 @@ impl StreamAssembler for ChatAssembler {
             finish_reason: &finish_reason,
             logprobs: (),
         };
-        let response = assembled_completion(
+        Ok(assembled_completion(
             self.head.as_ref(),
             "chat.completion",
             &choice,
             self.usage.as_ref(),
-        );
-        Ok(Assembled {
-            response,
-            summary: Summary {
-                finish_reason: Some(finish_reason),
-                usage: read_usage(self.usage.as_ref()),
-            },
-        })
+            &finish_reason,
+        ))
     }
 }
 
@@ -776,24 +770,17 @@ struct OutFunction<'a> {
     arguments: &'a str,
 }
 
-/// Token usage read from an assembled stream's usage object (zero when absent or
-/// unreadable).
-pub(super) fn read_usage(usage: Option<&Value>) -> Usage {
-    usage
-        .and_then(|u| WireUsage::deserialize(u).ok())
-        .map(Usage::from)
-        .unwrap_or_default()
-}
-
-/// An assembled completion object (`object` is `chat.completion` or `text_completion`):
-/// the stream's head fields (`id` defaults to `intercept-assembled`), `object`, one
-/// choice and the usage, encoded at once.
+/// An assembled OpenAI-style stream (`object` is `chat.completion` or
+/// `text_completion`): the response (the stream's head fields, `id` defaulting to
+/// `intercept-assembled`, then `object`, one choice and the usage), encoded at once, and
+/// its summary (usage read as zero when absent or unreadable).
 pub(super) fn assembled_completion<C: Serialize>(
     head: Option<&Map<String, Value>>,
     object: &'static str,
     choice: &C,
     usage: Option<&Value>,
-) -> RawJson {
+    finish_reason: &str,
+) -> Assembled {
     struct Out<'a, C> {
         head: Option<&'a Map<String, Value>>,
         object: &'static str,
@@ -828,9 +815,19 @@ pub(super) fn assembled_completion<C: Serialize>(
         usage,
     };
     // Encoding borrowed strings and `Value`s to a Vec cannot fail.
-    RawJson::new(bytes::Bytes::from(
+    let response = RawJson::new(bytes::Bytes::from(
         serde_json::to_vec(&out).unwrap_or_else(|_| b"null".to_vec()),
-    ))
+    ));
+    Assembled {
+        response,
+        summary: Summary {
+            finish_reason: Some(finish_reason.to_owned()),
+            usage: usage
+                .and_then(|u| WireUsage::deserialize(u).ok())
+                .map(Usage::from)
+                .unwrap_or_default(),
+        },
+    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::chat::{assembled_completion, normalise_finish, read_usage, WireUsage};
+use super::chat::{assembled_completion, normalise_finish, WireUsage};
 use super::{
     whitelisted, Assembled, Dialect, DialectKind, Prepared, Relay, StreamAssembler, Summary,
 };
@@ -271,18 +271,13 @@ impl StreamAssembler for CompletionsAssembler {
         let finish_reason =
             normalise_finish(self.finish_reason).unwrap_or_else(|| "stop".to_owned());
         let choice = json!({"index": 0, "text": self.text, "logprobs": null, "finish_reason": finish_reason});
-        Ok(Assembled {
-            response: assembled_completion(
-                self.head.as_ref(),
-                "text_completion",
-                &choice,
-                self.usage.as_ref(),
-            ),
-            summary: Summary {
-                finish_reason: Some(finish_reason),
-                usage: read_usage(self.usage.as_ref()),
-            },
-        })
+        Ok(assembled_completion(
+            self.head.as_ref(),
+            "text_completion",
+            &choice,
+            self.usage.as_ref(),
+            &finish_reason,
+        ))
     }
 }
 
