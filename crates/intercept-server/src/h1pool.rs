@@ -1,50 +1,56 @@
-//! Plain-HTTP/1.1 upstream connections driven by the call that uses them.
+//! Plain-HTTP/1.1 upstream connections read by the call that uses them.
 //!
 //! A pooled client that runs each connection in a task of its own hands a streamed
-//! response over one body frame at a time: every SSE event of the upstream costs a wake
-//! of the call's task, a wake of the connection's task and a poll of each. Here the call
-//! polls its connection itself (inside [`DrivenBody::poll_frame`]), so the frames the
-//! connection has already read pass over with no task switch. Between calls, a
-//! connection rests in the pool unpolled; it is polled once on checkout, which notices a
-//! connection the upstream closed meanwhile.
+//! response over one body frame at a time, through a channel: every SSE event of the
+//! upstream costs a wake of the call's task, a wake of the connection's task and a poll
+//! of each. Here the call writes its request and reads the answer itself: the response
+//! head is parsed with `httparse`, and the body is decoded (`content-length`, chunked,
+//! or up to the close) straight out of the connection's read buffer, each frame a slice
+//! of that buffer. Between calls, a connection rests in the pool unpolled; on checkout
+//! a non-blocking read of one byte notices a connection the upstream closed meanwhile.
 //!
 //! Only `http://` upstreams go through here (the RL case: engines on the same host or
 //! network); `https://` ones use the general pooled client, with TLS and HTTP/2.
 
 use std::collections::HashMap;
-use std::future::Future;
+use std::io::{self, IoSlice, Write as _};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use futures_util::FutureExt as _;
-use http::{Request, Response};
+use bytes::{Buf as _, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::Authority;
+use http::{Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
+use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
 
 use crate::http_body::SliceBody;
 
-type Conn = http1::Connection<TokioIo<TcpStream>, SliceBody>;
-
 /// Idle connections older than this are closed rather than reused.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Largest response head accepted.
+const MAX_HEAD: usize = 64 * 1024;
+/// Most response headers accepted.
+const MAX_HEADERS: usize = 128;
+/// Longest chunk-size or trailer line accepted.
+const MAX_LINE: usize = 8 * 1024;
+/// Room made in the read buffer before a read, and the most made for a long body.
+const READ_MIN: usize = 8 * 1024;
+const READ_MAX: usize = 64 * 1024;
 
-/// A connection: its request handle and its state machine (boxed once when it is made,
-/// so moving it in and out of the pool copies a pointer).
-struct Live {
-    sender: http1::SendRequest<SliceBody>,
-    conn: Conn,
+/// A connection and the bytes read from it but not yet used.
+struct Conn {
+    io: TcpStream,
+    buf: BytesMut,
 }
 
 /// One idle connection.
 struct Idle {
-    live: Box<Live>,
+    conn: Conn,
     since: Instant,
 }
 
@@ -52,11 +58,11 @@ struct Idle {
 #[derive(Debug)]
 pub(crate) enum H1Error {
     /// No connection could be made (the request never left).
-    Connect(std::io::Error),
+    Connect(io::Error),
     /// Connecting took longer than the connect timeout.
     ConnectTimeout,
-    /// The exchange failed.
-    Http(hyper::Error),
+    /// The exchange failed: the connection broke, or the answer is not HTTP/1.x.
+    Exchange(io::Error),
 }
 
 /// The pool: idle connections per `host:port`.
@@ -84,64 +90,63 @@ impl H1Pool {
     }
 
     /// A live idle connection to `key`, if the pool has one.
-    fn checkout(&self, key: &str) -> Option<Box<Live>> {
+    fn checkout(&self, key: &str) -> Option<Conn> {
         loop {
-            let mut idle = {
+            let idle = {
                 let mut map = self.idle.lock();
                 map.get_mut(key)?.pop()?
             };
             if idle.since.elapsed() > IDLE_TIMEOUT {
                 continue;
             }
-            // One poll: reads a close (or anything unexpected) the upstream sent meanwhile.
-            let live = &mut *idle.live;
-            if (&mut live.conn).now_or_never().is_some() || live.sender.is_closed() {
-                continue;
+            // Nothing may be readable on a resting connection: a close, a reset or
+            // stray bytes all retire it.
+            match idle.conn.io.try_read(&mut [0u8; 1]) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Some(idle.conn),
+                _ => continue,
             }
-            return Some(idle.live);
         }
     }
 
-    fn checkin(&self, key: String, live: Box<Live>) {
-        if self.max_idle_per_host == 0 || live.sender.is_closed() {
+    fn checkin(&self, key: String, conn: Conn) {
+        if self.max_idle_per_host == 0 || !conn.buf.is_empty() {
             return;
         }
         let mut map = self.idle.lock();
         let list = map.entry(key).or_default();
         if list.len() < self.max_idle_per_host {
             list.push(Idle {
-                live,
+                conn,
                 since: Instant::now(),
             });
         }
     }
 
-    async fn connect(&self, key: &str) -> Result<Box<Live>, H1Error> {
-        let stream = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(key)).await
-        {
+    async fn connect(&self, key: &str) -> Result<Conn, H1Error> {
+        let io = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(key)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return Err(H1Error::Connect(e)),
             Err(_) => return Err(H1Error::ConnectTimeout),
         };
-        let _ = stream.set_nodelay(true);
-        let (sender, conn) = http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(H1Error::Http)?;
-        Ok(Box::new(Live { sender, conn }))
+        let _ = io.set_nodelay(true);
+        Ok(Conn {
+            io,
+            buf: BytesMut::new(),
+        })
     }
 
     /// Sends `req` (an absolute `http://` request) on a pooled or new connection to its
-    /// authority. A pooled connection that turns out closed before the request left is
-    /// replaced by another (hyper hands back a request it did not send).
+    /// authority. When the request cannot be written on a pooled connection (the
+    /// upstream closed it while it rested), it goes once more, on a new connection; a
+    /// request that left is never sent twice.
     pub(crate) async fn send(
         self: &Arc<Self>,
         req: Request<SliceBody>,
     ) -> Result<Response<DrivenBody>, H1Error> {
-        let (mut parts, body) = req.into_parts();
-        let authority = parts.uri.authority().cloned();
-        let Some(authority) = authority else {
-            return Err(H1Error::Connect(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
+        let (parts, body) = req.into_parts();
+        let Some(authority) = parts.uri.authority().cloned() else {
+            return Err(H1Error::Connect(io::Error::new(
+                io::ErrorKind::InvalidInput,
                 "the upstream URL has no host",
             )));
         };
@@ -149,139 +154,503 @@ impl H1Pool {
             Some(_) => authority.as_str().to_owned(),
             None => format!("{}:80", authority.host()),
         };
-        // On the wire: origin-form request line and a Host header.
-        parts.uri = parts
-            .uri
-            .path_and_query()
-            .map(|p| p.as_str())
-            .unwrap_or("/")
-            .parse()
-            .unwrap_or_default();
-        if !parts.headers.contains_key(http::header::HOST) {
-            if let Ok(host) = http::HeaderValue::from_str(authority.as_str()) {
-                parts.headers.insert(http::header::HOST, host);
-            }
-        }
-        let mut req = Request::from_parts(parts, body);
+        let len = body.len();
+        let head = encode_head(&parts, &authority, len);
+        let chunks = body.into_chunks();
+        let mut pooled = self.checkout(&key);
         loop {
-            let (reused, mut live) = match self.checkout(&key) {
-                Some(c) => (true, c),
-                None => (false, self.connect(&key).await?),
+            let reused = pooled.is_some();
+            let mut conn = match pooled.take() {
+                Some(c) => c,
+                None => self.connect(&key).await?,
             };
-            let Live { sender, conn } = &mut *live;
-            // Not ready: the connection closed while it rested, and nothing was sent.
-            if let Err(e) = drive(conn, sender.ready()).await.and_then(|r| r) {
-                if reused {
-                    continue;
-                }
-                return Err(H1Error::Http(e));
-            }
-            match drive(conn, sender.try_send_request(req)).await {
-                Ok(Ok(resp)) => {
-                    return Ok(resp.map(|body| DrivenBody {
-                        body,
-                        conn: Some(live),
+            match exchange(&mut conn, &head, &chunks).await {
+                Ok(head) => {
+                    let mut resp = Response::new(DrivenBody {
+                        conn: Some(conn),
+                        state: head.framing,
+                        keep_alive: head.keep_alive,
                         pool: self.clone(),
                         key,
-                    }))
+                    });
+                    *resp.status_mut() = head.status;
+                    *resp.version_mut() = head.version;
+                    *resp.headers_mut() = head.headers;
+                    if resp.body().state.is_done() {
+                        resp.body_mut().finish();
+                    }
+                    return Ok(resp);
                 }
-                // The request never left a pooled connection: try it on another.
-                Ok(Err(mut e)) => match e.take_message() {
-                    Some(back) if reused => req = back,
-                    _ => return Err(H1Error::Http(e.into_error())),
-                },
-                Err(e) => return Err(H1Error::Http(e)),
+                Err(Failed { error, unsent }) => {
+                    if reused && unsent {
+                        continue;
+                    }
+                    return Err(H1Error::Exchange(error));
+                }
             }
         }
     }
 }
 
-/// Polls `fut` to completion, polling the connection whenever `fut` waits.
-async fn drive<F: Future>(conn: &mut Conn, fut: F) -> Result<F::Output, hyper::Error> {
-    let mut fut = std::pin::pin!(fut);
-    let mut conn_done = false;
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(out) = fut.as_mut().poll(cx) {
-            return Poll::Ready(Ok(out));
+/// The request line and headers of `parts`, in origin form, with a `Host` header and
+/// the body's length.
+fn encode_head(parts: &http::request::Parts, authority: &Authority, len: u64) -> Vec<u8> {
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut head = Vec::with_capacity(128 + path.len() + 64 * parts.headers.len());
+    head.extend_from_slice(parts.method.as_str().as_bytes());
+    head.push(b' ');
+    head.extend_from_slice(path.as_bytes());
+    head.extend_from_slice(b" HTTP/1.1\r\n");
+    if !parts.headers.contains_key(header::HOST) {
+        head.extend_from_slice(b"host: ");
+        head.extend_from_slice(authority.as_str().as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    for (name, value) in &parts.headers {
+        if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
+            continue;
         }
-        if !conn_done {
-            match Pin::new(&mut *conn).poll(cx) {
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Ready(Ok(())) => conn_done = true,
-                Poll::Pending => {}
-            }
-            if let Poll::Ready(out) = fut.as_mut().poll(cx) {
-                return Poll::Ready(Ok(out));
-            }
-        }
-        Poll::Pending
-    })
-    .await
+        head.extend_from_slice(name.as_str().as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    let _ = write!(head, "content-length: {len}\r\n\r\n");
+    head
 }
 
-/// A response body read from a connection that this body drives; the connection goes
-/// back to the pool when the body ends.
+/// An exchange that got no response head.
+struct Failed {
+    error: io::Error,
+    /// The request could not be written whole, so the upstream cannot have taken it.
+    unsent: bool,
+}
+
+/// A parsed response head.
+struct Head {
+    status: StatusCode,
+    version: Version,
+    headers: HeaderMap,
+    framing: State,
+    keep_alive: bool,
+}
+
+/// Writes the request and reads the response head (skipping interim `1xx` answers).
+async fn exchange(conn: &mut Conn, head: &[u8], body: &[Bytes]) -> Result<Head, Failed> {
+    let failed = |error| Failed {
+        error,
+        unsent: false,
+    };
+    write_all(&mut conn.io, head, body)
+        .await
+        .map_err(|error| Failed {
+            error,
+            unsent: true,
+        })?;
+    loop {
+        if !conn.buf.is_empty() {
+            if let Some((used, head)) = parse_head(&conn.buf).map_err(failed)? {
+                conn.buf.advance(used);
+                if head.status.is_informational() {
+                    if head.status == StatusCode::SWITCHING_PROTOCOLS {
+                        return Err(failed(invalid(
+                            "the upstream switched protocols on a model call",
+                        )));
+                    }
+                    continue;
+                }
+                return Ok(head);
+            }
+        }
+        conn.buf.reserve(READ_MIN);
+        match read(&mut conn.io, &mut conn.buf).await {
+            Ok(0) => {
+                return Err(failed(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the upstream closed the connection without answering",
+                )))
+            }
+            Ok(_) => {}
+            Err(e) => return Err(failed(e)),
+        }
+    }
+}
+
+async fn read(io: &mut TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
+    std::future::poll_fn(|cx| tokio_util::io::poll_read_buf(Pin::new(&mut *io), cx, buf)).await
+}
+
+/// Writes `head` and the body slices, in as few writes as the socket allows.
+async fn write_all(io: &mut TcpStream, head: &[u8], body: &[Bytes]) -> io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(1 + body.len());
+    slices.push(IoSlice::new(head));
+    slices.extend(
+        body.iter()
+            .filter(|b| !b.is_empty())
+            .map(|b| IoSlice::new(b)),
+    );
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        let n = io.write_vectored(rest).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut rest, n);
+    }
+    Ok(())
+}
+
+fn invalid(message: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, message.into())
+}
+
+/// Parses a complete response head at the start of `buf`: its length and content, or
+/// `None` while it is incomplete.
+fn parse_head(buf: &[u8]) -> io::Result<Option<(usize, Head)>> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut slots);
+    let used = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
+            return Err(invalid(format!(
+                "the upstream's response head is over {} KiB",
+                MAX_HEAD / 1024
+            )))
+        }
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => {
+            return Err(invalid(format!(
+                "the upstream's answer is not an HTTP/1.x response ({e})"
+            )))
+        }
+    };
+    let code = resp.code.unwrap_or_default();
+    let status = StatusCode::from_u16(code)
+        .map_err(|_| invalid(format!("the upstream answered with status {code}")))?;
+    let version = if resp.version == Some(0) {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    let mut keep_alive = version == Version::HTTP_11;
+    let mut chunked: Option<bool> = None;
+    let mut length: Option<u64> = None;
+    let mut headers = HeaderMap::with_capacity(resp.headers.len());
+    for h in resp.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes())
+            .map_err(|_| invalid(format!("the upstream sent a bad header name `{}`", h.name)))?;
+        let value = HeaderValue::from_bytes(h.value)
+            .map_err(|_| invalid(format!("the upstream sent a bad `{name}` header value")))?;
+        if name == header::TRANSFER_ENCODING {
+            // The last coding decides: chunked is the only one that frames a body.
+            if let Some(last) = h.value.rsplit(|&b| b == b',').next() {
+                chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            }
+        } else if name == header::CONTENT_LENGTH {
+            for part in h.value.split(|&b| b == b',') {
+                let n = std::str::from_utf8(part.trim_ascii())
+                    .ok()
+                    .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(|| invalid("the upstream sent a bad content-length"))?;
+                if length.is_some_and(|l| l != n) {
+                    return Err(invalid("the upstream sent two different content-lengths"));
+                }
+                length = Some(n);
+            }
+        } else if name == header::CONNECTION {
+            for token in h.value.split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    keep_alive = false;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") && version == Version::HTTP_10 {
+                    keep_alive = true;
+                }
+            }
+        }
+        headers.append(name, value);
+    }
+    let framing = if status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        State::Length(0)
+    } else if let Some(chunked) = chunked {
+        if chunked {
+            State::Chunked(Chunk::Size)
+        } else {
+            keep_alive = false;
+            State::UntilClose
+        }
+    } else if let Some(n) = length {
+        State::Length(n)
+    } else {
+        keep_alive = false;
+        State::UntilClose
+    };
+    Ok(Some((
+        used,
+        Head {
+            status,
+            version,
+            headers,
+            framing,
+            keep_alive,
+        },
+    )))
+}
+
+/// Where a body's decoding is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// This many bytes are still to come.
+    Length(u64),
+    /// A chunked body.
+    Chunked(Chunk),
+    /// The body ends when the upstream closes the connection.
+    UntilClose,
+    /// The body ended.
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// A chunk-size line is next.
+    Size,
+    /// This many bytes of the current chunk are still to come.
+    Data(u64),
+    /// The line end after a chunk's data is next.
+    DataEnd,
+    /// Trailer lines, up to an empty one.
+    Trailers,
+}
+
+/// What decoding the buffered bytes gave.
+enum Step {
+    Data(Bytes),
+    NeedMore,
+    Done,
+}
+
+impl State {
+    fn is_done(&self) -> bool {
+        matches!(self, State::Done | State::Length(0))
+    }
+
+    /// Decodes from the front of `buf`: the next piece of body, or what is missing.
+    fn step(&mut self, buf: &mut BytesMut) -> io::Result<Step> {
+        loop {
+            match self {
+                State::Done | State::Length(0) => {
+                    *self = State::Done;
+                    return Ok(Step::Done);
+                }
+                State::UntilClose if buf.is_empty() => return Ok(Step::NeedMore),
+                State::UntilClose => return Ok(Step::Data(buf.split().freeze())),
+                State::Length(rem) | State::Chunked(Chunk::Data(rem)) => {
+                    if buf.is_empty() {
+                        return Ok(Step::NeedMore);
+                    }
+                    let n = (*rem).min(buf.len() as u64);
+                    *rem -= n;
+                    let data = buf.split_to(n as usize).freeze();
+                    match self {
+                        State::Length(0) => *self = State::Done,
+                        State::Chunked(Chunk::Data(0)) => *self = State::Chunked(Chunk::DataEnd),
+                        _ => {}
+                    }
+                    return Ok(Step::Data(data));
+                }
+                State::Chunked(Chunk::Size) => {
+                    let Some(line) = take_line(buf)? else {
+                        return Ok(Step::NeedMore);
+                    };
+                    let size = chunk_size(&line)?;
+                    *self = if size == 0 {
+                        State::Chunked(Chunk::Trailers)
+                    } else {
+                        State::Chunked(Chunk::Data(size))
+                    };
+                }
+                State::Chunked(Chunk::DataEnd) => {
+                    if buf.starts_with(b"\r\n") {
+                        buf.advance(2);
+                    } else if buf.starts_with(b"\n") {
+                        buf.advance(1);
+                    } else if buf.is_empty() || &buf[..] == b"\r" {
+                        return Ok(Step::NeedMore);
+                    } else {
+                        return Err(invalid(
+                            "the upstream's chunked body has data past a chunk's end",
+                        ));
+                    }
+                    *self = State::Chunked(Chunk::Size);
+                }
+                State::Chunked(Chunk::Trailers) => {
+                    let Some(line) = take_line(buf)? else {
+                        return Ok(Step::NeedMore);
+                    };
+                    if line.is_empty() {
+                        *self = State::Done;
+                    }
+                }
+            }
+        }
+    }
+
+    /// How much room to make in the read buffer before the next read.
+    fn read_size(&self) -> usize {
+        match self {
+            State::Length(rem) | State::Chunked(Chunk::Data(rem)) => {
+                (*rem).clamp(READ_MIN as u64, READ_MAX as u64) as usize
+            }
+            _ => READ_MIN,
+        }
+    }
+}
+
+/// Takes one line (without its `\r\n` or `\n`) off the front of `buf`, if a whole one is
+/// there.
+fn take_line(buf: &mut BytesMut) -> io::Result<Option<BytesMut>> {
+    match memchr::memchr(b'\n', buf) {
+        Some(end) => {
+            let mut line = buf.split_to(end + 1);
+            line.truncate(end);
+            if line.ends_with(b"\r") {
+                line.truncate(end - 1);
+            }
+            Ok(Some(line))
+        }
+        None if buf.len() > MAX_LINE => Err(invalid(format!(
+            "the upstream's chunked body has a line over {} KiB",
+            MAX_LINE / 1024
+        ))),
+        None => Ok(None),
+    }
+}
+
+/// The size on a chunk-size line (hex digits, then maybe `;extensions`).
+fn chunk_size(line: &[u8]) -> io::Result<u64> {
+    let digits = line
+        .split(|&b| b == b';')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii();
+    let bad = || invalid("the upstream's chunked body has a bad chunk size");
+    if digits.is_empty() || digits.len() > 15 {
+        return Err(bad());
+    }
+    let mut size = 0u64;
+    for &d in digits {
+        let v = (d as char).to_digit(16).ok_or_else(bad)?;
+        size = size * 16 + u64::from(v);
+    }
+    Ok(size)
+}
+
+/// A response body read from the connection it came on; the connection goes back to
+/// the pool when the body has been read to its end.
 pub(crate) struct DrivenBody {
-    body: Incoming,
-    conn: Option<Box<Live>>,
+    /// `None` once the body ended or failed.
+    conn: Option<Conn>,
+    state: State,
+    keep_alive: bool,
     pool: Arc<H1Pool>,
     key: String,
 }
 
 impl std::fmt::Debug for DrivenBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DrivenBody").finish_non_exhaustive()
+        f.debug_struct("DrivenBody")
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DrivenBody {
+    /// The body ended: the connection rests in the pool, if it can carry another call.
+    fn finish(&mut self) {
+        self.state = State::Done;
+        if let Some(conn) = self.conn.take() {
+            if self.keep_alive {
+                self.pool.checkin(std::mem::take(&mut self.key), conn);
+            }
+        }
     }
 }
 
 impl Body for DrivenBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = io::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         let this = &mut *self;
-        for _ in 0..2 {
-            match Pin::new(&mut this.body).poll_frame(cx) {
-                Poll::Ready(None) => {
-                    if let Some(live) = this.conn.take() {
-                        this.pool.checkin(std::mem::take(&mut this.key), live);
+        loop {
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match this.state.step(&mut conn.buf) {
+                Ok(Step::Data(data)) => {
+                    if this.state == State::Done {
+                        this.finish();
                     }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Ok(Step::Done) => {
+                    this.finish();
                     return Poll::Ready(None);
                 }
-                Poll::Ready(other) => return Poll::Ready(other),
-                Poll::Pending => {}
+                Ok(Step::NeedMore) => {}
+                Err(e) => {
+                    this.conn = None;
+                    return Poll::Ready(Some(Err(e)));
+                }
             }
-            // The connection reads on: what it passes to the body is taken on the
-            // second round, in this same poll.
-            let Some(live) = this.conn.as_mut() else {
-                return Poll::Pending;
-            };
-            match Pin::new(&mut live.conn).poll(cx) {
-                Poll::Pending => {}
-                Poll::Ready(Ok(())) => this.conn = None,
+            let room = this.state.read_size();
+            if conn.buf.capacity() - conn.buf.len() < room / 2 {
+                conn.buf.reserve(room);
+            }
+            match tokio_util::io::poll_read_buf(Pin::new(&mut conn.io), cx, &mut conn.buf) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0)) => {
+                    this.conn = None;
+                    if this.state == State::UntilClose {
+                        this.state = State::Done;
+                        return Poll::Ready(None);
+                    }
+                    return Poll::Ready(Some(Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the upstream closed the connection before the response body ended",
+                    ))));
+                }
+                Poll::Ready(Ok(_)) => {}
                 Poll::Ready(Err(e)) => {
                     this.conn = None;
                     return Poll::Ready(Some(Err(e)));
                 }
             }
         }
-        Poll::Pending
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.state.is_done()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        match self.state {
+            State::Length(n) => SizeHint::with_exact(n),
+            State::Done => SizeHint::with_exact(0),
+            _ => SizeHint::default(),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
     use std::time::Duration;
 
     use http_body_util::BodyExt as _;
@@ -424,5 +793,316 @@ mod tests {
             .await
             .expect_err("refused");
         assert!(matches!(err, H1Error::Connect(_)), "{err:?}");
+    }
+
+    /// Decodes `wire` fed `step` bytes at a time: the body and how decoding ended.
+    fn decode(mut state: State, wire: &[u8], step: usize) -> (Vec<u8>, io::Result<State>) {
+        let mut buf = BytesMut::new();
+        let mut body = Vec::new();
+        for piece in wire.chunks(step) {
+            buf.extend_from_slice(piece);
+            loop {
+                match state.step(&mut buf) {
+                    Ok(Step::Data(d)) => body.extend_from_slice(&d),
+                    Ok(Step::NeedMore) => break,
+                    Ok(Step::Done) => return (body, Ok(State::Done)),
+                    Err(e) => return (body, Err(e)),
+                }
+            }
+        }
+        (body, Ok(state))
+    }
+
+    #[test]
+    fn chunked_bodies_decode_however_the_bytes_arrive() {
+        let wire =
+            b"5;name=value\r\nhello\r\n6\r\n world\r\nA\n, and more\n0\r\nx-trailer: 1\r\n\r\n";
+        for step in [1, 2, 3, 7, wire.len()] {
+            let (body, end) = decode(State::Chunked(Chunk::Size), wire, step);
+            assert_eq!(body, b"hello world, and more", "step {step}");
+            assert_eq!(end.expect("decoded"), State::Done, "step {step}");
+        }
+        // Up to the last byte, the body is not over.
+        let (body, end) = decode(State::Chunked(Chunk::Size), &wire[..wire.len() - 1], 4);
+        assert_eq!(body, b"hello world, and more");
+        assert_eq!(end.expect("partial"), State::Chunked(Chunk::Trailers));
+        // A body with a length ends after that many bytes, whatever follows.
+        let mut buf = BytesMut::from(&b"abcdef"[..]);
+        let mut state = State::Length(4);
+        assert!(matches!(state.step(&mut buf), Ok(Step::Data(d)) if d == "abcd"));
+        assert_eq!(state, State::Done);
+        assert_eq!(&buf[..], b"ef");
+    }
+
+    #[test]
+    fn malformed_chunked_bodies_are_errors() {
+        for wire in [
+            &b"zz\r\n"[..],
+            b"\r\n",
+            b"1234567890abcdef0\r\n",
+            b"3\r\nabcXY",
+        ] {
+            let (_, end) = decode(State::Chunked(Chunk::Size), wire, 1);
+            let e = end.expect_err("malformed");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{wire:?}: {e}");
+        }
+        let long = vec![b'1'; MAX_LINE + 2];
+        let (_, end) = decode(State::Chunked(Chunk::Size), &long, long.len());
+        assert!(end.expect_err("too long").to_string().contains("line over"));
+    }
+
+    fn head(wire: &str) -> io::Result<Option<(usize, Head)>> {
+        parse_head(wire.as_bytes())
+    }
+
+    #[test]
+    fn response_heads_set_the_framing_and_the_reuse() {
+        let wire = "HTTP/1.1 200 OK\r\ncontent-length: 12\r\nx-a: b\r\n\r\nrest";
+        let (used, h) = head(wire).expect("parsed").expect("complete");
+        assert_eq!(used, wire.len() - "rest".len());
+        assert_eq!(
+            (h.status, h.framing, h.keep_alive),
+            (StatusCode::OK, State::Length(12), true)
+        );
+        assert_eq!(h.headers["x-a"], "b");
+
+        let framing = |wire: &str| {
+            let h = head(wire).expect("parsed").expect("complete").1;
+            (h.framing, h.keep_alive)
+        };
+        assert_eq!(
+            framing(
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\ncontent-length: 3\r\n\r\n"
+            ),
+            (State::Chunked(Chunk::Size), true)
+        );
+        assert_eq!(
+            framing("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n"),
+            (State::UntilClose, false)
+        );
+        assert_eq!(
+            framing("HTTP/1.1 200 OK\r\n\r\n"),
+            (State::UntilClose, false)
+        );
+        assert_eq!(
+            framing("HTTP/1.1 204 No Content\r\ncontent-length: 9\r\n\r\n"),
+            (State::Length(0), true)
+        );
+        assert_eq!(
+            framing("HTTP/1.1 200 OK\r\nConnection: Close\r\ncontent-length: 1\r\n\r\n"),
+            (State::Length(1), false)
+        );
+        assert_eq!(
+            framing("HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\n"),
+            (State::Length(1), false)
+        );
+        assert_eq!(
+            framing("HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 1\r\n\r\n"),
+            (State::Length(1), true)
+        );
+        assert_eq!(
+            framing("HTTP/1.1 200 OK\r\ncontent-length: 4, 4\r\n\r\n"),
+            (State::Length(4), true)
+        );
+
+        assert!(head("HTTP/1.1 200 OK\r\ncontent-")
+            .expect("partial")
+            .is_none());
+        for bad in [
+            "HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: -3\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: 0x3\r\n\r\n",
+            "SSH-2.0-OpenSSH_9.6\r\n\r\n",
+        ] {
+            let e = head(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} is refused"));
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{bad:?}");
+        }
+        let huge = format!("HTTP/1.1 200 OK\r\nx: {}", "a".repeat(MAX_HEAD));
+        assert!(head(&huge)
+            .err()
+            .expect("too large")
+            .to_string()
+            .contains("KiB"));
+    }
+
+    /// A raw upstream: each connection reads requests and answers each with the next
+    /// scripted reply (`None`: close without answering); a connection is closed after a
+    /// reply that says `connection: close` or has no length. Counts connections and
+    /// requests.
+    struct Scripted {
+        url: String,
+        connections: Arc<std::sync::atomic::AtomicUsize>,
+        requests: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    async fn scripted(replies: Vec<Option<&'static str>>) -> Scripted {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let connections = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let replies = Arc::new(Mutex::new(std::collections::VecDeque::from(replies)));
+        let (c, r) = (connections.clone(), requests.clone());
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                c.fetch_add(1, Ordering::SeqCst);
+                let (r, replies) = (r.clone(), replies.clone());
+                tokio::spawn(async move {
+                    let mut seen = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        // One request: its head, then its content-length body.
+                        let end = loop {
+                            if let Some(i) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                                break i + 4;
+                            }
+                            match socket.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => seen.extend_from_slice(&buf[..n]),
+                            }
+                        };
+                        let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length: "))
+                            .and_then(|v| v.trim().parse().ok())
+                            .expect("the request has a content-length");
+                        while seen.len() < end + len {
+                            match socket.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => seen.extend_from_slice(&buf[..n]),
+                            }
+                        }
+                        seen.drain(..end + len);
+                        r.fetch_add(1, Ordering::SeqCst);
+                        let Some(reply) = replies.lock().pop_front().flatten() else {
+                            return;
+                        };
+                        if socket.write_all(reply.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        let lower = reply.to_ascii_lowercase();
+                        if lower.contains("connection: close")
+                            || !(lower.contains("content-length") || lower.contains("chunked"))
+                        {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Scripted {
+            url: format!("http://{addr}/v1/chat/completions"),
+            connections,
+            requests,
+        }
+    }
+
+    impl Scripted {
+        fn counts(&self) -> (usize, usize) {
+            use std::sync::atomic::Ordering;
+            (
+                self.connections.load(Ordering::SeqCst),
+                self.requests.load(Ordering::SeqCst),
+            )
+        }
+    }
+
+    #[tokio::test]
+    async fn interim_answers_are_skipped_and_connections_reused_only_when_they_can_be() {
+        within(async {
+            let up = scripted(vec![
+                Some("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n"),
+                Some("HTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\ncd"),
+                Some("HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nef"),
+                Some("HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nup to the close"),
+                Some("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\ngh"),
+            ])
+            .await;
+            let pool = H1Pool::new(8, Duration::from_secs(5));
+            let mut bodies = Vec::new();
+            for _ in 0..5 {
+                let resp = pool.send(chat(&up.url, false)).await.expect("response");
+                bodies.push((resp.status().as_u16(), text(resp).await));
+            }
+            assert_eq!(
+                bodies,
+                vec![
+                    (200, "ab".to_owned()),
+                    (201, "cd".to_owned()),
+                    (200, "ef".to_owned()),
+                    (200, "up to the close".to_owned()),
+                    (200, "gh".to_owned()),
+                ]
+            );
+            // 1-3 on one connection; `connection: close` and a body up to the close
+            // each end theirs.
+            assert_eq!(up.counts(), (3, 5));
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_body_cut_short_is_an_error_and_its_connection_is_not_reused() {
+        within(async {
+            let up = scripted(vec![
+                Some("HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc"),
+                None,
+            ])
+            .await;
+            let pool = H1Pool::new(8, Duration::from_secs(5));
+            let resp = pool.send(chat(&up.url, false)).await.expect("response");
+            let mut body = resp.into_body();
+            let first = body.frame().await.expect("a frame").expect("data");
+            assert_eq!(first.into_data().expect("data"), "abc");
+            // The upstream waits for the next request, which this connection never
+            // carries: the pool is asked again while the body is still open.
+            drop(body);
+            let err = pool
+                .send(chat(&up.url, false))
+                .await
+                .expect_err("no answer");
+            let H1Error::Exchange(e) = err else {
+                panic!("{err:?}")
+            };
+            assert!(e.to_string().contains("without answering"), "{e}");
+            // Sent once each, on two connections: a request that left is never repeated.
+            assert_eq!(up.counts(), (2, 2));
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_mid_body_ends_the_body_with_an_error() {
+        within(async {
+            let up = scripted(vec![Some(
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n3\r\nabc\r\n",
+            )])
+            .await;
+            let pool = H1Pool::new(8, Duration::from_secs(5));
+            let resp = pool.send(chat(&up.url, true)).await.expect("response");
+            let err = resp.into_body().collect().await.expect_err("cut short");
+            assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{err}");
+            assert!(pool.idle.lock().values().all(Vec::is_empty));
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn what_is_not_http_is_an_exchange_error() {
+        within(async {
+            let up = scripted(vec![Some("SSH-2.0-OpenSSH_9.6\r\n\r\n")]).await;
+            let pool = H1Pool::new(8, Duration::from_secs(5));
+            let err = pool.send(chat(&up.url, false)).await.expect_err("not http");
+            let H1Error::Exchange(e) = err else {
+                panic!("{err:?}")
+            };
+            assert!(e.to_string().contains("not an HTTP/1.x response"), "{e}");
+        })
+        .await
     }
 }

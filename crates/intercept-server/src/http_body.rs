@@ -28,6 +28,16 @@ impl SliceBody {
             remaining,
         }
     }
+
+    /// The body's length in bytes.
+    pub(crate) fn len(&self) -> u64 {
+        self.remaining
+    }
+
+    /// The body's slices.
+    pub(crate) fn into_chunks(self) -> Vec<Bytes> {
+        self.chunks.into()
+    }
 }
 
 impl Body for SliceBody {

@@ -65,17 +65,20 @@ pub(crate) enum UpstreamBody {
     Pooled(Incoming),
 }
 
+/// Why an upstream response body broke off.
+pub(crate) type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
 impl http_body::Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
-            UpstreamBody::Driven(b) => std::pin::Pin::new(b).poll_frame(cx),
-            UpstreamBody::Pooled(b) => std::pin::Pin::new(b).poll_frame(cx),
+            UpstreamBody::Driven(b) => std::pin::Pin::new(b).poll_frame(cx).map_err(Into::into),
+            UpstreamBody::Pooled(b) => std::pin::Pin::new(b).poll_frame(cx).map_err(Into::into),
         }
     }
 
@@ -224,8 +227,12 @@ fn h1_failure(host: &str, e: H1Error) -> SendFailure {
             error: Error::UpstreamTimeout(format!("no answer from {host}: connecting timed out")),
             connect: true,
         },
-        H1Error::Http(e) => SendFailure {
-            error: transport_error(host, &e),
+        H1Error::Exchange(io) => SendFailure {
+            error: if io.kind() == std::io::ErrorKind::TimedOut {
+                Error::UpstreamTimeout(format!("no answer from {host}: {io}"))
+            } else {
+                Error::UpstreamUnavailable(format!("connection to {host} failed: {io}"))
+            },
             connect: false,
         },
     }
