@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf as _, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::uri::Authority;
 use http::{Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use parking_lot::Mutex;
@@ -150,12 +149,17 @@ impl H1Pool {
                 "the upstream URL has no host",
             )));
         };
+        // `host[:port]`, without any `user:password@`.
+        let host = authority
+            .as_str()
+            .rsplit_once('@')
+            .map_or(authority.as_str(), |(_, host)| host);
         let key = match authority.port_u16() {
-            Some(_) => authority.as_str().to_owned(),
-            None => format!("{}:80", authority.host()),
+            Some(_) => host.to_owned(),
+            None => format!("{host}:80"),
         };
         let len = body.len();
-        let head = encode_head(&parts, &authority, len);
+        let head = encode_head(&parts, host, len);
         let chunks = body.into_chunks();
         let mut pooled = self.checkout(&key);
         loop {
@@ -194,7 +198,7 @@ impl H1Pool {
 
 /// The request line and headers of `parts`, in origin form, with a `Host` header and
 /// the body's length.
-fn encode_head(parts: &http::request::Parts, authority: &Authority, len: u64) -> Vec<u8> {
+fn encode_head(parts: &http::request::Parts, host: &str, len: u64) -> Vec<u8> {
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let mut head = Vec::with_capacity(128 + path.len() + 64 * parts.headers.len());
     head.extend_from_slice(parts.method.as_str().as_bytes());
@@ -203,7 +207,7 @@ fn encode_head(parts: &http::request::Parts, authority: &Authority, len: u64) ->
     head.extend_from_slice(b" HTTP/1.1\r\n");
     if !parts.headers.contains_key(header::HOST) {
         head.extend_from_slice(b"host: ");
-        head.extend_from_slice(authority.as_str().as_bytes());
+        head.extend_from_slice(host.as_bytes());
         head.extend_from_slice(b"\r\n");
     }
     for (name, value) in &parts.headers {
@@ -743,7 +747,8 @@ mod tests {
                 }
             });
             let pool = H1Pool::new(8, Duration::from_secs(5));
-            let url = format!("http://{addr}/v1/chat/completions");
+            // Credentials in the URL stay out of the Host header and the pool key.
+            let url = format!("http://user:pw@{addr}/v1/chat/completions");
             for _ in 0..3 {
                 let resp = pool.send(chat(&url, false)).await.expect("response");
                 assert_eq!(text(resp).await, "ok");
