@@ -223,6 +223,10 @@ fn encode_head(parts: &http::request::Parts, host: &str, len: u64) -> Vec<u8> {
     head
 }
 
+/// How long an answer may take to arrive once the upstream closed the connection
+/// before the request was written whole.
+const EARLY_ANSWER_WAIT: Duration = Duration::from_secs(1);
+
 /// An exchange that got no response head.
 struct Failed {
     error: io::Error,
@@ -239,27 +243,41 @@ struct Head {
     keep_alive: bool,
 }
 
-/// Writes the request and reads the response head (skipping interim `1xx` answers).
+/// Writes the request and reads the response head.
 async fn exchange(conn: &mut Conn, head: &[u8], body: &[Bytes]) -> Result<Head, Failed> {
-    let failed = |error| Failed {
-        error,
-        unsent: false,
-    };
-    write_all(&mut conn.io, head, body)
-        .await
-        .map_err(|error| Failed {
+    if let Err(error) = write_all(&mut conn.io, head, body).await {
+        // An upstream may answer before it has read the whole request (a body it
+        // refuses) and close: that answer is the response.
+        if matches!(
+            error.kind(),
+            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+        ) {
+            if let Ok(Ok(mut head)) = tokio::time::timeout(EARLY_ANSWER_WAIT, read_head(conn)).await
+            {
+                head.keep_alive = false;
+                return Ok(head);
+            }
+        }
+        return Err(Failed {
             error,
             unsent: true,
-        })?;
+        });
+    }
+    read_head(conn).await.map_err(|error| Failed {
+        error,
+        unsent: false,
+    })
+}
+
+/// Reads the response head, skipping interim `1xx` answers.
+async fn read_head(conn: &mut Conn) -> io::Result<Head> {
     loop {
         if !conn.buf.is_empty() {
-            if let Some((used, head)) = parse_head(&conn.buf).map_err(failed)? {
+            if let Some((used, head)) = parse_head(&conn.buf)? {
                 conn.buf.advance(used);
                 if head.status.is_informational() {
                     if head.status == StatusCode::SWITCHING_PROTOCOLS {
-                        return Err(failed(invalid(
-                            "the upstream switched protocols on a model call",
-                        )));
+                        return Err(invalid("the upstream switched protocols on a model call"));
                     }
                     continue;
                 }
@@ -267,15 +285,11 @@ async fn exchange(conn: &mut Conn, head: &[u8], body: &[Bytes]) -> Result<Head, 
             }
         }
         conn.buf.reserve(READ_MIN);
-        match read(&mut conn.io, &mut conn.buf).await {
-            Ok(0) => {
-                return Err(failed(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the upstream closed the connection without answering",
-                )))
-            }
-            Ok(_) => {}
-            Err(e) => return Err(failed(e)),
+        if read(&mut conn.io, &mut conn.buf).await? == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the upstream closed the connection without answering",
+            ));
         }
     }
 }
@@ -1107,6 +1121,44 @@ mod tests {
                 panic!("{err:?}")
             };
             assert!(e.to_string().contains("not an HTTP/1.x response"), "{e}");
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn an_answer_before_the_whole_body_was_read_is_the_response() {
+        within(async {
+            // Reads the request head only, refuses the body and closes.
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            tokio::spawn(async move {
+                let (mut socket, _) = listener.accept().await.expect("accept");
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let body = r#"{"error":{"message":"request body too large"}}"#;
+                let reply = format!(
+                    "HTTP/1.1 413 Payload Too Large\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = socket.write_all(reply.as_bytes()).await;
+            });
+            let pool = H1Pool::new(8, Duration::from_secs(5));
+            let big = Bytes::from(vec![b' '; 32 << 20]);
+            let req = Request::post(format!("http://{addr}/v1/chat/completions"))
+                .body(SliceBody::new(vec![Bytes::from_static(b"{}"), big]))
+                .expect("request");
+            let resp = pool.send(req).await.expect("the upstream's answer");
+            assert_eq!(resp.status(), 413);
+            assert!(text(resp).await.contains("too large"));
+            assert!(pool.idle.lock().values().all(Vec::is_empty), "not reused");
         })
         .await
     }
