@@ -885,44 +885,47 @@ mod tests {
         );
         assert_eq!(h.headers["x-a"], "b");
 
-        let framing = |wire: &str| {
-            let h = head(wire).expect("parsed").expect("complete").1;
-            (h.framing, h.keep_alive)
-        };
-        assert_eq!(
-            framing(
-                "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\ncontent-length: 3\r\n\r\n"
+        for (wire, framing, keep_alive) in [
+            (
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\ncontent-length: 3\r\n\r\n",
+                State::Chunked(Chunk::Size),
+                true,
             ),
-            (State::Chunked(Chunk::Size), true)
-        );
-        assert_eq!(
-            framing("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n"),
-            (State::UntilClose, false)
-        );
-        assert_eq!(
-            framing("HTTP/1.1 200 OK\r\n\r\n"),
-            (State::UntilClose, false)
-        );
-        assert_eq!(
-            framing("HTTP/1.1 204 No Content\r\ncontent-length: 9\r\n\r\n"),
-            (State::Length(0), true)
-        );
-        assert_eq!(
-            framing("HTTP/1.1 200 OK\r\nConnection: Close\r\ncontent-length: 1\r\n\r\n"),
-            (State::Length(1), false)
-        );
-        assert_eq!(
-            framing("HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\n"),
-            (State::Length(1), false)
-        );
-        assert_eq!(
-            framing("HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 1\r\n\r\n"),
-            (State::Length(1), true)
-        );
-        assert_eq!(
-            framing("HTTP/1.1 200 OK\r\ncontent-length: 4, 4\r\n\r\n"),
-            (State::Length(4), true)
-        );
+            (
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
+                State::UntilClose,
+                false,
+            ),
+            ("HTTP/1.1 200 OK\r\n\r\n", State::UntilClose, false),
+            (
+                "HTTP/1.1 204 No Content\r\ncontent-length: 9\r\n\r\n",
+                State::Length(0),
+                true,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nConnection: Close\r\ncontent-length: 1\r\n\r\n",
+                State::Length(1),
+                false,
+            ),
+            (
+                "HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\n",
+                State::Length(1),
+                false,
+            ),
+            (
+                "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 1\r\n\r\n",
+                State::Length(1),
+                true,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\ncontent-length: 4, 4\r\n\r\n",
+                State::Length(4),
+                true,
+            ),
+        ] {
+            let h = head(wire).expect("parsed").expect("complete").1;
+            assert_eq!((h.framing, h.keep_alive), (framing, keep_alive), "{wire:?}");
+        }
 
         assert!(head("HTTP/1.1 200 OK\r\ncontent-")
             .expect("partial")
