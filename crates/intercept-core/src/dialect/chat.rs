@@ -427,6 +427,17 @@ struct WireFunctionDelta<'a> {
     arguments: Option<Cow<'a, str>>,
 }
 
+/// The text of a delta that is exactly `open` (`{"content":"`, say) + a string + `"}`
+/// with nothing in the string to unescape (no quote, backslash or control character):
+/// that text as it stands.
+fn plain_text<'d>(delta: &'d [u8], open: &[u8]) -> Option<&'d str> {
+    let text = delta.strip_prefix(open)?.strip_suffix(br#""}"#)?;
+    if text.iter().any(|&b| b == b'"' || b == b'\\' || b < 0x20) {
+        return None;
+    }
+    std::str::from_utf8(text).ok()
+}
+
 fn raw_value(raw: &RawValue) -> Value {
     serde_json::from_str(raw.get()).unwrap_or(Value::Null)
 }
@@ -617,6 +628,19 @@ impl StreamAssembler for ChatAssembler {
             && data.ends_with(&self.delta_tail)
         {
             let delta = &data[self.delta_head.len()..data.len() - self.delta_tail.len()];
+            if let Some(text) = plain_text(delta, br#"{"content":""#) {
+                self.content.push_str(text);
+                self.saw_content = true;
+                return Relay::Forward;
+            }
+            if let Some(text) = plain_text(delta, br#"{"reasoning_content":""#) {
+                self.reasoning_content.push_str(text);
+                return Relay::Forward;
+            }
+            if let Some(text) = plain_text(delta, br#"{"reasoning":""#) {
+                self.reasoning.push_str(text);
+                return Relay::Forward;
+            }
             if let Ok(delta) = crate::body::from_json_bytes::<WireDelta<'_>>(delta) {
                 self.absorb_delta(delta);
                 return Relay::Forward;
@@ -1075,6 +1099,38 @@ mod tests {
         assert_eq!(out["choices"][0]["finish_reason"], "stop");
         assert_eq!(out["created"], 1, "the head is the first chunk's");
         assert_eq!(out["usage"]["completion_tokens"], 5);
+    }
+
+    #[test]
+    fn plain_text_is_taken_as_it_stands_and_anything_else_is_parsed() {
+        let plain_content = |delta: &'static [u8]| plain_text(delta, br#"{"content":""#);
+        assert_eq!(
+            plain_text(br#"{"reasoning":"think"}"#, br#"{"reasoning":""#),
+            Some("think")
+        );
+        assert_eq!(
+            plain_content(r#"{"content":"hé there"}"#.as_bytes()),
+            Some("hé there")
+        );
+        assert_eq!(plain_content(br#"{"content":""}"#), Some(""));
+        for other in [
+            &br#"{"content":"a\nb"}"#[..],
+            br#"{"content":"say \"hi\""}"#,
+            br#"{"content":"\u00e9"}"#,
+            b"{\"content\":\"tab\there\"}",
+            br#"{"content":"a","role":"assistant"}"#,
+            br#"{"content": "spaced"}"#,
+            br#"{"content":null}"#,
+            br#"{"reasoning_content":"x"}"#,
+            b"{\"content\":\"\xff\"}",
+        ] {
+            assert_eq!(
+                plain_content(other),
+                None,
+                "{}",
+                String::from_utf8_lossy(other)
+            );
+        }
     }
 
     #[test]
