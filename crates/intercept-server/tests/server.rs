@@ -396,6 +396,61 @@ async fn unreachable_upstream_is_503_and_timeout_is_504() {
 }
 
 #[tokio::test]
+async fn an_upstream_refusing_a_large_body_before_reading_it_is_relayed() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    // An engine behind a proxy with a body size limit: it reads the request head,
+    // answers 413 and closes without reading the body.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                match socket.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => seen.extend_from_slice(&buf[..n]),
+                }
+            }
+            let body = r#"{"error":{"message":"request body over the 1 MiB limit","type":"invalid_request_error"}}"#;
+            let reply = format!(
+                "HTTP/1.1 413 Payload Too Large\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = socket.write_all(reply.as_bytes()).await;
+        }
+    });
+    let h = Harness::new().await;
+    let mut config = h.session_config("rollout-big");
+    config.upstream = Upstream::new(format!("http://{addr}/v1"));
+    let (session, _w, guard) = h.session_with(config).await;
+    let a = post_json(
+        &guard.base_url,
+        Some(guard.model_secret.expose()),
+        &chat_body(&"x".repeat(16 << 20), false),
+    )
+    .await;
+    assert_eq!(a.status, 413, "{}", a.text());
+    assert!(
+        a.json()["error"]["message"]
+            .as_str()
+            .expect("msg")
+            .contains("over the 1 MiB limit"),
+        "{}",
+        a.text()
+    );
+    let calls = session.trace().calls;
+    assert_eq!(calls.len(), 1);
+    assert_eq!(
+        calls[0].error.as_ref().expect("error").kind,
+        ErrorKind::UpstreamStatus
+    );
+    guard.close().await;
+}
+
+#[tokio::test]
 async fn context_length_error_stops_the_rollout_cleanly() {
     let h = Harness::new().await;
     let (session, _w, guard) = h.session("rollout-ctx").await;
