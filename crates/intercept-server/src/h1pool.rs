@@ -12,7 +12,7 @@
 //! Only `http://` upstreams go through here (the RL case: engines on the same host or
 //! network); `https://` ones use the general pooled client, with TLS and HTTP/2.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, Write as _};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -64,10 +64,11 @@ pub(crate) enum H1Error {
     Exchange(io::Error),
 }
 
-/// The pool: idle connections per `host:port`.
+/// The pool: idle connections per `host:port`, oldest first; the newest is taken first.
 pub(crate) struct H1Pool {
-    idle: Mutex<HashMap<String, Vec<Idle>>>,
+    idle: Mutex<HashMap<String, VecDeque<Idle>>>,
     max_idle_per_host: usize,
+    idle_timeout: Duration,
     connect_timeout: Duration,
 }
 
@@ -84,6 +85,7 @@ impl H1Pool {
         Arc::new(H1Pool {
             idle: Mutex::new(HashMap::new()),
             max_idle_per_host,
+            idle_timeout: IDLE_TIMEOUT,
             connect_timeout,
         })
     }
@@ -93,9 +95,9 @@ impl H1Pool {
         loop {
             let idle = {
                 let mut map = self.idle.lock();
-                map.get_mut(key)?.pop()?
+                map.get_mut(key)?.pop_back()?
             };
-            if idle.since.elapsed() > IDLE_TIMEOUT {
+            if idle.since.elapsed() > self.idle_timeout {
                 continue;
             }
             // Nothing may be readable on a resting connection: a close, a reset or
@@ -111,13 +113,19 @@ impl H1Pool {
         if self.max_idle_per_host == 0 || !conn.buf.is_empty() {
             return;
         }
+        let now = Instant::now();
         let mut map = self.idle.lock();
         let list = map.entry(key).or_default();
+        // Connections that rested too long are closed here, not left to wait for a
+        // checkout that may never reach them.
+        while list
+            .front()
+            .is_some_and(|idle| now.duration_since(idle.since) > self.idle_timeout)
+        {
+            list.pop_front();
+        }
         if list.len() < self.max_idle_per_host {
-            list.push(Idle {
-                conn,
-                since: Instant::now(),
-            });
+            list.push_back(Idle { conn, since: now });
         }
     }
 
@@ -1109,7 +1117,7 @@ mod tests {
             let resp = pool.send(chat(&up.url, true)).await.expect("response");
             let err = resp.into_body().collect().await.expect_err("cut short");
             assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{err}");
-            assert!(pool.idle.lock().values().all(Vec::is_empty));
+            assert!(pool.idle.lock().values().all(VecDeque::is_empty));
         })
         .await
     }
@@ -1161,7 +1169,41 @@ mod tests {
             let resp = pool.send(req).await.expect("the upstream's answer");
             assert_eq!(resp.status(), 413);
             assert!(text(resp).await.contains("too large"));
-            assert!(pool.idle.lock().values().all(Vec::is_empty), "not reused");
+            assert!(pool.idle.lock().values().all(VecDeque::is_empty), "not reused");
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn connections_that_rested_too_long_are_closed_when_another_comes_back() {
+        within(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            let pool = Arc::new(H1Pool {
+                idle: Mutex::new(HashMap::new()),
+                max_idle_per_host: 8,
+                idle_timeout: Duration::from_millis(50),
+                connect_timeout: Duration::from_secs(5),
+            });
+            let key = addr.to_string();
+            let mut accepted = Vec::new();
+            for _ in 0..3 {
+                let conn = pool.connect(&key).await.expect("connect");
+                accepted.push(listener.accept().await.expect("accept").0);
+                pool.checkin(key.clone(), conn);
+                if accepted.len() == 2 {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            assert_eq!(pool.idle.lock()[&key].len(), 1, "the two old ones are gone");
+            // Closed, not merely forgotten: the upstream's side reads the end.
+            for mut socket in accepted.drain(..2) {
+                let mut buf = [0u8; 1];
+                assert_eq!(socket.read(&mut buf).await.expect("read"), 0);
+            }
+            assert!(pool.checkout(&key).is_some(), "the fresh one is handed out");
         })
         .await
     }
