@@ -28,6 +28,14 @@
 
 pub mod bodies;
 pub mod control;
+
+/// Transparent huge pages off for this process, as the `intercept` binary does: with
+/// them, growing memory is faulted in 2 MiB at a time, each fault zeroing 2 MiB in the
+/// middle of a call. Called first thing by the programs that stand in for `intercept`.
+pub fn no_transparent_huge_pages() {
+    #[cfg(target_os = "linux")]
+    let _ = rustix::thread::disable_transparent_huge_pages(true);
+}
 pub mod http1;
 pub mod load;
 pub mod procfs;

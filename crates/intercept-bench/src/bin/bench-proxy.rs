@@ -60,6 +60,7 @@ struct Args {
 }
 
 fn main() -> Result<()> {
+    intercept_bench::no_transparent_huge_pages();
     let args = Args::parse();
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = args.threads {

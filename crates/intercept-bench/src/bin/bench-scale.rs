@@ -40,6 +40,7 @@ struct Args {
 }
 
 fn main() -> Result<()> {
+    intercept_bench::no_transparent_huge_pages();
     let args = Args::parse();
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
