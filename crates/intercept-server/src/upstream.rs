@@ -214,28 +214,22 @@ pub(crate) struct SendFailure {
 
 /// Maps a plain-HTTP/1.1 failure like [`transport_error`] does a pooled client's.
 fn h1_failure(host: &str, e: H1Error) -> SendFailure {
-    match e {
-        H1Error::Connect(io) => SendFailure {
-            error: if io.kind() == std::io::ErrorKind::TimedOut {
-                Error::UpstreamTimeout(format!("no answer from {host}: {io}"))
-            } else {
-                Error::UpstreamUnavailable(format!("cannot connect to {host}: {io}"))
-            },
-            connect: true,
-        },
-        H1Error::ConnectTimeout => SendFailure {
-            error: Error::UpstreamTimeout(format!("no answer from {host}: connecting timed out")),
-            connect: true,
-        },
-        H1Error::Exchange(io) => SendFailure {
-            error: if io.kind() == std::io::ErrorKind::TimedOut {
-                Error::UpstreamTimeout(format!("no answer from {host}: {io}"))
-            } else {
-                Error::UpstreamUnavailable(format!("connection to {host} failed: {io}"))
-            },
-            connect: false,
-        },
-    }
+    let (io, connect) = match e {
+        H1Error::Connect(io) => (io, true),
+        H1Error::ConnectTimeout => (
+            std::io::Error::new(std::io::ErrorKind::TimedOut, "connecting timed out"),
+            true,
+        ),
+        H1Error::Exchange(io) => (io, false),
+    };
+    let error = if io.kind() == std::io::ErrorKind::TimedOut {
+        Error::UpstreamTimeout(format!("no answer from {host}: {io}"))
+    } else if connect {
+        Error::UpstreamUnavailable(format!("cannot connect to {host}: {io}"))
+    } else {
+        Error::UpstreamUnavailable(format!("connection to {host} failed: {io}"))
+    };
+    SendFailure { error, connect }
 }
 
 /// Maps a client error to [`Error::UpstreamTimeout`] or [`Error::UpstreamUnavailable`].
