@@ -33,6 +33,17 @@ pub struct ServerConfig {
     /// the upstream takes: agentic completions are slow, and the rollout's own timeout is
     /// the backstop. When it elapses the harness gets 504.
     pub upstream_timeout: Option<Duration>,
+    /// On a plain-`http://` upstream connection, a request being written fails (the
+    /// harness gets 504) when the upstream takes none of its bytes for this long
+    /// (default 30 s); `None` waits as long as the upstream takes.
+    pub upstream_write_idle: Option<Duration>,
+    /// On a plain-`http://` upstream connection, once the request is written, the call
+    /// fails when the upstream sends nothing for this long: no response head (the
+    /// harness gets 504) or no byte of the body (the call ends with an upstream error).
+    /// `None` (the default) waits as long as the upstream takes: agentic completions
+    /// can think for minutes before their first byte. A stream's read also stays quiet
+    /// while a slow harness holds it back.
+    pub upstream_read_idle: Option<Duration>,
     /// When a session inspects responses, a stream is held in memory up to this many
     /// bytes, then in a temporary file (default 4 MiB).
     pub inspect_memory: usize,
@@ -66,6 +77,8 @@ impl Default for ServerConfig {
             disconnect_grace: Duration::from_secs(120),
             connect_timeout: Duration::from_secs(5),
             upstream_timeout: None,
+            upstream_write_idle: Some(Duration::from_secs(30)),
+            upstream_read_idle: None,
             inspect_memory: 4 << 20,
             stream_buffer: 16,
             released_memory: 65_536,
@@ -96,6 +109,8 @@ impl fmt::Debug for ServerConfig {
             .field("disconnect_grace", &self.disconnect_grace)
             .field("connect_timeout", &self.connect_timeout)
             .field("upstream_timeout", &self.upstream_timeout)
+            .field("upstream_write_idle", &self.upstream_write_idle)
+            .field("upstream_read_idle", &self.upstream_read_idle)
             .field("stream_buffer", &self.stream_buffer)
             .field("released_memory", &self.released_memory)
             .field("engine_retry_after", &self.engine_retry_after)

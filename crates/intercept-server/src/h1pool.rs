@@ -9,23 +9,35 @@
 //! of that buffer. Between calls, a connection rests in the pool unpolled; on checkout
 //! a non-blocking read of one byte notices a connection the upstream closed meanwhile.
 //!
+//! The request is written while the connection is read: an upstream that answers
+//! before it has taken the whole body (and then stops reading) cannot wedge the call,
+//! and the rest of the body goes out while the answer is read. A write that makes no
+//! progress for the write idle timeout fails the call; so does a read that gets nothing
+//! for the read idle timeout, when one is set. Every buffer the decoder keeps is bounded
+//! (head, chunk-size lines, extensions, trailers, interim answers).
+//!
+//! The connection is any `AsyncRead + AsyncWrite` a [`Dial`] opens: TCP in the server,
+//! an in-memory pipe in tests.
+//!
 //! Only `http://` upstreams go through here (the RL case: engines on the same host or
 //! network); `https://` ones use the general pooled client, with TLS and HTTP/2.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::io::{self, IoSlice, Write as _};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use bytes::{Buf as _, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use parking_lot::Mutex;
-use tokio::io::AsyncWriteExt as _;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
 
 use crate::http_body::SliceBody;
 
@@ -35,21 +47,60 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 const MAX_HEAD: usize = 64 * 1024;
 /// Most response headers accepted.
 const MAX_HEADERS: usize = 128;
-/// Longest chunk-size or trailer line accepted.
+/// Most interim (`1xx`) answers accepted before the final one.
+const MAX_INTERIM: usize = 32;
+/// Longest chunk-size line accepted.
 const MAX_LINE: usize = 8 * 1024;
+/// Most bytes of chunk extensions accepted over one body (hyper's limit).
+const MAX_EXTENSIONS: u64 = 16 * 1024;
+/// Largest trailer section accepted (hyper's limit).
+const MAX_TRAILERS: u64 = 16 * 1024;
 /// Room made in the read buffer before a read, and the most made for a long body.
 const READ_MIN: usize = 8 * 1024;
 const READ_MAX: usize = 64 * 1024;
+/// Most buffers handed to one vectored write.
+const MAX_IOV: usize = 64;
+
+/// How a pool opens its connections.
+pub(crate) trait Dial: Send + Sync + 'static {
+    /// A connection.
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// Opens a connection to `key` (`host:port`).
+    fn dial(&self, key: &str) -> impl Future<Output = io::Result<Self::Io>> + Send;
+}
+
+/// TCP connections, with `TCP_NODELAY`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Tcp;
+
+impl Dial for Tcp {
+    type Io = TcpStream;
+
+    async fn dial(&self, key: &str) -> io::Result<TcpStream> {
+        let io = TcpStream::connect(key).await?;
+        let _ = io.set_nodelay(true);
+        Ok(io)
+    }
+}
+
+/// Per-read and per-write idle timeouts of upstream connections.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Timeouts {
+    /// While the request is written, the upstream must take some of it this often.
+    pub(crate) write_idle: Option<Duration>,
+    /// Once the request is written, the upstream must send something this often.
+    pub(crate) read_idle: Option<Duration>,
+}
 
 /// A connection and the bytes read from it but not yet used.
-struct Conn {
-    io: TcpStream,
+struct Conn<Io> {
+    io: Io,
     buf: BytesMut,
 }
 
 /// One idle connection.
-struct Idle {
-    conn: Conn,
+struct Idle<Io> {
+    conn: Conn<Io>,
     since: Instant,
 }
 
@@ -60,40 +111,63 @@ pub(crate) enum H1Error {
     Connect(io::Error),
     /// Connecting took longer than the connect timeout.
     ConnectTimeout,
-    /// The exchange failed: the connection broke, or the answer is not HTTP/1.x.
+    /// The exchange failed: the connection broke or went idle past a timeout, or the
+    /// answer is not HTTP/1.x.
     Exchange(io::Error),
 }
 
 /// The pool: idle connections per `host:port`, oldest first; the newest is taken first.
-pub(crate) struct H1Pool {
-    idle: Mutex<HashMap<String, VecDeque<Idle>>>,
+pub(crate) struct H1Pool<D: Dial = Tcp> {
+    dial: D,
+    idle: Mutex<HashMap<String, VecDeque<Idle<D::Io>>>>,
     max_idle_per_host: usize,
     idle_timeout: Duration,
     connect_timeout: Duration,
+    timeouts: Timeouts,
 }
 
-impl std::fmt::Debug for H1Pool {
+impl<D: Dial> std::fmt::Debug for H1Pool<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("H1Pool")
             .field("max_idle_per_host", &self.max_idle_per_host)
+            .field("timeouts", &self.timeouts)
             .finish_non_exhaustive()
     }
 }
 
-impl H1Pool {
-    pub(crate) fn new(max_idle_per_host: usize, connect_timeout: Duration) -> Arc<Self> {
+impl H1Pool<Tcp> {
+    /// A pool of TCP connections.
+    pub(crate) fn new(
+        max_idle_per_host: usize,
+        connect_timeout: Duration,
+        timeouts: Timeouts,
+    ) -> Arc<Self> {
+        H1Pool::with_dial(Tcp, max_idle_per_host, connect_timeout, timeouts)
+    }
+}
+
+impl<D: Dial> H1Pool<D> {
+    /// A pool of the connections `dial` opens.
+    pub(crate) fn with_dial(
+        dial: D,
+        max_idle_per_host: usize,
+        connect_timeout: Duration,
+        timeouts: Timeouts,
+    ) -> Arc<Self> {
         Arc::new(H1Pool {
+            dial,
             idle: Mutex::new(HashMap::new()),
             max_idle_per_host,
             idle_timeout: IDLE_TIMEOUT,
             connect_timeout,
+            timeouts,
         })
     }
 
     /// A live idle connection to `key`, if the pool has one.
-    fn checkout(&self, key: &str) -> Option<Conn> {
+    fn checkout(&self, key: &str) -> Option<Conn<D::Io>> {
         loop {
-            let idle = {
+            let mut idle = {
                 let mut map = self.idle.lock();
                 map.get_mut(key)?.pop_back()?
             };
@@ -102,14 +176,13 @@ impl H1Pool {
             }
             // Nothing may be readable on a resting connection: a close, a reset or
             // stray bytes all retire it.
-            match idle.conn.io.try_read(&mut [0u8; 1]) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Some(idle.conn),
-                _ => continue,
+            if resting(&mut idle.conn.io) {
+                return Some(idle.conn);
             }
         }
     }
 
-    fn checkin(&self, key: String, conn: Conn) {
+    fn checkin(&self, key: String, conn: Conn<D::Io>) {
         if self.max_idle_per_host == 0 || !conn.buf.is_empty() {
             return;
         }
@@ -129,13 +202,12 @@ impl H1Pool {
         }
     }
 
-    async fn connect(&self, key: &str) -> Result<Conn, H1Error> {
-        let io = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(key)).await {
+    async fn connect(&self, key: &str) -> Result<Conn<D::Io>, H1Error> {
+        let io = match tokio::time::timeout(self.connect_timeout, self.dial.dial(key)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return Err(H1Error::Connect(e)),
             Err(_) => return Err(H1Error::ConnectTimeout),
         };
-        let _ = io.set_nodelay(true);
         Ok(Conn {
             io,
             buf: BytesMut::new(),
@@ -149,7 +221,7 @@ impl H1Pool {
     pub(crate) async fn send(
         self: &Arc<Self>,
         req: Request<SliceBody>,
-    ) -> Result<Response<DrivenBody>, H1Error> {
+    ) -> Result<Response<DrivenBody<D>>, H1Error> {
         let (parts, body) = req.into_parts();
         let Some(authority) = parts.uri.authority().cloned() else {
             return Err(H1Error::Connect(io::Error::new(
@@ -167,8 +239,11 @@ impl H1Pool {
             None => format!("{host}:80"),
         };
         let len = body.len();
-        let head = encode_head(&parts, host, len);
         let chunks = body.into_chunks();
+        let mut out = Vec::with_capacity(1 + chunks.len());
+        out.push(Bytes::from(encode_head(&parts, host, len)));
+        out.extend(chunks.into_iter().filter(|c| !c.is_empty()));
+        let mut out = Out::new(out);
         let mut pooled = self.checkout(&key);
         loop {
             let reused = pooled.is_some();
@@ -176,25 +251,30 @@ impl H1Pool {
                 Some(c) => c,
                 None => self.connect(&key).await?,
             };
-            match exchange(&mut conn, &head, &chunks).await {
+            match exchange(&mut conn, &mut out, self.timeouts).await {
                 Ok(head) => {
+                    let unsent = (!out.is_done()).then_some(out);
                     let mut resp = Response::new(DrivenBody {
                         conn: Some(conn),
-                        state: head.framing,
+                        decoder: Decoder::new(head.framing),
                         keep_alive: head.keep_alive,
+                        unsent,
+                        read_timer: IdleTimer::new(self.timeouts.read_idle),
+                        write_timer: IdleTimer::new(self.timeouts.write_idle),
                         pool: self.clone(),
                         key,
                     });
                     *resp.status_mut() = head.status;
                     *resp.version_mut() = head.version;
                     *resp.headers_mut() = head.headers;
-                    if resp.body().state.is_done() {
+                    if resp.body().decoder.is_done() {
                         resp.body_mut().finish();
                     }
                     return Ok(resp);
                 }
                 Err(Failed { error, unsent }) => {
                     if reused && unsent {
+                        out.rewind();
                         continue;
                     }
                     return Err(H1Error::Exchange(error));
@@ -202,6 +282,15 @@ impl H1Pool {
             }
         }
     }
+}
+
+/// Whether a resting connection has nothing to read (no close, no reset, no stray
+/// bytes): one read with a waker that does nothing.
+fn resting<Io: AsyncRead + Unpin>(io: &mut Io) -> bool {
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut byte = [0u8; 1];
+    let mut buf = ReadBuf::new(&mut byte);
+    Pin::new(io).poll_read(&mut cx, &mut buf).is_pending()
 }
 
 /// The request line and headers of `parts`, in origin form, with a `Host` header and
@@ -231,6 +320,140 @@ fn encode_head(parts: &http::request::Parts, host: &str, len: u64) -> Vec<u8> {
     head
 }
 
+/// The bytes of a request still to be written: its head, then its body's slices.
+struct Out {
+    parts: Vec<Bytes>,
+    /// The first part not written whole.
+    next: usize,
+    /// How much of `parts[next]` is written.
+    offset: usize,
+}
+
+impl Out {
+    fn new(parts: Vec<Bytes>) -> Self {
+        Out {
+            parts,
+            next: 0,
+            offset: 0,
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.next == self.parts.len()
+    }
+
+    /// Back to the first byte, for another connection.
+    fn rewind(&mut self) {
+        self.next = 0;
+        self.offset = 0;
+    }
+
+    fn advance(&mut self, mut n: usize) {
+        while n > 0 {
+            let left = self.parts[self.next].len() - self.offset;
+            if n < left {
+                self.offset += n;
+                return;
+            }
+            n -= left;
+            self.next += 1;
+            self.offset = 0;
+        }
+    }
+
+    /// Writes as much as the connection takes, in as few writes as it allows: `Ready`
+    /// once everything is written, `Pending` when the connection takes no more for
+    /// now. `timer` is told of each write that made progress.
+    fn poll_write<Io: AsyncWrite + Unpin>(
+        &mut self,
+        io: &mut Io,
+        timer: &mut IdleTimer,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        while !self.is_done() {
+            let mut iov = [IoSlice::new(&[]); MAX_IOV];
+            let mut used = 0;
+            for (i, part) in self.parts[self.next..].iter().take(MAX_IOV).enumerate() {
+                let skip = if i == 0 { self.offset } else { 0 };
+                iov[i] = IoSlice::new(&part[skip..]);
+                used += 1;
+            }
+            match Pin::new(&mut *io).poll_write_vectored(cx, &iov[..used]) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => {
+                    timer.progress();
+                    self.advance(n);
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Pin::new(io).poll_flush(cx)
+    }
+}
+
+/// An idle timeout: it runs while the I/O it watches is pending, restarts from the
+/// next wait after any progress, and is armed (and allocated) only when a wait begins.
+struct IdleTimer {
+    limit: Option<Duration>,
+    sleep: Option<Pin<Box<Sleep>>>,
+    armed: bool,
+}
+
+impl IdleTimer {
+    fn new(limit: Option<Duration>) -> Self {
+        IdleTimer {
+            limit,
+            sleep: None,
+            armed: false,
+        }
+    }
+
+    /// The watched I/O made progress: the next wait starts a new period.
+    fn progress(&mut self) {
+        self.armed = false;
+    }
+
+    /// The watched I/O is pending: whether the limit is over (else `cx` is woken
+    /// when it will be).
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(limit) = self.limit else {
+            return false;
+        };
+        if !self.armed {
+            self.armed = true;
+            let deadline = Instant::now() + limit;
+            match &mut self.sleep {
+                Some(sleep) => sleep.as_mut().reset(deadline),
+                None => self.sleep = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+        }
+        self.sleep
+            .as_mut()
+            .is_some_and(|sleep| sleep.as_mut().poll(cx).is_ready())
+    }
+}
+
+fn write_stalled(limit: Option<Duration>) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!(
+            "the upstream took no bytes of the request for {:?} (write idle timeout)",
+            limit.unwrap_or_default()
+        ),
+    )
+}
+
+fn read_stalled(limit: Option<Duration>) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!(
+            "the upstream sent nothing for {:?} (read idle timeout)",
+            limit.unwrap_or_default()
+        ),
+    )
+}
+
 /// How long an answer may take to arrive once the upstream closed the connection
 /// before the request was written whole.
 const EARLY_ANSWER_WAIT: Duration = Duration::from_secs(1);
@@ -251,79 +474,108 @@ struct Head {
     keep_alive: bool,
 }
 
-/// Writes the request and reads the response head.
-async fn exchange(conn: &mut Conn, head: &[u8], body: &[Bytes]) -> Result<Head, Failed> {
-    if let Err(error) = write_all(&mut conn.io, head, body).await {
-        // An upstream may answer before it has read the whole request (a body it
-        // refuses) and close: that answer is the response.
-        if matches!(
-            error.kind(),
-            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
-        ) {
-            if let Ok(Ok(mut head)) = tokio::time::timeout(EARLY_ANSWER_WAIT, read_head(conn)).await
-            {
-                head.keep_alive = false;
-                return Ok(head);
+/// Writes the request and, at the same time, reads the response head (skipping
+/// interim `1xx` answers). An answer may come before the whole request was written:
+/// the rest is then left in `out`, for the body to write while it is read. When the
+/// upstream breaks the connection while the request is written, an answer it sent
+/// before is still the response (a body it refuses), and the connection is not reused.
+async fn exchange<Io: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut Conn<Io>,
+    out: &mut Out,
+    timeouts: Timeouts,
+) -> Result<Head, Failed> {
+    let mut write_timer = IdleTimer::new(timeouts.write_idle);
+    let mut read_timer = IdleTimer::new(timeouts.read_idle);
+    let mut write_error: Option<io::Error> = None;
+    let mut interim = 0;
+    std::future::poll_fn(|cx| {
+        loop {
+            if write_error.is_none() && !out.is_done() {
+                match out.poll_write(&mut conn.io, &mut write_timer, cx) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(e)) => {
+                        write_error = Some(e);
+                        // The answer, if any, is already on its way.
+                        read_timer = IdleTimer::new(Some(
+                            timeouts.read_idle.map_or(EARLY_ANSWER_WAIT, |t| {
+                                t.min(EARLY_ANSWER_WAIT)
+                            }),
+                        ));
+                    }
+                    Poll::Pending if write_timer.poll_expired(cx) => {
+                        return Poll::Ready(Err(Failed {
+                            error: write_stalled(timeouts.write_idle),
+                            unsent: true,
+                        }))
+                    }
+                    Poll::Pending => {}
+                }
             }
-        }
-        return Err(Failed {
-            error,
-            unsent: true,
-        });
-    }
-    read_head(conn).await.map_err(|error| Failed {
-        error,
-        unsent: false,
-    })
-}
-
-/// Reads the response head, skipping interim `1xx` answers.
-async fn read_head(conn: &mut Conn) -> io::Result<Head> {
-    loop {
-        if !conn.buf.is_empty() {
-            if let Some((used, head)) = parse_head(&conn.buf)? {
+            let writing = write_error.is_none() && !out.is_done();
+            while !conn.buf.is_empty() {
+                let parsed = parse_head(&conn.buf).map_err(|error| Failed {
+                    error,
+                    unsent: false,
+                });
+                let Some((used, mut head)) = parsed? else {
+                    break;
+                };
                 conn.buf.advance(used);
                 if head.status.is_informational() {
                     if head.status == StatusCode::SWITCHING_PROTOCOLS {
-                        return Err(invalid("the upstream switched protocols on a model call"));
+                        return Poll::Ready(Err(Failed {
+                            error: invalid("the upstream switched protocols on a model call"),
+                            unsent: false,
+                        }));
+                    }
+                    interim += 1;
+                    if interim > MAX_INTERIM {
+                        return Poll::Ready(Err(Failed {
+                            error: invalid(format!(
+                                "the upstream sent over {MAX_INTERIM} interim (1xx) answers"
+                            )),
+                            unsent: false,
+                        }));
                     }
                     continue;
                 }
-                return Ok(head);
+                if write_error.is_some() {
+                    head.keep_alive = false;
+                }
+                return Poll::Ready(Ok(head));
+            }
+            let unsent = write_error.is_some() || !out.is_done();
+            let end = |error: io::Error, write_error: &mut Option<io::Error>| {
+                Poll::Ready(Err(Failed {
+                    error: write_error.take().unwrap_or(error),
+                    unsent,
+                }))
+            };
+            conn.buf.reserve(READ_MIN);
+            match tokio_util::io::poll_read_buf(Pin::new(&mut conn.io), cx, &mut conn.buf) {
+                Poll::Ready(Ok(0)) => {
+                    return end(
+                        io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "the upstream closed the connection without answering",
+                        ),
+                        &mut write_error,
+                    )
+                }
+                Poll::Ready(Ok(_)) => read_timer.progress(),
+                Poll::Ready(Err(e)) => return end(e, &mut write_error),
+                // While the request is being written, the upstream is taking it: the
+                // read idle timeout starts once it has all of it.
+                Poll::Pending if writing => return Poll::Pending,
+                Poll::Pending if read_timer.poll_expired(cx) => {
+                    let stalled = read_stalled(read_timer.limit);
+                    return end(stalled, &mut write_error);
+                }
+                Poll::Pending => return Poll::Pending,
             }
         }
-        conn.buf.reserve(READ_MIN);
-        if read(&mut conn.io, &mut conn.buf).await? == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the upstream closed the connection without answering",
-            ));
-        }
-    }
-}
-
-async fn read(io: &mut TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
-    std::future::poll_fn(|cx| tokio_util::io::poll_read_buf(Pin::new(&mut *io), cx, buf)).await
-}
-
-/// Writes `head` and the body slices, in as few writes as the socket allows.
-async fn write_all(io: &mut TcpStream, head: &[u8], body: &[Bytes]) -> io::Result<()> {
-    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(1 + body.len());
-    slices.push(IoSlice::new(head));
-    slices.extend(
-        body.iter()
-            .filter(|b| !b.is_empty())
-            .map(|b| IoSlice::new(b)),
-    );
-    let mut rest = &mut slices[..];
-    while !rest.is_empty() {
-        let n = io.write_vectored(rest).await?;
-        if n == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        IoSlice::advance_slices(&mut rest, n);
-    }
-    Ok(())
+    })
+    .await
 }
 
 fn invalid(message: impl Into<String>) -> io::Error {
@@ -359,6 +611,7 @@ fn parse_head(buf: &[u8]) -> io::Result<Option<(usize, Head)>> {
         Version::HTTP_11
     };
     let mut keep_alive = version == Version::HTTP_11;
+    let mut close = false;
     let mut chunked: Option<bool> = None;
     let mut length: Option<u64> = None;
     let mut headers = HeaderMap::with_capacity(resp.headers.len());
@@ -388,7 +641,8 @@ fn parse_head(buf: &[u8]) -> io::Result<Option<(usize, Head)>> {
             for token in h.value.split(|&b| b == b',') {
                 let token = token.trim_ascii();
                 if token.eq_ignore_ascii_case(b"close") {
-                    keep_alive = false;
+                    // A `close` anywhere wins over any `keep-alive`.
+                    close = true;
                 } else if token.eq_ignore_ascii_case(b"keep-alive") && version == Version::HTTP_10 {
                     keep_alive = true;
                 }
@@ -396,12 +650,23 @@ fn parse_head(buf: &[u8]) -> io::Result<Option<(usize, Head)>> {
         }
         headers.append(name, value);
     }
+    if close {
+        keep_alive = false;
+    }
     let framing = if status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED
     {
         State::Length(0)
     } else if let Some(chunked) = chunked {
+        if length.is_some() {
+            // Transfer-Encoding overrides Content-Length, but a message with both may
+            // be an attempt at response splitting: it is read by its transfer coding,
+            // relayed without the length, and its connection is closed after it
+            // (RFC 9112, section 6.3).
+            headers.remove(header::CONTENT_LENGTH);
+            keep_alive = false;
+        }
         if chunked {
             State::Chunked(Chunk::Size)
         } else {
@@ -458,17 +723,34 @@ enum Step {
     Done,
 }
 
-impl State {
+/// A body's decoding: where it is, and what it has used of the bounds on what is not
+/// data (chunk extensions, trailers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Decoder {
+    state: State,
+    extensions: u64,
+    trailers: u64,
+}
+
+impl Decoder {
+    fn new(state: State) -> Self {
+        Decoder {
+            state,
+            extensions: 0,
+            trailers: 0,
+        }
+    }
+
     fn is_done(&self) -> bool {
-        matches!(self, State::Done | State::Length(0))
+        matches!(self.state, State::Done | State::Length(0))
     }
 
     /// Decodes from the front of `buf`: the next piece of body, or what is missing.
     fn step(&mut self, buf: &mut BytesMut) -> io::Result<Step> {
         loop {
-            match self {
+            match &mut self.state {
                 State::Done | State::Length(0) => {
-                    *self = State::Done;
+                    self.state = State::Done;
                     return Ok(Step::Done);
                 }
                 State::UntilClose if buf.is_empty() => return Ok(Step::NeedMore),
@@ -480,19 +762,28 @@ impl State {
                     let n = (*rem).min(buf.len() as u64);
                     *rem -= n;
                     let data = buf.split_to(n as usize).freeze();
-                    match self {
-                        State::Length(0) => *self = State::Done,
-                        State::Chunked(Chunk::Data(0)) => *self = State::Chunked(Chunk::DataEnd),
+                    match self.state {
+                        State::Length(0) => self.state = State::Done,
+                        State::Chunked(Chunk::Data(0)) => {
+                            self.state = State::Chunked(Chunk::DataEnd)
+                        }
                         _ => {}
                     }
                     return Ok(Step::Data(data));
                 }
                 State::Chunked(Chunk::Size) => {
-                    let Some(line) = take_line(buf)? else {
+                    let Some(line) = take_line(buf, MAX_LINE as u64)? else {
                         return Ok(Step::NeedMore);
                     };
-                    let size = chunk_size(&line)?;
-                    *self = if size == 0 {
+                    let (size, extensions) = chunk_size(&line)?;
+                    self.extensions += extensions;
+                    if self.extensions > MAX_EXTENSIONS {
+                        return Err(invalid(format!(
+                            "the upstream's chunked body has over {} KiB of chunk extensions",
+                            MAX_EXTENSIONS / 1024
+                        )));
+                    }
+                    self.state = if size == 0 {
                         State::Chunked(Chunk::Trailers)
                     } else {
                         State::Chunked(Chunk::Data(size))
@@ -510,14 +801,19 @@ impl State {
                             "the upstream's chunked body has data past a chunk's end",
                         ));
                     }
-                    *self = State::Chunked(Chunk::Size);
+                    self.state = State::Chunked(Chunk::Size);
                 }
                 State::Chunked(Chunk::Trailers) => {
-                    let Some(line) = take_line(buf)? else {
+                    let room = MAX_TRAILERS - self.trailers;
+                    let Some(line) = take_line(buf, room)? else {
                         return Ok(Step::NeedMore);
                     };
+                    // The line and its `\r\n`.
+                    self.trailers += line.len() as u64 + 2;
                     if line.is_empty() {
-                        *self = State::Done;
+                        self.state = State::Done;
+                    } else if self.trailers > MAX_TRAILERS {
+                        return Err(over_trailers());
                     }
                 }
             }
@@ -526,19 +822,27 @@ impl State {
 
     /// How much room to make in the read buffer before the next read.
     fn read_size(&self) -> usize {
-        match self {
+        match self.state {
             State::Length(rem) | State::Chunked(Chunk::Data(rem)) => {
-                (*rem).clamp(READ_MIN as u64, READ_MAX as u64) as usize
+                rem.clamp(READ_MIN as u64, READ_MAX as u64) as usize
             }
             _ => READ_MIN,
         }
     }
 }
 
+fn over_trailers() -> io::Error {
+    invalid(format!(
+        "the upstream's chunked body has trailers over {} KiB",
+        MAX_TRAILERS / 1024
+    ))
+}
+
 /// Takes one line (without its `\r\n` or `\n`) off the front of `buf`, if a whole one is
-/// there.
-fn take_line(buf: &mut BytesMut) -> io::Result<Option<BytesMut>> {
+/// there; a line longer than `max` is an error.
+fn take_line(buf: &mut BytesMut, max: u64) -> io::Result<Option<BytesMut>> {
     match memchr::memchr(b'\n', buf) {
+        Some(end) if end as u64 > max => Err(long_line(max)),
         Some(end) => {
             let mut line = buf.split_to(end + 1);
             line.truncate(end);
@@ -547,21 +851,30 @@ fn take_line(buf: &mut BytesMut) -> io::Result<Option<BytesMut>> {
             }
             Ok(Some(line))
         }
-        None if buf.len() > MAX_LINE => Err(invalid(format!(
-            "the upstream's chunked body has a line over {} KiB",
-            MAX_LINE / 1024
-        ))),
+        None if buf.len() as u64 > max => Err(long_line(max)),
         None => Ok(None),
     }
 }
 
-/// The size on a chunk-size line (hex digits, then maybe `;extensions`).
-fn chunk_size(line: &[u8]) -> io::Result<u64> {
-    let digits = line
-        .split(|&b| b == b';')
-        .next()
-        .unwrap_or_default()
-        .trim_ascii();
+fn long_line(max: u64) -> io::Error {
+    if max == MAX_LINE as u64 {
+        invalid(format!(
+            "the upstream's chunked body has a line over {} KiB",
+            MAX_LINE / 1024
+        ))
+    } else {
+        over_trailers()
+    }
+}
+
+/// The size on a chunk-size line (hex digits, then maybe `;extensions`), and how many
+/// bytes of extensions the line has.
+fn chunk_size(line: &[u8]) -> io::Result<(u64, u64)> {
+    let (digits, extensions) = match memchr::memchr(b';', line) {
+        Some(i) => (&line[..i], (line.len() - i) as u64),
+        None => (line, 0),
+    };
+    let digits = digits.trim_ascii();
     let bad = || invalid("the upstream's chunked body has a bad chunk size");
     if digits.is_empty() || digits.len() > 15 {
         return Err(bad());
@@ -571,41 +884,63 @@ fn chunk_size(line: &[u8]) -> io::Result<u64> {
         let v = (d as char).to_digit(16).ok_or_else(bad)?;
         size = size * 16 + u64::from(v);
     }
-    Ok(size)
+    Ok((size, extensions))
 }
 
 /// A response body read from the connection it came on; the connection goes back to
-/// the pool when the body has been read to its end.
-pub(crate) struct DrivenBody {
+/// the pool when the body has been read to its end (and the request written whole).
+pub(crate) struct DrivenBody<D: Dial = Tcp> {
     /// `None` once the body ended or failed.
-    conn: Option<Conn>,
-    state: State,
+    conn: Option<Conn<D::Io>>,
+    decoder: Decoder,
     keep_alive: bool,
-    pool: Arc<H1Pool>,
+    /// The rest of a request the upstream answered before it had all of it.
+    unsent: Option<Out>,
+    read_timer: IdleTimer,
+    write_timer: IdleTimer,
+    pool: Arc<H1Pool<D>>,
     key: String,
 }
 
-impl std::fmt::Debug for DrivenBody {
+impl<D: Dial> std::fmt::Debug for DrivenBody<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DrivenBody")
-            .field("state", &self.state)
+            .field("decoder", &self.decoder)
             .finish_non_exhaustive()
     }
 }
 
-impl DrivenBody {
+impl<D: Dial> DrivenBody<D> {
     /// The body ended: the connection rests in the pool, if it can carry another call.
     fn finish(&mut self) {
-        self.state = State::Done;
+        self.decoder.state = State::Done;
         if let Some(conn) = self.conn.take() {
-            if self.keep_alive {
+            if self.keep_alive && self.unsent.is_none() {
                 self.pool.checkin(std::mem::take(&mut self.key), conn);
+            }
+        }
+    }
+
+    /// Writes on the rest of the request, if the upstream answered before it had it
+    /// all. Writing stops (and the connection will not be reused) when the upstream
+    /// breaks the connection or takes nothing for the write idle timeout: it answered
+    /// already.
+    fn poll_unsent(&mut self, cx: &mut Context<'_>) {
+        let (Some(out), Some(conn)) = (self.unsent.as_mut(), self.conn.as_mut()) else {
+            return;
+        };
+        match out.poll_write(&mut conn.io, &mut self.write_timer, cx) {
+            Poll::Ready(Ok(())) => self.unsent = None,
+            Poll::Pending if !self.write_timer.poll_expired(cx) => {}
+            Poll::Ready(Err(_)) | Poll::Pending => {
+                self.keep_alive = false;
+                self.unsent = None;
             }
         }
     }
 }
 
-impl Body for DrivenBody {
+impl<D: Dial> Body for DrivenBody<D> {
     type Data = Bytes;
     type Error = io::Error;
 
@@ -614,13 +949,16 @@ impl Body for DrivenBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         let this = &mut *self;
+        if this.unsent.is_some() {
+            this.poll_unsent(cx);
+        }
         loop {
             let Some(conn) = this.conn.as_mut() else {
                 return Poll::Ready(None);
             };
-            match this.state.step(&mut conn.buf) {
+            match this.decoder.step(&mut conn.buf) {
                 Ok(Step::Data(data)) => {
-                    if this.state == State::Done {
+                    if this.decoder.state == State::Done {
                         this.finish();
                     }
                     return Poll::Ready(Some(Ok(Frame::data(data))));
@@ -635,16 +973,20 @@ impl Body for DrivenBody {
                     return Poll::Ready(Some(Err(e)));
                 }
             }
-            let room = this.state.read_size();
+            let room = this.decoder.read_size();
             if conn.buf.capacity() - conn.buf.len() < room / 2 {
                 conn.buf.reserve(room);
             }
             match tokio_util::io::poll_read_buf(Pin::new(&mut conn.io), cx, &mut conn.buf) {
+                Poll::Pending if this.read_timer.poll_expired(cx) => {
+                    this.conn = None;
+                    return Poll::Ready(Some(Err(read_stalled(this.read_timer.limit))));
+                }
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Ok(0)) => {
                     this.conn = None;
-                    if this.state == State::UntilClose {
-                        this.state = State::Done;
+                    if this.decoder.state == State::UntilClose {
+                        this.decoder.state = State::Done;
                         return Poll::Ready(None);
                     }
                     return Poll::Ready(Some(Err(io::Error::new(
@@ -652,7 +994,7 @@ impl Body for DrivenBody {
                         "the upstream closed the connection before the response body ended",
                     ))));
                 }
-                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Ok(_)) => this.read_timer.progress(),
                 Poll::Ready(Err(e)) => {
                     this.conn = None;
                     return Poll::Ready(Some(Err(e)));
@@ -662,11 +1004,11 @@ impl Body for DrivenBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.state.is_done()
+        self.decoder.is_done()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self.state {
+        match self.decoder.state {
             State::Length(n) => SizeHint::with_exact(n),
             State::Done => SizeHint::with_exact(0),
             _ => SizeHint::default(),
@@ -697,7 +1039,7 @@ mod tests {
             .expect("request")
     }
 
-    async fn text(resp: Response<DrivenBody>) -> String {
+    async fn text<D: Dial>(resp: Response<DrivenBody<D>>) -> String {
         let bytes = resp.into_body().collect().await.expect("body").to_bytes();
         String::from_utf8(bytes.to_vec()).expect("utf-8")
     }
@@ -712,7 +1054,7 @@ mod tests {
     async fn sequential_calls_share_one_connection() {
         within(async {
             let upstream = MockUpstream::start().await.expect("mock");
-            let pool = H1Pool::new(8, Duration::from_secs(5));
+            let pool = H1Pool::new(8, Duration::from_secs(5), Timeouts::default());
             let url = upstream.chat_completions_url();
             for i in 0..4 {
                 let resp = pool.send(chat(&url, i % 2 == 1)).await.expect("response");
@@ -768,7 +1110,7 @@ mod tests {
                     });
                 }
             });
-            let pool = H1Pool::new(8, Duration::from_secs(5));
+            let pool = H1Pool::new(8, Duration::from_secs(5), Timeouts::default());
             // Credentials in the URL stay out of the Host header and the pool key.
             let url = format!("http://user:pw@{addr}/v1/chat/completions");
             for _ in 0..3 {
@@ -791,7 +1133,7 @@ mod tests {
             })
             .await
             .expect("mock");
-            let pool = H1Pool::new(8, Duration::from_secs(5));
+            let pool = H1Pool::new(8, Duration::from_secs(5), Timeouts::default());
             let url = upstream.chat_completions_url();
             let resp = pool.send(chat(&url, true)).await.expect("response");
             let mut body = resp.into_body();
@@ -814,7 +1156,7 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
         drop(listener);
-        let pool = H1Pool::new(8, Duration::from_secs(5));
+        let pool = H1Pool::new(8, Duration::from_secs(5), Timeouts::default());
         let err = pool
             .send(chat(&format!("http://{addr}/v1/chat/completions"), false))
             .await
@@ -823,7 +1165,8 @@ mod tests {
     }
 
     /// Decodes `wire` fed `step` bytes at a time: the body and how decoding ended.
-    fn decode(mut state: State, wire: &[u8], step: usize) -> (Vec<u8>, io::Result<State>) {
+    fn decode(state: State, wire: &[u8], step: usize) -> (Vec<u8>, io::Result<State>) {
+        let mut state = Decoder::new(state);
         let mut buf = BytesMut::new();
         let mut body = Vec::new();
         for piece in wire.chunks(step) {
@@ -837,7 +1180,7 @@ mod tests {
                 }
             }
         }
-        (body, Ok(state))
+        (body, Ok(state.state))
     }
 
     #[test]
@@ -855,9 +1198,9 @@ mod tests {
         assert_eq!(end.expect("partial"), State::Chunked(Chunk::Trailers));
         // A body with a length ends after that many bytes, whatever follows.
         let mut buf = BytesMut::from(&b"abcdef"[..]);
-        let mut state = State::Length(4);
+        let mut state = Decoder::new(State::Length(4));
         assert!(matches!(state.step(&mut buf), Ok(Step::Data(d)) if d == "abcd"));
-        assert_eq!(state, State::Done);
+        assert_eq!(state.state, State::Done);
         assert_eq!(&buf[..], b"ef");
     }
 
@@ -895,9 +1238,26 @@ mod tests {
 
         for (wire, framing, keep_alive) in [
             (
-                "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\ncontent-length: 3\r\n\r\n",
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
                 State::Chunked(Chunk::Size),
                 true,
+            ),
+            // Both framings: the transfer coding frames the body, and the connection
+            // is closed after it (RFC 9112, section 6.3).
+            (
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\ncontent-length: 3\r\n\r\n",
+                State::Chunked(Chunk::Size),
+                false,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: identity\r\n\r\n",
+                State::UntilClose,
+                false,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nconnection: close\r\nconnection: keep-alive\r\ncontent-length: 1\r\n\r\n",
+                State::Length(1),
+                false,
             ),
             (
                 "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
@@ -1053,7 +1413,7 @@ mod tests {
                 Some("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\ngh"),
             ])
             .await;
-            let pool = H1Pool::new(8, Duration::from_secs(5));
+            let pool = H1Pool::new(8, Duration::from_secs(5), Timeouts::default());
             let mut bodies = Vec::new();
             for _ in 0..5 {
                 let resp = pool.send(chat(&up.url, false)).await.expect("response");
@@ -1084,7 +1444,7 @@ mod tests {
                 None,
             ])
             .await;
-            let pool = H1Pool::new(8, Duration::from_secs(5));
+            let pool = H1Pool::new(8, Duration::from_secs(5), Timeouts::default());
             let resp = pool.send(chat(&up.url, false)).await.expect("response");
             let mut body = resp.into_body();
             let first = body.frame().await.expect("a frame").expect("data");
@@ -1113,7 +1473,7 @@ mod tests {
                 "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n3\r\nabc\r\n",
             )])
             .await;
-            let pool = H1Pool::new(8, Duration::from_secs(5));
+            let pool = H1Pool::new(8, Duration::from_secs(5), Timeouts::default());
             let resp = pool.send(chat(&up.url, true)).await.expect("response");
             let err = resp.into_body().collect().await.expect_err("cut short");
             assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{err}");
@@ -1126,7 +1486,7 @@ mod tests {
     async fn what_is_not_http_is_an_exchange_error() {
         within(async {
             let up = scripted(vec![Some("SSH-2.0-OpenSSH_9.6\r\n\r\n")]).await;
-            let pool = H1Pool::new(8, Duration::from_secs(5));
+            let pool = H1Pool::new(8, Duration::from_secs(5), Timeouts::default());
             let err = pool.send(chat(&up.url, false)).await.expect_err("not http");
             let H1Error::Exchange(e) = err else {
                 panic!("{err:?}")
@@ -1161,7 +1521,7 @@ mod tests {
                 );
                 let _ = socket.write_all(reply.as_bytes()).await;
             });
-            let pool = H1Pool::new(8, Duration::from_secs(5));
+            let pool = H1Pool::new(8, Duration::from_secs(5), Timeouts::default());
             let big = Bytes::from(vec![b' '; 32 << 20]);
             let req = Request::post(format!("http://{addr}/v1/chat/completions"))
                 .body(SliceBody::new(vec![Bytes::from_static(b"{}"), big]))
@@ -1182,6 +1542,8 @@ mod tests {
                 .expect("bind");
             let addr = listener.local_addr().expect("addr");
             let pool = Arc::new(H1Pool {
+                dial: Tcp,
+                timeouts: Timeouts::default(),
                 idle: Mutex::new(HashMap::new()),
                 max_idle_per_host: 8,
                 idle_timeout: Duration::from_millis(50),
@@ -1204,6 +1566,449 @@ mod tests {
                 assert_eq!(socket.read(&mut buf).await.expect("read"), 0);
             }
             assert!(pool.checkout(&key).is_some(), "the fresh one is handed out");
+        })
+        .await
+    }
+
+    /// Connections over in-memory pipes of `capacity` bytes each way; the upstream's
+    /// end of each pipe goes to the receiver.
+    struct Pipes {
+        capacity: usize,
+        ends: tokio::sync::mpsc::UnboundedSender<tokio::io::DuplexStream>,
+    }
+
+    impl Dial for Pipes {
+        type Io = tokio::io::DuplexStream;
+
+        async fn dial(&self, _key: &str) -> io::Result<tokio::io::DuplexStream> {
+            let (ours, theirs) = tokio::io::duplex(self.capacity);
+            self.ends
+                .send(theirs)
+                .map_err(|_| io::Error::from(io::ErrorKind::ConnectionRefused))?;
+            Ok(ours)
+        }
+    }
+
+    type PipeEnds = tokio::sync::mpsc::UnboundedReceiver<tokio::io::DuplexStream>;
+
+    fn piped(capacity: usize, timeouts: Timeouts) -> (Arc<H1Pool<Pipes>>, PipeEnds) {
+        let (ends, rx) = tokio::sync::mpsc::unbounded_channel();
+        let pool = H1Pool::with_dial(
+            Pipes { capacity, ends },
+            8,
+            Duration::from_secs(5),
+            timeouts,
+        );
+        (pool, rx)
+    }
+
+    fn idle_count<D: Dial>(pool: &H1Pool<D>) -> usize {
+        pool.idle.lock().values().map(VecDeque::len).sum()
+    }
+
+    /// Reads one request (head and content-length body) off `io`: the head, lowercased.
+    async fn read_request<Io: tokio::io::AsyncRead + Unpin>(io: &mut Io) -> Option<String> {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        let end = loop {
+            if let Some(i) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            match io.read(&mut buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        let mut have = seen.len() - end;
+        while have < len {
+            match io.read(&mut buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => have += n,
+            }
+        }
+        Some(head)
+    }
+
+    fn big_request(url: &str, body_bytes: usize) -> Request<SliceBody> {
+        Request::post(url)
+            .body(SliceBody::new(vec![
+                Bytes::from_static(b"{}"),
+                Bytes::from(vec![b' '; body_bytes]),
+            ]))
+            .expect("request")
+    }
+
+    /// An upstream that reads request heads only and hands each accepted socket (and
+    /// the head it read) to the test.
+    async fn head_reader() -> (
+        String,
+        tokio::sync::mpsc::UnboundedReceiver<tokio::net::TcpStream>,
+    ) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let mut seen = Vec::new();
+                    let mut buf = [0u8; 1];
+                    // One byte at a time: nothing past the head is taken.
+                    while !seen.ends_with(b"\r\n\r\n") {
+                        match socket.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => seen.push(buf[0]),
+                        }
+                    }
+                    let _ = tx.send(socket);
+                });
+            }
+        });
+        (format!("http://{addr}/v1/chat/completions"), rx)
+    }
+
+    #[tokio::test]
+    async fn an_early_answer_from_an_upstream_that_stops_reading_is_the_response() {
+        within(async {
+            // The upstream answers 413 after the head and then neither reads nor closes:
+            // written first and read after, a 32 MiB body never got to the answer.
+            let (url, mut sockets) = head_reader().await;
+            let held = tokio::spawn(async move {
+                let mut socket = sockets.recv().await.expect("a connection");
+                let body = r#"{"error":{"message":"request body too large"}}"#;
+                let reply = format!(
+                    "HTTP/1.1 413 Payload Too Large\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                socket.write_all(reply.as_bytes()).await.expect("answer");
+                // Held open, unread, until the client is done with it.
+                let mut rest = Vec::new();
+                let _ = socket.read_to_end(&mut rest).await;
+            });
+            let pool = H1Pool::new(8, Duration::from_secs(5), Timeouts::default());
+            let resp = pool
+                .send(big_request(&url, 32 << 20))
+                .await
+                .expect("the early answer");
+            assert_eq!(resp.status(), 413);
+            assert!(text(resp).await.contains("too large"));
+            assert_eq!(idle_count(&pool), 0, "a half-written request's connection is closed");
+            // Closed, not merely forgotten: the upstream's read ends.
+            held.await.expect("the upstream saw the close");
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn the_rest_of_the_body_is_written_while_an_early_answer_is_read() {
+        within(async {
+            // The upstream sends its head at once, then reads the whole body, then ends
+            // the answer with the number of body bytes it got.
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            tokio::spawn(async move {
+                let (mut socket, _) = listener.accept().await.expect("accept");
+                let mut seen = Vec::new();
+                let mut buf = vec![0u8; 64 * 1024];
+                let end = loop {
+                    if let Some(i) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break i + 4;
+                    }
+                    let n = socket.read(&mut buf).await.expect("read");
+                    seen.extend_from_slice(&buf[..n]);
+                };
+                socket
+                    .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+                    .await
+                    .expect("head");
+                let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .and_then(|v| v.trim().parse().ok())
+                    .expect("a length");
+                let mut got = seen.len() - end;
+                while got < len {
+                    match socket.read(&mut buf).await.expect("read") {
+                        0 => break,
+                        n => got += n,
+                    }
+                }
+                let count = got.to_string();
+                let last = format!("{:x}\r\n{count}\r\n0\r\n\r\n", count.len());
+                socket.write_all(last.as_bytes()).await.expect("end");
+                let _ = socket.read(&mut buf).await;
+            });
+            let pool = H1Pool::new(8, Duration::from_secs(5), Timeouts::default());
+            let body = 32 << 20;
+            let resp = pool
+                .send(big_request(&format!("http://{addr}/v1/x"), body))
+                .await
+                .expect("response");
+            assert_eq!(resp.status(), 200);
+            assert_eq!(text(resp).await, (body + 2).to_string());
+            assert_eq!(idle_count(&pool), 1, "written whole and read whole: reusable");
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn an_upstream_that_takes_no_bytes_fails_the_write_after_the_write_idle_timeout() {
+        within(async {
+            let (url, mut sockets) = head_reader().await;
+            let hold = tokio::spawn(async move { sockets.recv().await });
+            let pool = H1Pool::new(
+                8,
+                Duration::from_secs(5),
+                Timeouts {
+                    write_idle: Some(Duration::from_millis(200)),
+                    read_idle: None,
+                },
+            );
+            let err = pool
+                .send(big_request(&url, 32 << 20))
+                .await
+                .expect_err("stalled");
+            let H1Error::Exchange(e) = err else {
+                panic!("{err:?}")
+            };
+            assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+            assert!(e.to_string().contains("write idle timeout"), "{e}");
+            drop(hold);
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn an_upstream_that_sends_nothing_fails_the_call_after_the_read_idle_timeout() {
+        within(async {
+            let timeouts = Timeouts {
+                write_idle: Some(Duration::from_secs(30)),
+                read_idle: Some(Duration::from_millis(200)),
+            };
+            // No head: the request is read whole, and never answered.
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            tokio::spawn(async move {
+                let mut held = Vec::new();
+                let mut first = true;
+                while let Ok((mut socket, _)) = listener.accept().await {
+                    if read_request(&mut socket).await.is_none() {
+                        continue;
+                    }
+                    if !first {
+                        // The second connection gets a head and half a body.
+                        let _ = socket
+                            .write_all(
+                                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n",
+                            )
+                            .await;
+                    }
+                    first = false;
+                    held.push(socket);
+                }
+            });
+            let pool = H1Pool::new(8, Duration::from_secs(5), timeouts);
+            let url = format!("http://{addr}/v1/chat/completions");
+            let err = pool.send(chat(&url, false)).await.expect_err("no head");
+            let H1Error::Exchange(e) = err else {
+                panic!("{err:?}")
+            };
+            assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+            assert!(e.to_string().contains("read idle timeout"), "{e}");
+
+            let resp = pool.send(chat(&url, true)).await.expect("a head");
+            let mut body = resp.into_body();
+            let first = body.frame().await.expect("a frame").expect("data");
+            assert_eq!(first.into_data().expect("data"), "abc");
+            let e = body
+                .frame()
+                .await
+                .expect("an end")
+                .expect_err("the body stalled");
+            assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+            assert!(body.frame().await.is_none(), "the body is over");
+            assert_eq!(idle_count(&pool), 0);
+        })
+        .await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_read_idle_timeout_restarts_with_every_byte_and_is_off_by_default() {
+        let limit = Duration::from_secs(60);
+        let (pool, mut ends) = piped(
+            64,
+            Timeouts {
+                write_idle: None,
+                read_idle: Some(limit),
+            },
+        );
+        tokio::spawn(async move {
+            let mut end = ends.recv().await.expect("a connection");
+            read_request(&mut end).await.expect("a request");
+            end.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n")
+                .await
+                .expect("head");
+            // A byte every 59 s, five times, then silence (held open).
+            for _ in 0..5 {
+                tokio::time::sleep(Duration::from_secs(59)).await;
+                end.write_all(b"x").await.expect("byte");
+            }
+            std::future::pending::<()>().await;
+        });
+        let start = Instant::now();
+        let resp = pool
+            .send(chat("http://upstream:8000/v1/x", true))
+            .await
+            .expect("head");
+        let mut body = resp.into_body();
+        let mut got = Vec::new();
+        let err = loop {
+            match body.frame().await.expect("not over") {
+                Ok(frame) => got.extend_from_slice(&frame.into_data().expect("data")),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(got, b"xxxxx");
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        // Paused time: the clock moved by exactly the waits.
+        assert_eq!(start.elapsed(), Duration::from_secs(5 * 59) + limit);
+
+        // Without a read idle timeout, a silent upstream is waited for.
+        let (pool, mut ends) = piped(64, Timeouts::default());
+        tokio::spawn(async move {
+            let mut end = ends.recv().await.expect("a connection");
+            read_request(&mut end).await.expect("a request");
+            std::future::pending::<()>().await;
+        });
+        let waited = tokio::time::timeout(
+            Duration::from_secs(24 * 3600),
+            pool.send(chat("http://upstream:8000/v1/x", false)),
+        )
+        .await;
+        assert!(waited.is_err(), "still waiting after a day");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn resting_connections_age_on_the_runtime_clock() {
+        let (pool, mut ends) = piped(1024, Timeouts::default());
+        tokio::spawn(async move {
+            while let Some(mut end) = ends.recv().await {
+                tokio::spawn(async move {
+                    while read_request(&mut end).await.is_some() {
+                        if end
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let url = "http://upstream:8000/v1/x";
+        assert_eq!(text(pool.send(chat(url, false)).await.expect("1")).await, "ok");
+        assert_eq!(idle_count(&pool), 1);
+        tokio::time::advance(Duration::from_secs(89)).await;
+        assert!(pool.checkout("upstream:8000").is_some(), "fresh at 89 s");
+        assert_eq!(text(pool.send(chat(url, false)).await.expect("2")).await, "ok");
+        tokio::time::advance(IDLE_TIMEOUT + Duration::from_secs(1)).await;
+        assert!(pool.checkout("upstream:8000").is_none(), "too old at 91 s");
+    }
+
+    #[tokio::test]
+    async fn a_response_with_both_framings_closes_its_connection() {
+        within(async {
+            let up = scripted(vec![
+                Some("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 99\r\n\r\n2\r\nab\r\n0\r\n\r\n"),
+                Some("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\ncd"),
+            ])
+            .await;
+            let pool = H1Pool::new(8, Duration::from_secs(5), Timeouts::default());
+            let resp = pool.send(chat(&up.url, false)).await.expect("response");
+            assert!(resp.headers().get(header::CONTENT_LENGTH).is_none());
+            assert_eq!(text(resp).await, "ab");
+            assert_eq!(idle_count(&pool), 0);
+            let resp = pool.send(chat(&up.url, false)).await.expect("response");
+            assert_eq!(text(resp).await, "cd");
+            assert_eq!(up.counts(), (2, 2), "the second call had a new connection");
+        })
+        .await
+    }
+
+    #[test]
+    fn what_is_not_data_is_bounded() {
+        // Trailers: lines of 1 KiB each, 17 of them.
+        let line = format!("x-t: {}\r\n", "a".repeat(1000));
+        let mut wire = b"1\r\na\r\n0\r\n".to_vec();
+        for _ in 0..17 {
+            wire.extend_from_slice(line.as_bytes());
+        }
+        wire.extend_from_slice(b"\r\n");
+        let (_, end) = decode(State::Chunked(Chunk::Size), &wire, 100);
+        let e = end.expect_err("too many trailers");
+        assert!(e.to_string().contains("trailers over 16 KiB"), "{e}");
+        // One trailer line past the budget, never ended.
+        let mut wire = b"0\r\nx-t: ".to_vec();
+        wire.extend(std::iter::repeat_n(b'a', 17 * 1024));
+        let (_, end) = decode(State::Chunked(Chunk::Size), &wire, 512);
+        assert!(end.expect_err("unbounded").to_string().contains("trailers over"));
+        // Within the budget, trailers are fine.
+        let mut wire = b"1\r\na\r\n0\r\n".to_vec();
+        for _ in 0..15 {
+            wire.extend_from_slice(line.as_bytes());
+        }
+        wire.extend_from_slice(b"\r\n");
+        let (body, end) = decode(State::Chunked(Chunk::Size), &wire, 100);
+        assert_eq!((body, end.expect("decoded")), (b"a".to_vec(), State::Done));
+
+        // Chunk extensions: 1 KiB on each of 17 chunks.
+        let ext = format!(";e={}", "b".repeat(1020));
+        let mut wire = Vec::new();
+        for _ in 0..17 {
+            wire.extend_from_slice(format!("1{ext}\r\nz\r\n").as_bytes());
+        }
+        wire.extend_from_slice(b"0\r\n\r\n");
+        let (body, end) = decode(State::Chunked(Chunk::Size), &wire, 64);
+        assert!(body.len() < 17);
+        let e = end.expect_err("too many extensions");
+        assert!(e.to_string().contains("chunk extensions"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn endless_interim_answers_are_an_error() {
+        within(async {
+            let (pool, mut ends) = piped(256, Timeouts::default());
+            tokio::spawn(async move {
+                let mut end = ends.recv().await.expect("a connection");
+                read_request(&mut end).await.expect("a request");
+                while end
+                    .write_all(b"HTTP/1.1 100 Continue\r\nx: y\r\n\r\n")
+                    .await
+                    .is_ok()
+                {}
+            });
+            let err = pool
+                .send(chat("http://upstream:8000/v1/x", false))
+                .await
+                .expect_err("endless");
+            let H1Error::Exchange(e) = err else {
+                panic!("{err:?}")
+            };
+            assert!(e.to_string().contains("interim"), "{e}");
         })
         .await
     }

@@ -14,7 +14,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use intercept_core::{join_url, Dialect, Error, JsonBody, Upstream};
 
 use crate::config::ServerConfig;
-use crate::h1pool::{DrivenBody, H1Error, H1Pool};
+use crate::h1pool::{DrivenBody, H1Error, H1Pool, Timeouts};
 use crate::http_body::SliceBody;
 
 /// Incoming headers never forwarded upstream (auth, framing, hop-by-hop, signatures).
@@ -120,7 +120,14 @@ impl UpstreamClient {
             .pool_timer(TokioTimer::new())
             .pool_max_idle_per_host(config.upstream_idle_per_host)
             .build(https);
-        let h1 = H1Pool::new(config.upstream_idle_per_host, config.connect_timeout);
+        let h1 = H1Pool::new(
+            config.upstream_idle_per_host,
+            config.connect_timeout,
+            Timeouts {
+                write_idle: config.upstream_write_idle,
+                read_idle: config.upstream_read_idle,
+            },
+        );
         Ok(UpstreamClient { client, h1 })
     }
 
