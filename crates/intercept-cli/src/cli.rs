@@ -100,6 +100,14 @@ pub struct ServeArgs {
     /// Released sessions whose traces stay readable [default: 4096].
     #[arg(long, value_name = "N")]
     pub released_retention: Option<String>,
+    /// Seconds a plain-HTTP upstream may take no byte of a request before the call
+    /// fails; 0 turns it off [default: 30].
+    #[arg(long, value_name = "SECS")]
+    pub upstream_write_idle_secs: Option<String>,
+    /// Seconds a plain-HTTP upstream may send nothing, once it has the request, before
+    /// the call fails; 0 turns it off [default: 0, off].
+    #[arg(long, value_name = "SECS")]
+    pub upstream_read_idle_secs: Option<String>,
 }
 
 impl ServeArgs {
@@ -128,6 +136,8 @@ impl ServeArgs {
             ("log_format", &self.log_format),
             ("shutdown_grace_secs", &self.shutdown_grace_secs),
             ("released_retention", &self.released_retention),
+            ("upstream_write_idle_secs", &self.upstream_write_idle_secs),
+            ("upstream_read_idle_secs", &self.upstream_read_idle_secs),
         ]
         .into_iter()
         .filter_map(|(k, v)| v.clone().map(|v| (k, v)))

@@ -61,6 +61,8 @@ pub const KEYS: &[&str] = &[
     "log_format",
     "shutdown_grace_secs",
     "released_retention",
+    "upstream_write_idle_secs",
+    "upstream_read_idle_secs",
 ];
 
 /// The prefix of the environment variables that configure the sidecar.
@@ -274,6 +276,12 @@ pub struct ServeConfig {
     pub shutdown_grace: Duration,
     /// Released sessions whose traces stay readable through the control API.
     pub released_retention: usize,
+    /// A plain-HTTP upstream that takes no byte of a request for this long fails the
+    /// call (default 30 s; `None`: no limit).
+    pub upstream_write_idle: Option<Duration>,
+    /// A plain-HTTP upstream that sends nothing for this long once it has the request
+    /// fails the call (default `None`: no limit).
+    pub upstream_read_idle: Option<Duration>,
 }
 
 impl fmt::Debug for ServeConfig {
@@ -304,6 +312,8 @@ impl fmt::Debug for ServeConfig {
             .field("log_format", &self.log_format)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("released_retention", &self.released_retention)
+            .field("upstream_write_idle", &self.upstream_write_idle)
+            .field("upstream_read_idle", &self.upstream_read_idle)
             .finish()
     }
 }
@@ -333,6 +343,8 @@ impl Default for ServeConfig {
             log_format: LogFormat::Text,
             shutdown_grace: Duration::from_secs(30),
             released_retention: 4096,
+            upstream_write_idle: Some(Duration::from_secs(30)),
+            upstream_read_idle: None,
         }
     }
 }
@@ -758,6 +770,24 @@ impl ServeConfig {
                     .parse::<usize>()
                     .map_err(|_| bad(format!("{raw_trimmed:?} is not a non-negative integer")))?;
             }
+            "upstream_write_idle_secs" | "upstream_read_idle_secs" => {
+                let limit = raw_trimmed
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "{raw_trimmed:?} is not a number of seconds (>= 0; 0 turns the \
+                             timeout off)"
+                        ))
+                    })?;
+                let limit = (!limit.is_zero()).then_some(limit);
+                if key == "upstream_write_idle_secs" {
+                    self.upstream_write_idle = limit;
+                } else {
+                    self.upstream_read_idle = limit;
+                }
+            }
             _ => return Err(unknown(&source.spell(key), source)),
         }
         Ok(())
@@ -942,6 +972,10 @@ mod tests {
             ("shutdown_grace_secs", "-1"),
             ("shutdown_grace_secs", "soon"),
             ("released_retention", "-5"),
+            ("upstream_write_idle_secs", "-1"),
+            ("upstream_write_idle_secs", "never"),
+            ("upstream_read_idle_secs", "1e400"),
+            ("upstream_read_idle_secs", ""),
         ];
         for (key, value) in cases {
             let e = err(None, &[], &[(key, value)]);
@@ -1124,5 +1158,30 @@ mod tests {
         assert_eq!(c.control.port(), 7700);
         assert!(c.control.is_ipv6());
         assert_eq!(c.released_retention, 0);
+    }
+
+    #[test]
+    fn upstream_idle_timeouts_default_and_turn_off_with_zero() {
+        let c = ServeConfig::default();
+        assert_eq!(c.upstream_write_idle, Some(Duration::from_secs(30)));
+        assert_eq!(c.upstream_read_idle, None);
+        let file = "upstream_write_idle_secs = 0\nupstream_read_idle_secs = 600\n";
+        let e = env(&[("INTERCEPT_UPSTREAM_READ_IDLE_SECS", "90.5")]);
+        let c = ServeConfig::from_layers(Layers {
+            file: Some((Path::new("i.toml"), file)),
+            env: &e,
+            flags: &[],
+        })
+        .unwrap();
+        assert_eq!(c.upstream_write_idle, None);
+        assert_eq!(c.upstream_read_idle, Some(Duration::from_millis(90_500)));
+        let flags = [("upstream_write_idle_secs", "5".to_string())];
+        let c = ServeConfig::from_layers(Layers {
+            file: None,
+            env: &[],
+            flags: &flags,
+        })
+        .unwrap();
+        assert_eq!(c.upstream_write_idle, Some(Duration::from_secs(5)));
     }
 }

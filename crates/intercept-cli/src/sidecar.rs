@@ -163,6 +163,8 @@ impl Sidecar {
             config.tunnel != TunnelSetting::None,
             ServerConfig {
                 shutdown_grace: config.shutdown_grace,
+                upstream_write_idle: config.upstream_write_idle,
+                upstream_read_idle: config.upstream_read_idle,
                 ..ServerConfig::default()
             },
         )

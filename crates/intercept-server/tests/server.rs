@@ -451,6 +451,69 @@ async fn an_upstream_refusing_a_large_body_before_reading_it_is_relayed() {
 }
 
 #[tokio::test]
+async fn upstreams_that_stop_taking_or_sending_bytes_time_out_and_are_recorded() {
+    use tokio::io::AsyncReadExt as _;
+    // An engine that reads the request head (and, for a small body, the body) and then
+    // neither reads on, nor answers, nor closes.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut buf = [0u8; 64 * 1024];
+            let _ = socket.read(&mut buf).await;
+            held.push(socket);
+        }
+    });
+    let h = Harness::with_config(ServerConfig {
+        upstream_write_idle: Some(Duration::from_millis(300)),
+        upstream_read_idle: Some(Duration::from_millis(300)),
+        ..ServerConfig::default()
+    })
+    .await;
+    let mut config = h.session_config("rollout-stalled");
+    config.upstream = Upstream::new(format!("http://{addr}/v1"));
+    let (session, _w, guard) = h.session_with(config).await;
+    // 16 MiB the engine never takes: the write idle timeout.
+    let a = tokio::time::timeout(
+        Duration::from_secs(30),
+        post_json(
+            &guard.base_url,
+            Some(guard.model_secret.expose()),
+            &chat_body(&"x".repeat(16 << 20), false),
+        ),
+    )
+    .await
+    .expect("answered");
+    assert_eq!(a.status, 504, "{}", a.text());
+    assert!(a.text().contains("write idle timeout"), "{}", a.text());
+    // A small request it takes but never answers: the read idle timeout.
+    let a = tokio::time::timeout(
+        Duration::from_secs(30),
+        post_json(
+            &guard.base_url,
+            Some(guard.model_secret.expose()),
+            &chat_body("hi", false),
+        ),
+    )
+    .await
+    .expect("answered");
+    assert_eq!(a.status, 504, "{}", a.text());
+    assert!(a.text().contains("read idle timeout"), "{}", a.text());
+    let calls = session.trace().calls;
+    assert_eq!(calls.len(), 2);
+    for call in &calls {
+        assert_eq!(
+            call.error.as_ref().expect("error").kind,
+            ErrorKind::UpstreamTimeout
+        );
+    }
+    guard.close().await;
+}
+
+#[tokio::test]
 async fn context_length_error_stops_the_rollout_cleanly() {
     let h = Harness::new().await;
     let (session, _w, guard) = h.session("rollout-ctx").await;
