@@ -153,7 +153,10 @@ mod tests {
         for key in [None, Some("EMPTY"), Some("")] {
             let r = Redactor::new(key);
             assert!(!r.is_active());
-            assert_eq!(&r.bytes(Bytes::from_static(b"EMPTY answer"))[..], b"EMPTY answer");
+            assert_eq!(
+                &r.bytes(Bytes::from_static(b"EMPTY answer"))[..],
+                b"EMPTY answer"
+            );
         }
     }
 
