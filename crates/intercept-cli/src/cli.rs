@@ -40,6 +40,10 @@ pub struct ServeArgs {
     /// Name of the environment variable holding the upstream API key.
     #[arg(long, value_name = "VAR")]
     pub upstream_api_key_env: Option<String>,
+    /// Environment variables sessions may name as `upstream.api_key_env`, comma-separated
+    /// [default: the --upstream-api-key-env variable].
+    #[arg(long, value_name = "VAR,...")]
+    pub allowed_key_envs: Option<String>,
     /// Default model imposed on sessions that name none.
     #[arg(long, value_name = "NAME")]
     pub model: Option<String>,
@@ -116,6 +120,7 @@ impl ServeArgs {
         [
             ("upstream", &self.upstream),
             ("upstream_api_key_env", &self.upstream_api_key_env),
+            ("allowed_key_envs", &self.allowed_key_envs),
             ("model", &self.model),
             ("control", &self.control),
             ("control_token", &self.control_token),

@@ -41,6 +41,7 @@ use intercept_tunnel::TunnelConfig;
 pub const KEYS: &[&str] = &[
     "upstream",
     "upstream_api_key_env",
+    "allowed_key_envs",
     "model",
     "control",
     "control_token",
@@ -235,6 +236,14 @@ pub struct ServeConfig {
     pub upstream: Option<UpstreamSetting>,
     /// The environment variable holding the default upstream's API key.
     pub upstream_api_key_env: Option<String>,
+    /// The environment variables a session may name as `upstream.api_key_env` in
+    /// `POST /v1/sessions` (`None`: only [`ServeConfig::upstream_api_key_env`]). Any other
+    /// is refused, so the control token cannot send the sidecar's other variables
+    /// upstream.
+    pub allowed_key_envs: Option<Vec<String>>,
+    /// Non-fatal findings of [`ServeConfig::from_layers`] (unknown `INTERCEPT_*`
+    /// environment variables), for the binary to log once logging is up.
+    pub warnings: Vec<String>,
     /// Default model of sessions that name none (with the mock: `mock-model`).
     pub model: Option<String>,
     /// Where the control API listens (loopback only; default `127.0.0.1:0`).
@@ -289,6 +298,7 @@ impl fmt::Debug for ServeConfig {
         f.debug_struct("ServeConfig")
             .field("upstream", &self.upstream)
             .field("upstream_api_key_env", &self.upstream_api_key_env)
+            .field("allowed_key_envs", &self.allowed_key_envs)
             .field("model", &self.model)
             .field("control", &self.control)
             .field(
@@ -314,6 +324,7 @@ impl fmt::Debug for ServeConfig {
             .field("released_retention", &self.released_retention)
             .field("upstream_write_idle", &self.upstream_write_idle)
             .field("upstream_read_idle", &self.upstream_read_idle)
+            .field("warnings", &self.warnings)
             .finish()
     }
 }
@@ -323,6 +334,8 @@ impl Default for ServeConfig {
         ServeConfig {
             upstream: None,
             upstream_api_key_env: None,
+            allowed_key_envs: None,
+            warnings: Vec::new(),
             model: None,
             control: SocketAddr::from(([127, 0, 0, 1], 0)),
             control_token: None,
@@ -399,7 +412,13 @@ impl ServeConfig {
             }
             let key = rest.to_ascii_lowercase();
             if !KEYS.contains(&key.as_str()) || rest != rest.to_ascii_uppercase() {
-                return Err(unknown(name, &Source::Env));
+                // Scripts export variables of their own with this prefix (`INTERCEPT_BIN`):
+                // a warning, not an error (an unknown key in a file or a flag is one).
+                config.warnings.push(format!(
+                    "ignoring the environment variable {name}: not a setting (did you mean {}?)",
+                    closest_key(&key, &Source::Env)
+                ));
+                continue;
             }
             config.set(&Source::Env, &key, value)?;
         }
@@ -601,6 +620,21 @@ impl ServeConfig {
                 }
                 self.upstream_api_key_env = Some(raw_trimmed.to_owned());
             }
+            "allowed_key_envs" => {
+                let names: Vec<String> = raw_trimmed
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|n| !n.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+                if let Some(bad_name) = names.iter().find(|n| !is_env_name(n)) {
+                    return Err(bad(format!(
+                        "{bad_name:?} is not an environment variable name (letters, digits \
+                         and `_`); give a comma-separated list of variable names"
+                    )));
+                }
+                self.allowed_key_envs = Some(names);
+            }
             "model" => {
                 if raw_trimmed.is_empty() {
                     return Err(bad("the model name is empty".into()));
@@ -794,6 +828,27 @@ impl ServeConfig {
     }
 }
 
+impl ServeConfig {
+    /// The variables a session may name as `upstream.api_key_env`:
+    /// [`ServeConfig::allowed_key_envs`], else the configured `upstream_api_key_env`.
+    pub fn key_envs_allowed(&self) -> Vec<String> {
+        match &self.allowed_key_envs {
+            Some(list) => list.clone(),
+            None => self.upstream_api_key_env.iter().cloned().collect(),
+        }
+    }
+}
+
+/// The known key closest to `key` (edit distance), spelled for `source`.
+fn closest_key(key: &str, source: &Source) -> String {
+    let best = KEYS
+        .iter()
+        .min_by_key(|k| strsim::levenshtein(k, key))
+        .copied()
+        .unwrap_or("upstream");
+    source.spell(best)
+}
+
 fn is_env_name(name: &str) -> bool {
     !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
@@ -910,12 +965,28 @@ mod tests {
         let e = err(Some("multiplx = 3\n"), &[], &[]);
         assert!(matches!(e, ConfigError::UnknownKey { ref key, .. } if key == "multiplx"));
         assert!(e.to_string().contains("config file i.toml"), "{e}");
-        let e = err(None, &[("INTERCEPT_MULTIPLX", "3")], &[]);
-        assert_eq!(e.key(), Some("INTERCEPT_MULTIPLX"));
+        // Unknown environment variables are warnings naming the closest setting, and
+        // the ones that are settings still apply.
+        let vars = env(&[
+            ("INTERCEPT_MULTIPLX", "3"),
+            ("INTERCEPT_BIN", "/usr/local/bin/intercept"),
+            ("INTERCEPT_MODEL", "m"),
+        ]);
+        let c = ServeConfig::from_layers(Layers {
+            file: None,
+            env: &vars,
+            flags: &[],
+        })
+        .expect("unknown variables are not errors");
+        assert_eq!(c.model.as_deref(), Some("m"));
+        assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
         assert!(
-            e.to_string().contains("INTERCEPT_MULTIPLEX"),
-            "lists known: {e}"
+            c.warnings[0].contains("INTERCEPT_MULTIPLX")
+                && c.warnings[0].contains("did you mean INTERCEPT_MULTIPLEX?"),
+            "{:?}",
+            c.warnings
         );
+        assert!(c.warnings[1].contains("INTERCEPT_BIN"), "{:?}", c.warnings);
         let e = err(None, &[], &[("nope", "1")]);
         assert_eq!(e.key(), Some("--nope"));
         let e = err(Some("[server]\nport = 1\n"), &[], &[]);

@@ -165,7 +165,9 @@ pub fn check_id(id: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn parse_create(body: &[u8]) -> Result<CreateRequest, String> {
+/// Parses a `POST /v1/sessions` body; `allowed_key_envs`: the variables a session may
+/// name as `upstream.api_key_env`.
+fn parse_create(body: &[u8], allowed_key_envs: &[String]) -> Result<CreateRequest, String> {
     let mut out = CreateRequest {
         id: None,
         model: None,
@@ -225,7 +227,7 @@ fn parse_create(body: &[u8]) -> Result<CreateRequest, String> {
             }
             "upstream" => match v {
                 Value::Null => {}
-                Value::Object(map) => out.upstream = Some(parse_upstream(map)?),
+                Value::Object(map) => out.upstream = Some(parse_upstream(map, allowed_key_envs)?),
                 _ => {
                     return Err(
                         "upstream: expected an object {\"base_url\", \"api_key_env\"}".into(),
@@ -253,7 +255,10 @@ fn parse_create(body: &[u8]) -> Result<CreateRequest, String> {
     Ok(out)
 }
 
-fn parse_upstream(map: &Map<String, Value>) -> Result<Upstream, String> {
+fn parse_upstream(
+    map: &Map<String, Value>,
+    allowed_key_envs: &[String],
+) -> Result<Upstream, String> {
     let mut base_url = None;
     let mut base_urls: Vec<String> = Vec::new();
     let mut key_env = None;
@@ -295,6 +300,19 @@ fn parse_upstream(map: &Map<String, Value>) -> Result<Upstream, String> {
         }
     };
     if let Some(var) = key_env {
+        if !allowed_key_envs.contains(&var) {
+            let allowed = if allowed_key_envs.is_empty() {
+                "none is allowed: start the sidecar with --upstream-api-key-env or \
+                 --allowed-key-envs"
+                    .to_owned()
+            } else {
+                format!("allowed: {}", allowed_key_envs.join(", "))
+            };
+            return Err(format!(
+                "upstream.api_key_env: {var:?} is not a variable this sidecar lets sessions \
+                 name ({allowed}; set --allowed-key-envs to allow more)"
+            ));
+        }
         let key = std::env::var(&var).map_err(|_| {
             format!("upstream.api_key_env: the environment variable {var:?} is not set in the sidecar's environment")
         })?;
@@ -320,7 +338,7 @@ async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
         }
         Err(e) => return bad(format!("could not read the body: {e}")),
     };
-    let request = match parse_create(&body) {
+    let request = match parse_create(&body, &state.config.key_envs_allowed()) {
         Ok(r) => r,
         Err(message) => return bad(message),
     };
@@ -657,11 +675,12 @@ mod tests {
 
     #[test]
     fn create_bodies() {
-        let r = parse_create(b"").unwrap();
+        let r = parse_create(b"", &[]).unwrap();
         assert!(r.id.is_none() && r.upstream.is_none());
         let r = parse_create(
             br#"{"id":"a","model":"m","sampling":{"temperature":0.5},"limits":{"max_turns":3},
                 "upstream":{"base_url":"http://127.0.0.1:9/v1/"},"task":{"q":1}}"#,
+            &[],
         )
         .unwrap();
         assert_eq!(r.limits.max_turns, Some(3));
@@ -670,6 +689,7 @@ mod tests {
         assert!(!r.capture_tokens);
         let r = parse_create(
             br#"{"capture_tokens":true,"upstream":{"base_urls":["http://a:1/v1","http://b:1/v1/"]}}"#,
+            &[],
         )
         .unwrap();
         assert!(r.capture_tokens);
@@ -716,8 +736,18 @@ mod tests {
                 "upstream.api_key_env",
             ),
         ] {
-            let e = parse_create(body).err().unwrap();
+            let allowed = ["INTERCEPT_TEST_SURELY_UNSET_VAR".to_owned()];
+            let e = parse_create(body, &allowed).err().unwrap();
             assert!(e.contains(needle), "{}: {e}", String::from_utf8_lossy(body));
         }
+        // A variable the sidecar does not allow is refused before it is read.
+        let body = br#"{"upstream":{"base_url":"http://x","api_key_env":"HOME"}}"#;
+        let e = parse_create(body, &["MY_KEY".to_owned()]).err().unwrap();
+        assert!(
+            e.contains("\"HOME\" is not a variable") && e.contains("allowed: MY_KEY"),
+            "{e}"
+        );
+        let e = parse_create(body, &[]).err().unwrap();
+        assert!(e.contains("none is allowed"), "{e}");
     }
 }

@@ -29,6 +29,7 @@ pub mod config;
 pub mod control;
 pub mod demo;
 pub mod jsonl;
+pub mod logs;
 pub mod metrics;
 pub mod sidecar;
 mod tunnel;

@@ -59,10 +59,12 @@ fn init_logs(filter: Option<&str>, format: LogFormat) {
         None => tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
     };
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // Every line escaped: no text an event carries can forge another line.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
+        .with_ansi(ansi)
+        .with_writer(move || intercept_cli::logs::Escaping::new(std::io::stderr(), ansi));
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -71,6 +73,9 @@ fn init_logs(filter: Option<&str>, format: LogFormat) {
 
 fn serve(config: ServeConfig) -> anyhow::Result<ExitCode> {
     init_logs(config.log.as_deref(), config.log_format);
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
     runtime()?.block_on(intercept_cli::sidecar::serve(config, shutdown_signal()))?;
     Ok(ExitCode::SUCCESS)
 }

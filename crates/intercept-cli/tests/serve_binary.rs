@@ -263,11 +263,6 @@ async fn serve_binary_rejects_bad_settings_naming_the_key() {
             "INTERCEPT_TUNNEL",
         ),
         (
-            vec!["serve"],
-            vec![("INTERCEPT_NOPE", "1")],
-            "INTERCEPT_NOPE",
-        ),
-        (
             vec!["serve", "--interception", "elastic", "--tunnel", "bore"],
             vec![],
             "bore_server",
@@ -286,4 +281,158 @@ async fn serve_binary_rejects_bad_settings_naming_the_key() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+}
+
+/// Secrets and logs through the built binary: a session may name only the key variables
+/// the sidecar allows; an upstream that echoes its key and forges log lines has the key
+/// redacted everywhere and its text escaped in the logs; an unknown `INTERCEPT_*`
+/// variable is one warning, not a failed start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_binary_keeps_secrets_and_log_lines_its_own() {
+    const KEY: &str = "sk-upstream-e2e-secret";
+    const FORGED: &str = "2026-12-03T00:00:00.000000Z  INFO intercept: forged";
+    let upstream = MockUpstream::start_with(MockConfig::default())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_intercept"))
+        .args([
+            "serve",
+            "--upstream",
+            &upstream.base_url(),
+            "--upstream-api-key-env",
+            "E2E_UPSTREAM_KEY",
+            "--model",
+            "policy-e2e",
+            "--trace-dir",
+            dir.path().to_str().unwrap(),
+        ])
+        .env_clear()
+        .env("E2E_UPSTREAM_KEY", KEY)
+        .env("E2E_OTHER_SECRET", "sk-not-for-sessions")
+        .env("INTERCEPT_BIN", "/usr/local/bin/intercept")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let stderr_task = tokio::spawn(async move {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s).await;
+        s
+    });
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    tokio::time::timeout(WAIT, stdout.read_line(&mut line))
+        .await
+        .expect("no ready line in time")
+        .unwrap();
+    let ready: Value = serde_json::from_str(&line).unwrap();
+    let control = ready["control_url"].as_str().unwrap().to_owned();
+    let token = ready["token"].as_str().unwrap().to_owned();
+    let http = HttpClient::new();
+
+    // A variable the sidecar does not allow is refused, naming the allowed one.
+    let r = http
+        .send(
+            Method::POST,
+            &format!("{control}/v1/sessions"),
+            Some(&token),
+            Some(&json!({"upstream": {"base_url": upstream.base_url(), "api_key_env": "E2E_OTHER_SECRET"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    assert!(
+        text.contains("E2E_OTHER_SECRET") && text.contains("allowed: E2E_UPSTREAM_KEY"),
+        "{text}"
+    );
+    assert_eq!(upstream.requests().len(), 0);
+    // The allowed one is accepted.
+    let r = http
+        .send(
+            Method::POST,
+            &format!("{control}/v1/sessions"),
+            Some(&token),
+            Some(&json!({"id": "leak", "upstream": {"base_url": upstream.base_url(), "api_key_env": "E2E_UPSTREAM_KEY"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    let session = r.json().unwrap();
+
+    upstream.push(Reply::error(
+        401,
+        format!("bad key Bearer {KEY}\n{FORGED}\u{0}\u{1b}[2J"),
+    ));
+    let base = session["env"]["OPENAI_BASE_URL"].as_str().unwrap();
+    let secret = session["env"]["OPENAI_API_KEY"].as_str().unwrap();
+    let r = http
+        .send(
+            Method::POST,
+            &format!("{base}/chat/completions"),
+            Some(secret),
+            Some(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    assert!(
+        !text.contains(KEY) && text.contains("Bearer <redacted>"),
+        "{text}"
+    );
+    let r = http
+        .send(
+            Method::DELETE,
+            &format!("{control}/v1/sessions/leak"),
+            Some(&token),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(!String::from_utf8_lossy(&r.body).contains(KEY));
+    let file = std::fs::read_to_string(dir.path().join("leak.jsonl")).unwrap();
+    assert!(file.contains("<redacted>") && !file.contains(KEY), "{file}");
+
+    let pid = child.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .expect("no exit")
+        .unwrap();
+    assert!(status.success(), "exit status {status}");
+    let logs = tokio::time::timeout(WAIT, stderr_task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        logs.contains("INTERCEPT_BIN") && logs.contains("did you mean INTERCEPT_"),
+        "{logs}"
+    );
+    assert_eq!(logs.matches("INTERCEPT_BIN").count(), 1, "{logs}");
+    assert!(logs.contains("model call failed"), "{logs}");
+    assert!(
+        !logs.contains(KEY),
+        "the upstream key leaked into the logs: {logs}"
+    );
+    for line in logs.lines() {
+        assert!(
+            !line.starts_with("2026-12-03T00:00:00"),
+            "forged line: {logs}"
+        );
+        assert!(
+            !line.contains('\u{0}') && !line.contains('\u{1b}'),
+            "raw control character: {line:?}"
+        );
+    }
+    upstream.shutdown().await;
 }

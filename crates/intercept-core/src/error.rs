@@ -76,6 +76,8 @@ pub enum ErrorKind {
     HookFailed,
     /// intercept failed internally.
     Internal,
+    /// The client asked to upgrade to a transport the server does not speak (WebSocket).
+    UpgradeRequired,
 }
 
 impl ErrorKind {
@@ -101,6 +103,7 @@ impl ErrorKind {
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::HookFailed => "hook_failed",
             ErrorKind::Internal => "internal",
+            ErrorKind::UpgradeRequired => "upgrade_required",
         }
     }
 }
@@ -192,6 +195,13 @@ pub enum Error {
     /// message names the cap and what to change.
     #[error("{0}")]
     Unavailable(String),
+    /// The client asked for a WebSocket upgrade; the server speaks HTTP only (426, which
+    /// Codex takes as "use HTTP" at once).
+    #[error("{path} speaks HTTP, not WebSocket: send the request as `POST {path}`")]
+    UpgradeRequired {
+        /// The request path.
+        path: String,
+    },
     /// Model calls are paused while the trainer updates the policy's weights.
     #[error("{}", paused_message(*.held, *.retry_after_secs))]
     Paused {
@@ -249,6 +259,7 @@ impl Error {
             Error::Internal(_) => ErrorKind::Internal,
             Error::Paused { .. } => ErrorKind::Paused,
             Error::Unavailable(_) => ErrorKind::Unavailable,
+            Error::UpgradeRequired { .. } => ErrorKind::UpgradeRequired,
         }
     }
 
@@ -270,6 +281,7 @@ impl Error {
             Error::Paused { held: true, .. } => 503,
             Error::Unavailable(_) => 503,
             Error::Paused { held: false, .. } => 429,
+            Error::UpgradeRequired { .. } => 426,
         }
     }
 
@@ -284,7 +296,8 @@ impl Error {
             | Error::RolloutConcluded
             | Error::RolloutStopped(_)
             | Error::ClientDisconnected(_)
-            | Error::Conflict(_) => Blame::Client,
+            | Error::Conflict(_)
+            | Error::UpgradeRequired { .. } => Blame::Client,
             Error::UpstreamStatus { .. }
             | Error::UpstreamTimeout(_)
             | Error::UpstreamUnavailable(_)
@@ -311,6 +324,16 @@ impl Error {
             Error::Tunnel { retryable, .. } => *retryable,
             _ => false,
         }
+    }
+
+    /// Whether no retry of the same request can get another answer from this server: an
+    /// answer intercept generated itself (not an upstream status), not retryable, and
+    /// not a 5xx. Such answers carry `x-should-retry: false`, which the official OpenAI
+    /// and Anthropic SDKs (and Claude Code, Codex) honour instead of backing off: a
+    /// released rollout's 409, a stopped rollout's 400, a 401. Answers a retry can change
+    /// (429, 5xx, a paused server's 503, an upstream's own status) never carry it.
+    pub fn is_final(&self) -> bool {
+        !matches!(self, Error::UpstreamStatus { .. }) && !self.retryable() && self.status() < 500
     }
 
     /// The `Retry-After` value (seconds) a response for this error carries, if any.
@@ -359,8 +382,13 @@ pub const CONTEXT_LENGTH_PHRASES: &[&str] = &[
     "maximum model length",
 ];
 
-/// Whether an upstream error text says the prompt was too long for the model.
-pub fn is_context_length_error(text: &str) -> bool {
+/// Whether an upstream error says the prompt was too long for the model: a 4xx status
+/// whose text holds one of [`CONTEXT_LENGTH_PHRASES`]. A 429 or 5xx that mentions the
+/// context length is a transient failure (a retry can succeed), never a stop.
+pub fn is_context_length_error(status: u16, text: &str) -> bool {
+    if !(400..500).contains(&status) || status == 429 {
+        return false;
+    }
     let lower = text.to_ascii_lowercase();
     CONTEXT_LENGTH_PHRASES.iter().any(|p| lower.contains(p))
 }
@@ -409,16 +437,49 @@ mod tests {
         };
         assert_eq!(held.status(), 503);
         assert!(held.to_string().contains("pause timeout"), "{held}");
+        // `x-should-retry: false` goes on final answers only.
+        for e in [
+            Error::RolloutConcluded,
+            Error::RolloutStopped("max_turns".into()),
+            Error::Unauthorized,
+            Error::invalid("bad"),
+        ] {
+            assert!(e.is_final(), "{e}");
+        }
+        for e in [
+            rejected,
+            held,
+            Error::UpstreamStatus {
+                status: 400,
+                body: "x".into(),
+                retry_after: None,
+            },
+            Error::UpstreamUnavailable("x".into()),
+            Error::Internal("x".into()),
+            Error::HookFailed("x".into()),
+            Error::Cancelled("x".into()),
+        ] {
+            assert!(!e.is_final(), "{e}");
+        }
     }
 
     #[test]
     fn context_length_phrases() {
         assert!(is_context_length_error(
+            400,
             "This model's maximum context length is 4096 tokens. However, you requested 5000"
         ));
         assert!(is_context_length_error(
+            413,
             "prompt is too long: prompt_too_long"
         ));
-        assert!(!is_context_length_error("rate limit exceeded"));
+        assert!(!is_context_length_error(400, "rate limit exceeded"));
+        // Only 4xx answers stop a rollout: a 429 or 5xx may succeed when retried.
+        for status in [429, 500, 502, 503, 504, 200] {
+            assert!(
+                !is_context_length_error(status, "context length exceeded on this replica"),
+                "{status}"
+            );
+        }
     }
 }

@@ -38,6 +38,7 @@ pub mod dialect;
 pub mod error;
 pub mod interception;
 pub mod record;
+pub mod redact;
 pub mod routing;
 pub mod secret;
 pub mod session;

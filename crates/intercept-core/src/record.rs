@@ -70,8 +70,12 @@ pub struct CallRecord {
     pub dialect: DialectKind,
     /// The upstream path the call was sent to (e.g. `/chat/completions`).
     pub endpoint: String,
-    /// The model sent upstream.
+    /// The model sent upstream (the session's, imposed on the request).
     pub model: String,
+    /// The model the harness asked for in its request, before the session's was
+    /// imposed; `None` when the request named none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_model: Option<String>,
     /// Whether the harness asked for a stream.
     pub stream: bool,
     /// The sampling settings of the effective request (the dialect's whitelist).

@@ -17,6 +17,7 @@ use hyper::body::Incoming;
 use intercept_core::capture::{CapturedTokens, TokenCollector};
 use intercept_core::error::is_context_length_error;
 use intercept_core::record::epoch_seconds;
+use intercept_core::redact::Redactor;
 use intercept_core::sse::{SseEvent, SseSplitter};
 use intercept_core::{
     Assembled, CallError, CallInfo, CallRecord, Dialect, Error, HookAction, JsonBody, Prepared,
@@ -64,6 +65,8 @@ pub(crate) struct Call {
     pub(crate) capturing: bool,
     /// Index (in the upstream's engines) of the engine last tried; `usize::MAX`: none.
     pub(crate) engine: AtomicUsize,
+    /// The `model` the harness's request named, before the session's was imposed.
+    pub(crate) requested_model: Option<String>,
 }
 
 /// What a response hook decided.
@@ -147,6 +150,11 @@ impl Call {
         )
     }
 
+    /// Replaces the upstream's API key in upstream text (bodies, events, errors).
+    fn redactor(&self) -> Redactor {
+        Redactor::new(self.entry.session.upstream().api_key.as_deref())
+    }
+
     /// Why the call was cancelled: the rollout was released, or the server is stopping.
     fn cancellation(&self) -> Error {
         if self.entry.is_released() {
@@ -168,7 +176,9 @@ impl Call {
     /// A context-length error stops the rollout with `context_length` (a clean truncation):
     /// the harness then gets 400 `rollout stopped: context_length`. Other errors pass.
     fn stop_on_context_length(&self, e: &Error) -> Error {
-        if matches!(e, Error::UpstreamStatus { .. }) && is_context_length_error(&e.to_string()) {
+        if matches!(e, Error::UpstreamStatus { .. })
+            && is_context_length_error(e.status(), &e.to_string())
+        {
             self.entry.session.stop("context_length");
             Error::RolloutStopped("context_length".into())
         } else {
@@ -183,6 +193,13 @@ impl Call {
     /// within the same call (the request never left); other transport failures mark it
     /// down and fail the call (the harness's SDK retries, on the next engine).
     async fn open(&self) -> Result<(Response<UpstreamBody>, Instant), Error> {
+        // Transport and head errors may quote the upstream (a header name, a status).
+        self.open_engine()
+            .await
+            .map_err(|e| self.redactor().error(e))
+    }
+
+    async fn open_engine(&self) -> Result<(Response<UpstreamBody>, Instant), Error> {
         let upstream = self.entry.session.upstream();
         let engines = upstream.engines();
         let session = self.entry.session.id();
@@ -239,7 +256,7 @@ impl Call {
                     }
                     health.mark_down(engine);
                     if failure.connect && tried.count_ones() < engines.len() as u32 {
-                        warn!(session, %engine, error = %failure.error, "engine refused the connection; failing over");
+                        warn!(session, %engine, error = ?failure.error.to_string(), "engine refused the connection; failing over");
                         continue;
                     }
                     return Err(failure.error);
@@ -252,18 +269,19 @@ impl Call {
     /// error stops the rollout with `context_length` (a clean truncation).
     async fn upstream_failure(&self, resp: Response<UpstreamBody>) -> (Error, Error) {
         let status = resp.status().as_u16();
+        let redactor = self.redactor();
         let retry_after = resp
             .headers()
             .get(http::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+            .map(|v| redactor.str(v).into_owned());
         let text = match read_all(
             http_body_util::Limited::new(resp.into_body(), ERROR_BODY_LIMIT as usize),
             u64::MAX,
         )
         .await
         {
-            Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+            Ok(b) => redactor.str(&String::from_utf8_lossy(&b)).into_owned(),
             Err(_) => String::from("(error body unreadable or over 64 KiB)"),
         };
         let upstream = Error::UpstreamStatus {
@@ -271,7 +289,7 @@ impl Call {
             body: text,
             retry_after,
         };
-        if is_context_length_error(&upstream.to_string()) {
+        if is_context_length_error(status, &upstream.to_string()) {
             self.entry.session.stop("context_length");
             (upstream, Error::RolloutStopped("context_length".into()))
         } else {
@@ -287,7 +305,12 @@ impl Call {
             if !resp.status().is_success() {
                 return Ok(Err(self.upstream_failure(resp).await));
             }
-            let content_type = resp.headers().get(http::header::CONTENT_TYPE).cloned();
+            let redactor = self.redactor();
+            let content_type = resp
+                .headers()
+                .get(http::header::CONTENT_TYPE)
+                .filter(|v| !redactor.is_active() || v.to_str().is_ok_and(|t| redactor.str(t) == t))
+                .cloned();
             let body = read_all(resp.into_body(), u64::MAX)
                 .await
                 .map_err(|e| match e {
@@ -296,7 +319,7 @@ impl Call {
                         "the upstream connection broke mid-response: {e}"
                     )),
                 })?;
-            Ok(Ok((body, content_type, head_at)))
+            Ok(Ok((redactor.bytes(body), content_type, head_at)))
         };
         let result: Result<_, Error> = tokio::select! {
             biased;
@@ -480,10 +503,11 @@ impl Call {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("no content type")
             .to_ascii_lowercase();
+        let redactor = self.redactor();
         if !content_type.starts_with("text/event-stream") {
-            let e = Error::UpstreamMalformed(format!(
+            let e = redactor.error(Error::UpstreamMalformed(format!(
                 "the upstream answered a streaming request with `{content_type}` instead of an event stream"
-            ));
+            )));
             self.fail_stream(head, &tx, &e, e.clone()).await;
             return;
         }
@@ -605,6 +629,8 @@ impl Call {
                 }
             }
             for ev in events.drain(..) {
+                // The upstream's key never reaches the harness or the record.
+                let ev = redactor.bytes(ev);
                 // Token capture: read ids and logprobs, relay the event without them.
                 let ev = match &mut capture {
                     Some(c) => c.strip_event(&ev),
@@ -705,7 +731,7 @@ impl Call {
                     }
                     None => {
                         if let Err(e) = spool.replay(&tx).await {
-                            warn!(error = %e, "could not replay a buffered stream");
+                            warn!(error = ?e.to_string(), "could not replay a buffered stream");
                         }
                     }
                 },
@@ -752,16 +778,18 @@ impl Call {
 
     /// Records the call. The in-flight guard stays with `self`, so the session cannot be
     /// sealed before this record lands.
-    fn record(&self, outcome: Outcome) {
+    fn record(&self, mut outcome: Outcome) {
         let session = &self.entry.session;
-        if let Some(e) = &outcome.error {
+        if let Some(e) = &mut outcome.error {
+            self.redactor().string(&mut e.message);
+            // Foreign text goes in a `Debug` field: escaped, it cannot forge a log line.
             warn!(
                 session = session.id(),
                 seq = self.seq,
                 kind = e.kind.as_str(),
                 status = e.status,
-                "model call failed: {}",
-                e.message
+                error = ?e.message,
+                "model call failed"
             );
         } else {
             debug!(
@@ -786,6 +814,7 @@ impl Call {
             dialect: self.dialect.kind(),
             endpoint: self.dialect.upstream_path().to_owned(),
             model: self.body.str("model").unwrap_or_default(),
+            requested_model: self.requested_model.clone(),
             stream: self.prepared.stream,
             sampling: self.dialect.sampling_of(&self.body),
             request: self.body.clone(),
@@ -887,6 +916,7 @@ pub(crate) async fn aux_call(
         Err(e) => return fail(e),
     };
     let cancel = entry.cancel.clone();
+    let redactor = Redactor::new(upstream.api_key.as_deref());
     let work = async {
         let resp = shared.upstream.send(request).await?;
         let status = resp.status();
@@ -901,12 +931,12 @@ pub(crate) async fn aux_call(
         r = work => r,
     };
     match result {
-        Ok((status, body)) if status.is_success() => json_response(status, body),
+        Ok((status, body)) if status.is_success() => json_response(status, redactor.bytes(body)),
         Ok((status, body)) => fail(Error::UpstreamStatus {
             status: status.as_u16(),
-            body: String::from_utf8_lossy(&body).into_owned(),
+            body: redactor.str(&String::from_utf8_lossy(&body)).into_owned(),
             retry_after: None,
         }),
-        Err(e) => fail(e),
+        Err(e) => fail(redactor.error(e)),
     }
 }

@@ -42,7 +42,11 @@
 //! - Streams are relayed event by event; the terminal event (`data: [DONE]`) is sent only
 //!   after the call is recorded. While the upstream is silent, a `: keepalive` comment
 //!   line goes out every [`ServerConfig::keepalive`].
-//! - Responses the server generates itself carry the [`GENERATED_HEADER`] header.
+//! - Responses the server generates itself carry the [`GENERATED_HEADER`] header; those
+//!   no retry can change (409 concluded, 400 stopped, 401) also carry
+//!   `x-should-retry: false` ([`SHOULD_RETRY_HEADER`]), so harness SDKs give up at once.
+//! - The upstream's API key is redacted from every upstream text (bodies, stream
+//!   events, error messages, headers) before it is relayed, recorded or logged.
 //!
 //! [`serve_connections`] is the server's accept loop (HTTP/1.1 and h2c, graceful
 //! shutdown), public so that other HTTP front ends (the sidecar's control API) share it.
@@ -64,6 +68,6 @@ mod upstream;
 
 pub use config::ServerConfig;
 pub use http_body::ResponseBody;
-pub use respond::GENERATED_HEADER;
+pub use respond::{GENERATED_HEADER, SHOULD_RETRY_HEADER};
 pub use serve::serve_connections;
 pub use server::{InterceptionServer, Stats, STATE_ROUTE_HEADER};

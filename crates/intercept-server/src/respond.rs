@@ -10,6 +10,17 @@ use crate::http_body::ResponseBody;
 /// unchanged); its value says who is to blame: `client`, `upstream`, `tunnel`, `internal`.
 pub const GENERATED_HEADER: &str = "x-intercept-error";
 
+/// Header the official OpenAI and Anthropic SDKs read before retrying: `false` on every
+/// answer a retry cannot change ([`Error::is_final`]), absent on the others.
+pub const SHOULD_RETRY_HEADER: &str = "x-should-retry";
+
+/// Adds `x-should-retry: false` when no retry can change the answer.
+pub(crate) fn mark_final(error: &Error, headers: &mut http::HeaderMap) {
+    if error.is_final() {
+        headers.insert(SHOULD_RETRY_HEADER, HeaderValue::from_static("false"));
+    }
+}
+
 /// An error in the dialect's shape, with its status and the marker header.
 pub(crate) fn error_response(dialect: &dyn Dialect, error: &Error) -> Response<ResponseBody> {
     let status = StatusCode::from_u16(error.status()).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -20,6 +31,7 @@ pub(crate) fn error_response(dialect: &dyn Dialect, error: &Error) -> Response<R
         GENERATED_HEADER,
         HeaderValue::from_static(error.blame().as_str()),
     );
+    mark_final(error, headers);
     if let Some(ra) = error.retry_after() {
         if let Ok(v) = HeaderValue::from_str(&ra) {
             headers.insert(http::header::RETRY_AFTER, v);

@@ -442,6 +442,16 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Respons
     for dialect in &shared.dialects {
         if dialect.routes().contains(&path) {
             let dialect = dialect.clone();
+            if is_websocket_upgrade(req.headers()) {
+                // Codex's default provider tries the Responses WebSocket transport first;
+                // 426 makes it use HTTP at once (a 405 makes it retry the upgrade).
+                return error_response(
+                    &*dialect,
+                    &Error::UpgradeRequired {
+                        path: path.to_owned(),
+                    },
+                );
+            }
             if method != Method::POST {
                 let e = Error::MethodNotAllowed {
                     method: method.to_string(),
@@ -481,6 +491,16 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Respons
     }
 }
 
+/// Whether a request asks to switch to WebSocket (`Upgrade: websocket`, any case).
+fn is_websocket_upgrade(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(http::header::UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| p.trim().eq_ignore_ascii_case("websocket"))
+}
+
 /// The header naming the session when a shared tool server reaches `/state` with a
 /// service secret.
 pub const STATE_ROUTE_HEADER: &str = "x-intercept-state-route";
@@ -498,6 +518,7 @@ fn flat_error(error: &Error) -> Response<ResponseBody> {
         resp.headers_mut()
             .insert(crate::respond::GENERATED_HEADER, v);
     }
+    crate::respond::mark_final(error, resp.headers_mut());
     resp
 }
 
@@ -642,11 +663,19 @@ async fn tool_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Res
 
 /// `GET /v1/models`: the session's model, in the OpenAI list shape.
 fn models(shared: &Shared, req: &Request<Incoming>) -> Response<ResponseBody> {
-    let Some(entry) = intercept_core::dialect::bearer(req.headers())
-        .and_then(|s| shared.registry.by_model(SecretStr::new(s)))
-    else {
+    let Some(secret) = intercept_core::dialect::bearer(req.headers()).map(SecretStr::new) else {
         return plain_error(&Error::Unauthorized);
     };
+    let Some(entry) = shared.registry.by_model(secret) else {
+        return plain_error(&if shared.registry.was_released(secret) {
+            Error::RolloutConcluded
+        } else {
+            Error::Unauthorized
+        });
+    };
+    if entry.is_released() {
+        return plain_error(&Error::RolloutConcluded);
+    }
     let created = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -696,6 +725,7 @@ async fn model_call(
         Ok(b) => b,
         Err(e) => return fail(e),
     };
+    let requested_model = body.str("model");
     let prepared = match dialect.prepare(&mut body, session.model(), &session.sampling()) {
         Ok(p) => p,
         Err(e) => return fail(e),
@@ -714,7 +744,7 @@ async fn model_call(
     {
         Ok(a) => a,
         Err(e) => {
-            debug!(session = session.id(), error = %e, "call not admitted");
+            debug!(session = session.id(), error = ?e.to_string(), "call not admitted");
             return fail(e);
         }
     };
@@ -800,6 +830,7 @@ async fn model_call(
         capturing: capture.is_some(),
         capture,
         engine: std::sync::atomic::AtomicUsize::new(usize::MAX),
+        requested_model,
     };
     let (tx, rx) = oneshot::channel();
     // The call runs in this task (the harness's connection): here until the response

@@ -626,21 +626,33 @@ async fn failed_responses_stream_ends_with_an_error_event() {
         assert_eq!(a.headers[http::header::CONTENT_TYPE], "text/event-stream");
         let text = a.text();
         let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
-        assert_eq!(events.len(), 3, "{text}");
+        assert_eq!(events.len(), 4, "{text}");
         assert!(events[0].starts_with("event: response.created\n"), "{text}");
         assert!(
             events[1].starts_with("event: response.in_progress\n"),
             "{text}"
         );
-        // The terminal `response.failed` is withheld and replaced by the error event.
-        assert!(!text.contains("response.failed"), "{text}");
-        let error: Value = serde_json::from_str(
-            events[2]
-                .strip_prefix("data: ")
-                .unwrap_or_else(|| panic!("a data line: {text}")),
-        )
-        .expect("json");
-        assert_eq!(error, openai_error(message, "api_error"));
+        // The upstream's terminal event is withheld and replaced by the native pair:
+        // `event: error`, then `event: response.failed` with the same code and message.
+        let data = |e: &str, name: &str| -> Value {
+            let rest = e
+                .strip_prefix(&format!("event: {name}\ndata: "))
+                .unwrap_or_else(|| panic!("an `{name}` event: {text}"));
+            serde_json::from_str(rest).expect("json")
+        };
+        let error = data(events[2], "error");
+        assert_eq!(
+            error,
+            json!({"type": "error", "code": "server_error", "message": message, "param": null})
+        );
+        let failed = data(events[3], "response.failed");
+        assert_eq!(failed["type"], "response.failed");
+        assert_eq!(failed["response"]["status"], "failed");
+        assert_eq!(
+            failed["response"]["error"],
+            json!({"code": "server_error", "message": message})
+        );
+        assert!(!text.contains("data: {\"error\""), "{text}");
 
         let calls = session.trace().calls;
         assert_eq!(calls.len(), 1);

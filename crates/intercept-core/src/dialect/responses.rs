@@ -159,6 +159,34 @@ impl Dialect for ResponsesDialect {
         "/responses"
     }
 
+    /// As OpenAI streams a failure: an `error` event (`type`, `code`, `message`,
+    /// `param`), then the terminal `response.failed` whose `response.error` carries the
+    /// same code and message (what Codex and the Agents SDK read).
+    fn error_event(&self, status: u16, message: &str) -> bytes::Bytes {
+        let code = match status {
+            429 => "rate_limit_exceeded",
+            500..=599 => "server_error",
+            _ if message.ends_with(": context_length") => "context_length_exceeded",
+            _ => crate::error::error_type_for_status(status),
+        };
+        let error = json!({"type": "error", "code": code, "message": message, "param": null});
+        let failed = json!({
+            "type": "response.failed",
+            "response": {
+                "id": "resp_intercept_error",
+                "object": "response",
+                "status": "failed",
+                "error": {"code": code, "message": message},
+                "incomplete_details": null,
+                "output": [],
+                "usage": null,
+            },
+        });
+        let mut out = super::named_event("error", &error).to_vec();
+        out.extend_from_slice(&super::named_event("response.failed", &failed));
+        bytes::Bytes::from(out)
+    }
+
     fn prepare(
         &self,
         body: &mut JsonBody,
@@ -436,7 +464,37 @@ mod tests {
         let e = ResponsesDialect
             .summarize(br#"{"status":"failed","error":{"code":"context_length_exceeded","message":"too long"}}"#)
             .expect_err("failed");
-        assert!(crate::error::is_context_length_error(&e.to_string()));
+        assert!(crate::error::is_context_length_error(
+            e.status(),
+            &e.to_string()
+        ));
+    }
+
+    #[test]
+    fn error_event_is_native() {
+        let raw = ResponsesDialect.error_event(400, "rollout stopped: context_length");
+        let mut splitter = crate::sse::SseSplitter::new();
+        splitter.push(&raw);
+        let first = splitter.next_event().expect("error event");
+        let first = SseEvent::new(&first);
+        assert_eq!(first.event_name(), Some(&b"error"[..]));
+        let v: Value = serde_json::from_slice(&first.data().expect("data")).expect("json");
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["code"], "context_length_exceeded");
+        assert_eq!(v["message"], "rollout stopped: context_length");
+        let second = splitter.next_event().expect("failed event");
+        let second = SseEvent::new(&second);
+        assert_eq!(second.event_name(), Some(&b"response.failed"[..]));
+        let v: Value = serde_json::from_slice(&second.data().expect("data")).expect("json");
+        assert_eq!(v["type"], "response.failed");
+        assert_eq!(v["response"]["status"], "failed");
+        assert_eq!(v["response"]["error"]["code"], "context_length_exceeded");
+        assert!(splitter.next_event().is_none());
+        splitter.push(&ResponsesDialect.error_event(503, "gone"));
+        let first = splitter.next_event().expect("error event");
+        let v: Value =
+            serde_json::from_slice(&SseEvent::new(&first).data().expect("data")).expect("json");
+        assert_eq!(v["code"], "server_error");
     }
 
     #[test]

@@ -458,25 +458,35 @@ async fn read_lines(
     output: Arc<Output>,
     first: Arc<watch::Sender<Option<FrpcEvent>>>,
 ) {
-    let mut lines = BufReader::new(stream).lines();
-    while let Ok(Some(raw)) = lines.next_line().await {
+    // Bytes, not `lines()`: a line that is not UTF-8 must not end the reading (frpc
+    // would then block on a full pipe).
+    let mut reader = BufReader::new(stream);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match reader.read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let raw = String::from_utf8_lossy(&buf);
         let line = strip_ansi(&raw);
         let line = line.trim_end();
         if line.is_empty() {
             continue;
         }
         match parse_level(line) {
+            // frpc's text goes in a `Debug` field: escaped, it cannot forge a log line.
             Some(('E', msg)) => {
-                tracing::error!("frpc {tunnel_id}: {msg}");
+                tracing::error!(tunnel_id = %tunnel_id, line = ?msg, "frpc");
                 set_problem(&output, msg);
             }
             Some(('W', msg)) => {
-                tracing::warn!("frpc {tunnel_id}: {msg}");
+                tracing::warn!(tunnel_id = %tunnel_id, line = ?msg, "frpc");
                 set_problem(&output, msg);
             }
-            Some(('I', msg)) => tracing::info!("frpc {tunnel_id}: {msg}"),
-            Some((_, msg)) => tracing::debug!("frpc {tunnel_id}: {msg}"),
-            None => tracing::info!("frpc {tunnel_id}: {line}"),
+            Some(('I', msg)) => tracing::info!(tunnel_id = %tunnel_id, line = ?msg, "frpc"),
+            Some((_, msg)) => tracing::debug!(tunnel_id = %tunnel_id, line = ?msg, "frpc"),
+            None => tracing::info!(tunnel_id = %tunnel_id, line = ?line, "frpc"),
         }
         {
             let mut kept = output.lines.lock().unwrap_or_else(PoisonError::into_inner);
@@ -511,6 +521,22 @@ fn set_problem(output: &Output, msg: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn output_that_is_not_utf8_does_not_end_the_reading() {
+        let output = Arc::new(Output {
+            lines: Mutex::new(VecDeque::new()),
+            last_problem: Mutex::new(None),
+            gone: watch::Sender::new(false),
+        });
+        let (first_tx, first) = watch::channel(None);
+        let text: &[u8] = b"\xff\xfe not utf-8 \x00\n2025-01-01 10:00:00.000 [I] [client/control.go:168] [t1] [t1] start proxy success\n";
+        read_lines(text, "t1".into(), Arc::clone(&output), Arc::new(first_tx)).await;
+        assert_eq!(*first.borrow(), Some(FrpcEvent::Connected));
+        let kept = output.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        assert_eq!(kept.len(), 2, "{kept:?}");
+        assert!(kept[0].contains('\u{fffd}'), "{kept:?}");
+    }
 
     #[test]
     fn classification() {
