@@ -9,7 +9,8 @@
 //! | `GET /v1/sessions` | `{"sessions": [{id, status, calls}]}` |
 //! | `GET /v1/sessions/{id}` | `{id, status, stop_condition, calls, usage}` |
 //! | `GET /v1/sessions/{id}/trace` | `{id, stop_condition, calls: [CallRecord]}` |
-//! | `DELETE /v1/sessions/{id}` | releases the slot, returns the final trace |
+//! | `GET /v1/sessions/{id}/episode` | the session's episode: `{session, nodes, branches, summary}` (see `intercept_core::episode`) |
+//! | `DELETE /v1/sessions/{id}` | releases the slot, returns the final trace; with `?episode=true` also `episode`; with a trace folder, writes `<id>.episode.json` |
 //! | `GET /v1/interception` | `{shape, tunnel, load, servers: [{base_url, load, healthy}], pause: {paused, mode, epoch, inflight, held}}` |
 //! | `POST /v1/pause` | `{"mode": "hold"\|"reject", "timeout_secs", "retry_after_secs"}` → the pause status |
 //! | `POST /v1/resume` | the pause status (epoch + 1 if it was paused) |
@@ -101,8 +102,18 @@ pub(crate) async fn handle(state: Arc<ControlState>, req: Request<Incoming>) -> 
         (["v1", "sessions"], &Method::POST) => create(&state, req).await,
         (["v1", "sessions"], &Method::GET) => list(&state),
         (["v1", "sessions", id], &Method::GET) => status(&state, id),
-        (["v1", "sessions", id], &Method::DELETE) => delete(&state, id).await,
+        (["v1", "sessions", id], &Method::DELETE) => match episode_flag(req.uri().query()) {
+            Ok(with_episode) => delete(&state, id, with_episode).await,
+            Err(message) => bad(message),
+        },
         (["v1", "sessions", id, "trace"], &Method::GET) => trace(&state, id),
+        (["v1", "sessions", id, "episode"], &Method::GET) => match session_of(&state, id) {
+            Some((session, _)) => ok_json(
+                StatusCode::OK,
+                &serde_json::to_value(session.episode()).unwrap_or(Value::Null),
+            ),
+            None => unknown(id),
+        },
         (["v1", "interception"], &Method::GET) => interception(&state).await,
         (["v1", "pause"], &Method::POST) => pause(&state, req).await,
         (["v1", "resume"], &Method::POST) => pause_answer(state.server.resume().await),
@@ -113,7 +124,7 @@ pub(crate) async fn handle(state: Arc<ControlState>, req: Request<Incoming>) -> 
         ),
         (["v1", "sessions"], _)
         | (["v1", "sessions", _], _)
-        | (["v1", "sessions", _, "trace"], _)
+        | (["v1", "sessions", _, "trace" | "episode"], _)
         | (["v1", "interception"], _)
         | (["v1", "pause" | "resume"], _)
         | (["metrics"], _) => not_allowed(&method, &path),
@@ -547,7 +558,30 @@ fn trace(state: &ControlState, id: &str) -> Resp {
     }
 }
 
-async fn delete(state: &ControlState, id: &str) -> Resp {
+/// The `episode` query flag of `DELETE /v1/sessions/{id}`.
+fn episode_flag(query: Option<&str>) -> Result<bool, String> {
+    let mut with = false;
+    for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, "true"));
+        match (key, value) {
+            ("episode", "true" | "1") => with = true,
+            ("episode", "false" | "0") => with = false,
+            ("episode", other) => {
+                return Err(format!(
+                    "episode: expected true or false, got {other:?}"
+                ))
+            }
+            (other, _) => {
+                return Err(format!(
+                    "unknown query parameter {other:?} (DELETE takes only `episode=true|false`)"
+                ))
+            }
+        }
+    }
+    Ok(with)
+}
+
+async fn delete(state: &ControlState, id: &str, with_episode: bool) -> Resp {
     let (session, guard) = {
         let mut sessions = state.sessions.lock();
         let Some(held) = sessions.get_mut(id) else {
@@ -565,13 +599,20 @@ async fn delete(state: &ControlState, id: &str) -> Resp {
     if let Some(guard) = guard {
         guard.close().await;
         state.metrics.session_released();
+        crate::jsonl::save_episode(state.config.trace_dir.as_deref(), &session);
         state.retire(id);
         info!(session = %id, calls = session.calls(), "session released");
     }
-    ok_json(
-        StatusCode::OK,
-        &serde_json::to_value(session.trace()).unwrap_or(Value::Null),
-    )
+    let mut answer = serde_json::to_value(session.trace()).unwrap_or(Value::Null);
+    if with_episode {
+        if let Value::Object(map) = &mut answer {
+            map.insert(
+                "episode".into(),
+                serde_json::to_value(session.episode()).unwrap_or(Value::Null),
+            );
+        }
+    }
+    ok_json(StatusCode::OK, &answer)
 }
 
 async fn interception(state: &ControlState) -> Resp {

@@ -5,14 +5,45 @@
 //! line that does not parse) and reports it, rather than merging it with the next one.
 //! Re-opening a file whose last line is torn first ends that line, so records appended
 //! later stay on lines of their own.
+//!
+//! When a session is released, [`write_episode`] writes its episode (the message graph,
+//! see [`intercept_core::episode`]) next to the trace as `<id>.episode.json`, through a
+//! temporary file and a rename, so a reader never sees half a document.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use intercept_core::{CallRecord, RecordSink};
+use intercept_core::{CallRecord, RecordSink, RolloutSession};
 use parking_lot::Mutex;
 use tracing::warn;
+
+/// Writes `<dir>/<id>.episode.json` (the session's episode, pretty JSON) and returns its
+/// path.
+pub fn write_episode(dir: &Path, session: &RolloutSession) -> std::io::Result<PathBuf> {
+    let id = &session.config().id;
+    let path = dir.join(format!("{id}.episode.json"));
+    let tmp = dir.join(format!(".{id}.episode.json.tmp"));
+    let json = serde_json::to_vec(&session.episode()).map_err(std::io::Error::other)?;
+    {
+        let mut file = File::create(&tmp)?;
+        file.write_all(&json)?;
+        file.write_all(b"\n")?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&tmp, &path)?;
+    Ok(path)
+}
+
+/// Writes the episode file of a released session when there is a trace folder, and logs
+/// a failure (the session is released either way).
+pub(crate) fn save_episode(dir: Option<&Path>, session: &RolloutSession) {
+    if let Some(dir) = dir {
+        if let Err(e) = write_episode(dir, session) {
+            warn!(session = %session.config().id, dir = %dir.display(), error = %e, "could not write the episode file");
+        }
+    }
+}
 
 /// A [`RecordSink`] that appends each record to a JSONL file as the call ends.
 #[derive(Debug)]

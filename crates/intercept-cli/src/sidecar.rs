@@ -282,12 +282,13 @@ impl Sidecar {
                 .values_mut()
                 .map(|h| {
                     h.released = true;
-                    (h.guard.take(), h.sink.clone())
+                    (h.guard.take().map(|g| (g, h.session.clone())), h.sink.clone())
                 })
                 .unzip()
         };
-        for guard in guards.into_iter().flatten() {
+        for (guard, session) in guards.into_iter().flatten() {
             guard.close().await;
+            crate::jsonl::save_episode(self.state.config.trace_dir.as_deref(), &session);
         }
         for sink in sinks.into_iter().flatten() {
             if let Err(e) = sink.sync() {

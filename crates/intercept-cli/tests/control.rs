@@ -308,12 +308,54 @@ async fn every_route_and_error() {
     );
     assert!(text.contains("intercept_servers 1"), "{text}");
 
-    // Release: the final trace comes back, the secret stops working at once.
+    // The episode: one user message and the sampled answer, named by the record.
+    let episode = api
+        .req(Method::GET, "/v1/sessions/rollout-b/episode", None)
+        .await;
+    assert_eq!(episode.status, StatusCode::OK);
+    let episode = episode.json().unwrap();
+    assert_eq!(episode["session"], "rollout-b");
+    assert_eq!(episode["nodes"].as_array().unwrap().len(), 2);
+    assert_eq!(episode["nodes"][0]["message"]["role"], "user");
+    assert_eq!(episode["nodes"][1]["sampled"], true);
+    assert_eq!(episode["nodes"][1]["parent"], 0);
+    assert_eq!(episode["branches"][0]["path"], json!([0, 1]));
+    assert_eq!(episode["summary"]["sampled"], 1);
+    let trace = api
+        .req(Method::GET, "/v1/sessions/rollout-b/trace", None)
+        .await
+        .json()
+        .unwrap();
+    assert_eq!(trace["calls"][0]["node"], 1);
+    let msg = error_of(
+        &api.req(Method::DELETE, "/v1/sessions/rollout-b?episode=maybe", None)
+            .await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+    );
+    assert!(msg.contains("episode") && msg.contains("maybe"), "{msg}");
+    let msg = error_of(
+        &api.req(Method::DELETE, "/v1/sessions/rollout-b?trace=1", None)
+            .await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+    );
+    assert!(msg.contains("trace"), "{msg}");
+
+    // Release: the final trace comes back (with the episode, when asked), the secret stops
+    // working at once, and the episode file is written.
     let released = api
-        .req(Method::DELETE, "/v1/sessions/rollout-b", None)
+        .req(Method::DELETE, "/v1/sessions/rollout-b?episode=true", None)
         .await;
     assert_eq!(released.status, StatusCode::OK);
-    let released = released.json().unwrap();
+    let mut released = released.json().unwrap();
+    assert_eq!(released["episode"], episode);
+    let file_episode: Value = serde_json::from_slice(
+        &std::fs::read(dir.path().join("rollout-b.episode.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(file_episode, episode);
+    released.as_object_mut().unwrap().remove("episode");
     assert_eq!(released["calls"].as_array().unwrap().len(), 1);
     assert_eq!(released["id"], "rollout-b");
     let late = api.chat(&b["env"], "late").await;
@@ -340,6 +382,7 @@ async fn every_route_and_error() {
     for (method, path) in [
         (Method::GET, "/v1/sessions/ghost"),
         (Method::GET, "/v1/sessions/ghost/trace"),
+        (Method::GET, "/v1/sessions/ghost/episode"),
         (Method::DELETE, "/v1/sessions/ghost"),
     ] {
         let msg = error_of(
@@ -353,6 +396,8 @@ async fn every_route_and_error() {
     sidecar.shutdown().await.unwrap();
     assert_eq!(read_trace_file(&file).unwrap().records.len(), 1);
     assert!(dir.path().join(format!("{a_id}.jsonl")).exists());
+    // Sessions still held at shutdown are released and get their episode file too.
+    assert!(dir.path().join(format!("{a_id}.episode.json")).exists());
 }
 
 #[tokio::test]

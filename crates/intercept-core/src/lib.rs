@@ -7,6 +7,8 @@
 //! - [`Tunnel`] / [`Endpoint`]: how a server is exposed to remote sandboxes.
 //! - [`Dialect`]: a wire format ([`ChatDialect`] for OpenAI Chat Completions).
 //! - [`CallRecord`]: the per-call trace record; [`Error`]: typed errors with one status.
+//! - [`Episode`]: a rollout as a message graph whose branches are token-exact training
+//!   samples ([`Trace::episode`], [`RolloutSession::episode`]).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -35,6 +37,7 @@
 pub mod body;
 pub mod capture;
 pub mod dialect;
+pub mod episode;
 pub mod error;
 pub mod interception;
 pub mod record;
@@ -51,6 +54,7 @@ pub use dialect::{
     join_url, Assembled, ChatDialect, CompletionsDialect, Dialect, DialectKind, MessagesDialect,
     Prepared, Relay, ResponsesDialect, StreamAssembler, Summary,
 };
+pub use episode::{Episode, EpisodeBuilder};
 pub use error::{Blame, Error, ErrorKind};
 pub use interception::{
     Interception, PauseKind, PauseMode, PauseStatus, ServerStatus, SlotGuard, SlotRelease,

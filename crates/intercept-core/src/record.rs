@@ -123,6 +123,11 @@ pub struct CallRecord {
     /// `completion_token_ids`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_logprobs: Option<Vec<f64>>,
+    /// The episode node the call produced (its sampled response; see
+    /// [`crate::episode`]). `None` for a failed call, or when the session keeps no
+    /// episode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<u64>,
 }
 
 fn is_off(c: &TokenCapture) -> bool {

@@ -425,6 +425,7 @@ struct Inner {
     state: serde_json::Value,
     released: bool,
     replays: u64,
+    episode: crate::episode::EpisodeBuilder,
 }
 
 /// The ready session: imposes a model and sampling, enforces [`Limits`], keeps the
@@ -491,6 +492,12 @@ impl RolloutSession {
         }
     }
 
+    /// The rollout as a message graph (see [`crate::episode`]), built call by call as
+    /// the records arrived: the same as `self.trace().episode()`, without rebuilding.
+    pub fn episode(&self) -> crate::episode::Episode {
+        self.inner.lock().episode.episode(&self.config.id)
+    }
+
     /// The number of recorded calls.
     pub fn calls(&self) -> usize {
         self.inner.lock().calls.len()
@@ -548,7 +555,13 @@ impl Session for RolloutSession {
         Ok(())
     }
 
-    fn record(&self, record: CallRecord) {
+    fn record(&self, mut record: CallRecord) {
+        {
+            let mut inner = self.inner.lock();
+            if !inner.released {
+                record.node = inner.episode.commit(&record);
+            }
+        }
         for sink in &self.sinks {
             sink.on_record(&record);
         }

@@ -837,6 +837,7 @@ impl Call {
             prompt_token_ids: tokens.prompt_token_ids,
             completion_token_ids: tokens.completion_token_ids,
             completion_logprobs: tokens.completion_logprobs,
+            node: None,
         };
         session.record(record);
     }

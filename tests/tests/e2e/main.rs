@@ -1,6 +1,7 @@
 //! End-to-end tests across crates: real clients, real HTTP, the mock model upstream.
 
 mod anthropic;
+mod episodes;
 mod openai_chat;
 mod pool_bore;
 mod responses;

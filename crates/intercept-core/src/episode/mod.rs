@@ -1,0 +1,712 @@
+//! Training-native episodes: a rollout's calls as a **message graph** whose branches are
+//! token-exact training samples. Pure data, no I/O.
+//!
+//! Every distinct message is stored once, as a node linked to its predecessor. A call's
+//! prompt (in any dialect, mapped to [`Message`]) is matched node by node against the
+//! existing nodes by a stable content hash ([`Message::hash`]); the unmatched tail becomes
+//! new nodes and the response one new `sampled` assistant node. A compacted context, a
+//! subagent or an edited history each start a new path, so branches are simply several
+//! leaves. A call that failed (or whose response cannot be read) adds nothing and its
+//! record names no node; refused calls and answered SDK retries never make a record, so
+//! they add nothing either.
+//!
+//! When the session captures tokens, each sampled node carries the tokens it adds to the
+//! sequence: the prompt tokens not already on its path, then its completion tokens, with
+//! a `mask` true only on the completion and the completion's `logprobs`. Concatenating
+//! the `token_ids` along a path from its last token start reproduces exactly the
+//! `prompt_token_ids + completion_token_ids` the engine reported for the leaf's call.
+//! A call whose prompt ids do not extend the previous turn's `prompt + completion` ids on
+//! its path is never glued to it: its node carries its whole prompt, starts a new token
+//! sequence and says why ([`TokenBreak`]).
+//!
+//! ```
+//! use intercept_core::episode::EpisodeBuilder;
+//! use intercept_core::{CallRecord, JsonBody, RawJson};
+//! # use intercept_core::{DialectKind, Usage};
+//! # fn record(seq: u64, request: &str, response: &str) -> CallRecord {
+//! #     CallRecord {
+//! #         session: "s".into(), seq, dialect: DialectKind::ChatCompletions,
+//! #         endpoint: "/chat/completions".into(), model: "m".into(), stream: false,
+//! #         sampling: Default::default(),
+//! #         request: JsonBody::parse(request.to_owned().into()).unwrap(),
+//! #         response: Some(RawJson::new(response.to_owned().into())),
+//! #         finish_reason: None, usage: Usage::default(), status: 200, started_at: 0.0,
+//! #         ended_at: 0.0, ttfb_ms: None, client_disconnected: false, error: None, epoch: 0,
+//! #         engine: None, token_capture: Default::default(), prompt_token_ids: None,
+//! #         completion_token_ids: None, completion_logprobs: None, node: None,
+//! #     }
+//! # }
+//!
+//! let mut graph = EpisodeBuilder::new();
+//! let first = record(0, r#"{"messages":[{"role":"user","content":"hi"}]}"#,
+//!     r#"{"choices":[{"message":{"role":"assistant","content":"hello"}}]}"#);
+//! let second = record(1, r#"{"messages":[{"role":"user","content":"hi"},
+//!     {"role":"assistant","content":"hello"},{"role":"user","content":"bye"}]}"#,
+//!     r#"{"choices":[{"message":{"role":"assistant","content":"ciao"}}]}"#);
+//! assert_eq!(graph.commit(&first), Some(1));
+//! assert_eq!(graph.commit(&second), Some(3));
+//! let episode = graph.episode("s");
+//! assert_eq!(episode.nodes.len(), 4); // hi, hello, bye, ciao: the prefix is shared
+//! assert_eq!(episode.branches.len(), 1);
+//! assert_eq!(episode.branches[0].path, vec![0, 1, 2, 3]);
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use crate::dialect::DialectKind;
+use crate::record::CallRecord;
+use crate::session::Trace;
+
+mod message;
+
+pub use message::{Hash, Message, Part, Role, ToolCall};
+
+/// Why a sampled node starts a new token sequence instead of extending its path's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum TokenBreak {
+    /// The prompt ids agree with the previous turn's prompt but not with its completion:
+    /// the completion text did not tokenise back to the ids that were sampled.
+    Retokenized,
+    /// The prompt ids differ inside the previous turn's prompt: the chat template
+    /// rendered earlier turns differently (dropped reasoning, a rewritten system prompt).
+    Rerendered,
+    /// The previous turn on the path has no token ids (its engine returned none).
+    Untracked,
+}
+
+impl TokenBreak {
+    /// The snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenBreak::Retokenized => "retokenized",
+            TokenBreak::Rerendered => "rerendered",
+            TokenBreak::Untracked => "untracked",
+        }
+    }
+}
+
+/// One node of an [`Episode`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Node {
+    /// Its index in [`Episode::nodes`].
+    pub id: u32,
+    /// The node before it (`null` for the first message of a path).
+    pub parent: Option<u32>,
+    /// The message's content hash (32 hex digits).
+    pub hash: String,
+    /// The message.
+    pub message: Message,
+    /// Whether the model sampled it (a call's response).
+    pub sampled: bool,
+    /// The `seq` of the call that sampled it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<u64>,
+    /// The tokens it adds to its path's sequence: prompt tokens not already on the path,
+    /// then the completion (sampled nodes of calls with token ids only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
+    /// True on the completion tokens, aligned with `token_ids`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask: Option<Vec<bool>>,
+    /// The sampled tokens' logprobs, aligned with `token_ids` (0 where `mask` is false);
+    /// absent when the engine returned none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<f64>>,
+    /// Whether `token_ids` start a new sequence (the first sampled node of a path, or a
+    /// break).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub token_start: bool,
+    /// Why the sequence was broken here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_break: Option<TokenBreak>,
+}
+
+/// One root-to-leaf path of an [`Episode`]: a training sample.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Branch {
+    /// The leaf node.
+    pub leaf: u32,
+    /// The node ids from the root to the leaf.
+    pub path: Vec<u32>,
+    /// Sampled nodes on the path (from `token_start` when tokens are present).
+    pub turns: u32,
+    /// The node where the token sequence starts (tokens only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_start: Option<u32>,
+    /// The sequence: the leaf call's prompt ids followed by its completion ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
+    /// True on every sampled completion token of the sequence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask: Option<Vec<bool>>,
+    /// Logprobs aligned with `token_ids` (0 where `mask` is false); absent when a turn of
+    /// the sequence has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<f64>>,
+    /// Tokens before the first completion token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_len: Option<u32>,
+    /// Masked (sampled) tokens in the sequence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_tokens: Option<u32>,
+}
+
+/// Counts over an [`Episode`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EpisodeSummary {
+    /// Records seen.
+    pub calls: u64,
+    /// Calls that produced a sampled node.
+    pub sampled: u64,
+    /// Calls that failed (no node).
+    pub failed: u64,
+    /// Successful calls whose prompt or response could not be read (no node).
+    pub unreadable: u64,
+    /// Nodes in the graph.
+    pub nodes: u64,
+    /// Leaves.
+    pub branches: u64,
+    /// Token ids held by the graph (each once).
+    pub tokens: u64,
+    /// Sampled nodes with token ids.
+    pub token_turns: u64,
+    /// Token breaks, all reasons.
+    pub token_breaks: u64,
+    /// Token breaks by reason.
+    #[serde(default)]
+    pub token_breaks_by_reason: BTreeMap<TokenBreak, u64>,
+}
+
+/// A rollout as a message graph: what a trainer consumes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Episode {
+    /// The session (rollout) id.
+    pub session: String,
+    /// Every node, parents before children.
+    pub nodes: Vec<Node>,
+    /// Every leaf's path, in the order the leaves were made.
+    pub branches: Vec<Branch>,
+    /// Counts.
+    pub summary: EpisodeSummary,
+}
+
+#[derive(Debug)]
+struct Tokens {
+    ids: Vec<u32>,
+    /// Leading ids that are prompt (unmasked).
+    prompt: usize,
+    /// Logprobs of the completion ids.
+    logprobs: Option<Vec<f64>>,
+    start: bool,
+    brk: Option<TokenBreak>,
+}
+
+#[derive(Debug)]
+struct NodeData {
+    parent: Option<u32>,
+    hash: Hash,
+    message: Message,
+    sampled: bool,
+    call: Option<u64>,
+    children: u32,
+    tokens: Option<Tokens>,
+}
+
+/// Builds an episode call by call ([`EpisodeBuilder::commit`]); the graph grows with the
+/// new messages and new tokens only.
+#[derive(Debug, Default)]
+pub struct EpisodeBuilder {
+    nodes: Vec<NodeData>,
+    /// (parent + 1, content hash) → the latest node with that content there.
+    by_hash: HashMap<(u32, Hash), u32>,
+    /// (parent + 1, visible hash) → the latest sampled node with that visible content.
+    by_visible: HashMap<(u32, Hash), u32>,
+    /// (parent + 1, hash of a Chat message's raw bytes, length) → node: a prompt message
+    /// sent again byte for byte is matched without parsing it.
+    by_raw: HashMap<(u32, u64, usize), u32>,
+    /// Responses `id` → its sampled node (for `previous_response_id`).
+    responses: HashMap<String, u32>,
+    summary: EpisodeSummary,
+}
+
+fn key(parent: Option<u32>) -> u32 {
+    parent.map_or(0, |p| p + 1)
+}
+
+fn raw_hash(bytes: &[u8]) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    BuildHasherDefault::<rustc_hash::FxHasher>::default().hash_one(bytes)
+}
+
+/// A prompt, read from a request.
+enum Prompt<'a> {
+    /// Chat messages as raw JSON, matched byte for byte first.
+    Chat(Vec<&'a RawValue>),
+    /// Messages already mapped.
+    Messages(Vec<Message>),
+}
+
+impl EpisodeBuilder {
+    /// An empty graph.
+    pub fn new() -> Self {
+        EpisodeBuilder::default()
+    }
+
+    /// Commits one call: matches its prompt, adds the unmatched tail and one sampled node
+    /// for its response, and returns that node's id. A failed call, or one whose prompt
+    /// or response cannot be read, adds nothing and returns `None`.
+    pub fn commit(&mut self, record: &CallRecord) -> Option<u64> {
+        self.summary.calls += 1;
+        if record.error.is_some() || record.status >= 400 {
+            self.summary.failed += 1;
+            return None;
+        }
+        let node = self.try_commit(record);
+        if node.is_none() {
+            self.summary.unreadable += 1;
+        }
+        node.map(u64::from)
+    }
+
+    fn try_commit(&mut self, record: &CallRecord) -> Option<u32> {
+        let response: Value = serde_json::from_slice(record.response.as_ref()?.bytes()).ok()?;
+        let sampled = response_message(record.dialect, &response)?;
+        let (start, prompt) = self.prompt_of(record)?;
+        let mut parent = start;
+        match prompt {
+            Prompt::Chat(raw) => {
+                for m in raw {
+                    let bytes = m.get().as_bytes();
+                    let rk = (key(parent), raw_hash(bytes), bytes.len());
+                    if let Some(&n) = self.by_raw.get(&rk) {
+                        parent = Some(n);
+                        continue;
+                    }
+                    let value: Value = serde_json::from_str(m.get()).ok()?;
+                    let n = self.match_or_add(parent, message::from_chat(&value));
+                    self.by_raw.insert(rk, n);
+                    parent = Some(n);
+                }
+            }
+            Prompt::Messages(messages) => {
+                for m in messages {
+                    parent = Some(self.match_or_add(parent, m));
+                }
+            }
+        }
+        let tokens = self.tokens_for(parent, record);
+        let hash = sampled.hash();
+        let visible = sampled.visible_hash();
+        let id = self.push(NodeData {
+            parent,
+            hash,
+            message: sampled,
+            sampled: true,
+            call: Some(record.seq),
+            children: 0,
+            tokens,
+        });
+        self.by_hash.insert((key(parent), hash), id);
+        self.by_visible.insert((key(parent), visible), id);
+        if record.dialect == DialectKind::Responses {
+            if let Some(rid) = response.get("id").and_then(Value::as_str) {
+                self.responses.insert(rid.to_owned(), id);
+            }
+        }
+        self.summary.sampled += 1;
+        Some(id)
+    }
+
+    fn prompt_of<'a>(&self, record: &'a CallRecord) -> Option<(Option<u32>, Prompt<'a>)> {
+        let body = &record.request;
+        let raw = |key: &str| -> Option<&'a [u8]> { body.raw(key) };
+        let parse = |key: &str| -> Option<Value> { serde_json::from_slice(raw(key)?).ok() };
+        match record.dialect {
+            DialectKind::ChatCompletions => {
+                let messages: Vec<&'a RawValue> = serde_json::from_slice(raw("messages")?).ok()?;
+                Some((None, Prompt::Chat(messages)))
+            }
+            DialectKind::Messages => {
+                let mut out = Vec::new();
+                if let Some(system) = parse("system").as_ref().and_then(message::anthropic_system)
+                {
+                    out.push(system);
+                }
+                let messages = parse("messages")?;
+                for m in messages.as_array()? {
+                    message::from_anthropic(m, &mut out);
+                }
+                Some((None, Prompt::Messages(out)))
+            }
+            DialectKind::Responses => {
+                let mut out = Vec::new();
+                let start = body
+                    .str("previous_response_id")
+                    .and_then(|id| self.responses.get(&id).copied());
+                if start.is_none() {
+                    if let Some(Value::String(s)) = parse("instructions") {
+                        if !s.is_empty() {
+                            out.push(Message::text(Role::System, s));
+                        }
+                    }
+                }
+                if let Some(input) = parse("input") {
+                    message::from_responses(&input, &mut out);
+                }
+                Some((start, Prompt::Messages(out)))
+            }
+            DialectKind::Completions => {
+                let prompt = match parse("prompt")? {
+                    Value::String(s) => s,
+                    other => message::canonical(&other),
+                };
+                Some((None, Prompt::Messages(vec![Message::text(Role::User, prompt)])))
+            }
+        }
+    }
+
+    fn push(&mut self, node: NodeData) -> u32 {
+        let id = self.nodes.len() as u32;
+        if let Some(p) = node.parent {
+            self.nodes[p as usize].children += 1;
+        }
+        self.nodes.push(node);
+        id
+    }
+
+    /// The node for `message` after `parent`: an existing one with the same content (or
+    /// a sampled one the harness sent back without its reasoning), else a new one.
+    fn match_or_add(&mut self, parent: Option<u32>, message: Message) -> u32 {
+        let hash = message.hash();
+        if let Some(&n) = self.by_hash.get(&(key(parent), hash)) {
+            return n;
+        }
+        if message.role == Role::Assistant && message.reasoning.is_none() {
+            if let Some(&n) = self.by_visible.get(&(key(parent), message.visible_hash())) {
+                return n;
+            }
+        }
+        let id = self.push(NodeData {
+            parent,
+            hash,
+            message,
+            sampled: false,
+            call: None,
+            children: 0,
+            tokens: None,
+        });
+        self.by_hash.insert((key(parent), hash), id);
+        id
+    }
+
+    /// The nearest sampled node at or above `from`.
+    fn sampled_at_or_above(&self, mut from: Option<u32>) -> Option<u32> {
+        while let Some(n) = from {
+            let node = &self.nodes[n as usize];
+            if node.sampled {
+                return Some(n);
+            }
+            from = node.parent;
+        }
+        None
+    }
+
+    /// The sampled nodes of the token sequence ending at `last`, first to last; `None`
+    /// when a node on it has no tokens.
+    fn sequence(&self, last: u32) -> Option<Vec<u32>> {
+        let mut out = Vec::new();
+        let mut at = Some(last);
+        while let Some(n) = at {
+            let tokens = self.nodes[n as usize].tokens.as_ref()?;
+            out.push(n);
+            if tokens.start {
+                break;
+            }
+            at = self.sampled_at_or_above(self.nodes[n as usize].parent);
+        }
+        out.reverse();
+        Some(out)
+    }
+
+    fn tokens_for(&mut self, parent: Option<u32>, record: &CallRecord) -> Option<Tokens> {
+        let prompt = record.prompt_token_ids.as_deref()?;
+        let completion = record.completion_token_ids.as_deref()?;
+        let logprobs = record
+            .completion_logprobs
+            .as_ref()
+            .filter(|l| l.len() == completion.len())
+            .cloned();
+        self.summary.token_turns += 1;
+        self.summary.tokens += (prompt.len() + completion.len()) as u64;
+        let whole = |brk: Option<TokenBreak>| Tokens {
+            ids: [prompt, completion].concat(),
+            prompt: prompt.len(),
+            logprobs: logprobs.clone(),
+            start: true,
+            brk,
+        };
+        let Some(previous) = self.sampled_at_or_above(parent) else {
+            return Some(whole(None));
+        };
+        let brk = match self.sequence(previous) {
+            None => TokenBreak::Untracked,
+            Some(seq) => {
+                // Compare the prompt with the sequence so far, piece by piece.
+                let mut at = 0;
+                let mut diverged = None;
+                for &n in &seq {
+                    let Some(t) = self.nodes[n as usize].tokens.as_ref() else {
+                        continue;
+                    };
+                    let end = at + t.ids.len();
+                    let theirs = &t.ids[..];
+                    let ours = prompt.get(at..end.min(prompt.len())).unwrap_or_default();
+                    if ours != theirs {
+                        let same = ours.iter().zip(theirs).take_while(|(a, b)| a == b).count();
+                        diverged = Some((n, same));
+                        break;
+                    }
+                    at = end;
+                }
+                match diverged {
+                    None => {
+                        self.summary.tokens -= at as u64;
+                        return Some(Tokens {
+                            ids: [&prompt[at..], completion].concat(),
+                            prompt: prompt.len() - at,
+                            logprobs,
+                            start: false,
+                            brk: None,
+                        });
+                    }
+                    Some((n, same)) => {
+                        let last = n == previous;
+                        let in_prompt = self.nodes[n as usize]
+                            .tokens
+                            .as_ref()
+                            .is_some_and(|t| same < t.prompt);
+                        if last && !in_prompt {
+                            TokenBreak::Retokenized
+                        } else {
+                            TokenBreak::Rerendered
+                        }
+                    }
+                }
+            }
+        };
+        self.summary.token_breaks += 1;
+        *self.summary.token_breaks_by_reason.entry(brk).or_default() += 1;
+        Some(whole(Some(brk)))
+    }
+
+    /// The episode so far.
+    pub fn episode(&self, session: &str) -> Episode {
+        let nodes: Vec<Node> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let (token_ids, mask, logprobs) = match &n.tokens {
+                    Some(t) => {
+                        let mask: Vec<bool> =
+                            (0..t.ids.len()).map(|j| j >= t.prompt).collect();
+                        let logprobs = t.logprobs.as_ref().map(|l| {
+                            let mut out = vec![0.0; t.prompt];
+                            out.extend_from_slice(l);
+                            out
+                        });
+                        (Some(t.ids.clone()), Some(mask), logprobs)
+                    }
+                    None => (None, None, None),
+                };
+                Node {
+                    id: i as u32,
+                    parent: n.parent,
+                    hash: message::hex(&n.hash),
+                    message: n.message.clone(),
+                    sampled: n.sampled,
+                    call: n.call,
+                    token_ids,
+                    mask,
+                    logprobs,
+                    token_start: n.tokens.as_ref().is_some_and(|t| t.start),
+                    token_break: n.tokens.as_ref().and_then(|t| t.brk),
+                }
+            })
+            .collect();
+        let branches: Vec<Branch> = (0..self.nodes.len() as u32)
+            .filter(|&i| self.nodes[i as usize].children == 0)
+            .map(|leaf| self.branch(leaf))
+            .collect();
+        let mut summary = self.summary.clone();
+        summary.nodes = nodes.len() as u64;
+        summary.branches = branches.len() as u64;
+        Episode {
+            session: session.to_owned(),
+            nodes,
+            branches,
+            summary,
+        }
+    }
+
+    fn branch(&self, leaf: u32) -> Branch {
+        let mut path = Vec::new();
+        let mut at = Some(leaf);
+        while let Some(n) = at {
+            path.push(n);
+            at = self.nodes[n as usize].parent;
+        }
+        path.reverse();
+        let mut branch = Branch {
+            leaf,
+            turns: path.iter().filter(|&&n| self.nodes[n as usize].sampled).count() as u32,
+            path,
+            token_start: None,
+            token_ids: None,
+            mask: None,
+            logprobs: None,
+            prompt_len: None,
+            completion_tokens: None,
+        };
+        let seq = self
+            .sampled_at_or_above(Some(leaf))
+            .filter(|&n| n == leaf)
+            .and_then(|n| self.sequence(n));
+        let Some(seq) = seq else {
+            return branch;
+        };
+        let mut ids = Vec::new();
+        let mut mask = Vec::new();
+        let mut logprobs = Some(Vec::new());
+        for &n in &seq {
+            let Some(t) = self.nodes[n as usize].tokens.as_ref() else {
+                continue;
+            };
+            ids.extend_from_slice(&t.ids);
+            mask.extend((0..t.ids.len()).map(|j| j >= t.prompt));
+            logprobs = match (logprobs, &t.logprobs) {
+                (Some(mut out), Some(l)) => {
+                    out.resize(out.len() + t.prompt, 0.0);
+                    out.extend_from_slice(l);
+                    Some(out)
+                }
+                _ => None,
+            };
+        }
+        branch.prompt_len = Some(mask.iter().take_while(|m| !**m).count() as u32);
+        branch.completion_tokens = Some(mask.iter().filter(|m| **m).count() as u32);
+        branch.turns = seq.len() as u32;
+        branch.token_start = seq.first().copied();
+        branch.token_ids = Some(ids);
+        branch.mask = Some(mask);
+        branch.logprobs = logprobs;
+        branch
+    }
+
+    /// Heap bytes held by the graph's nodes (messages, tokens, logprobs) and indexes: for
+    /// memory accounting.
+    pub fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let mut total = self.nodes.capacity() * size_of::<NodeData>();
+        for n in &self.nodes {
+            total += message_bytes(&n.message);
+            if let Some(t) = &n.tokens {
+                total += t.ids.capacity() * size_of::<u32>();
+                total += t
+                    .logprobs
+                    .as_ref()
+                    .map_or(0, |l| l.capacity() * size_of::<f64>());
+            }
+        }
+        let entry = size_of::<(u32, Hash)>() + size_of::<u32>() + 1;
+        total += (self.by_hash.capacity() + self.by_visible.capacity()) * entry;
+        total += self.by_raw.capacity() * (size_of::<(u32, u64, usize)>() + size_of::<u32>() + 1);
+        total
+    }
+}
+
+fn message_bytes(m: &Message) -> usize {
+    let parts: usize = m
+        .content
+        .iter()
+        .map(|p| match p {
+            Part::Text { text } => text.capacity(),
+            Part::Image { url } => url.capacity(),
+            Part::Data { value } => value.to_string().len(),
+        })
+        .sum();
+    parts
+        + m.content.capacity() * std::mem::size_of::<Part>()
+        + m.reasoning.as_ref().map_or(0, String::capacity)
+        + m.state.as_ref().map_or(0, String::capacity)
+        + m.tool_calls
+            .iter()
+            .map(|c| c.id.capacity() + c.name.capacity() + c.arguments.to_string().len())
+            .sum::<usize>()
+}
+
+/// The assistant message of a response in its dialect.
+fn response_message(kind: DialectKind, response: &Value) -> Option<Message> {
+    match kind {
+        DialectKind::ChatCompletions => {
+            let choice = response.get("choices")?.get(0)?;
+            let m = choice.get("message")?;
+            let mut msg = message::from_chat(m);
+            msg.role = Role::Assistant;
+            Some(msg)
+        }
+        DialectKind::Completions => {
+            let text = response.get("choices")?.get(0)?.get("text")?.as_str()?;
+            Some(Message::text(Role::Assistant, text))
+        }
+        DialectKind::Messages => {
+            let mut out = Vec::new();
+            let mut m = serde_json::Map::new();
+            m.insert("role".into(), Value::String("assistant".into()));
+            m.insert("content".into(), response.get("content")?.clone());
+            message::from_anthropic(&Value::Object(m), &mut out);
+            out.into_iter().next()
+        }
+        DialectKind::Responses => {
+            let mut out = Vec::new();
+            message::from_responses(response.get("output")?, &mut out);
+            let mut msg = Message::new(Role::Assistant);
+            for m in out {
+                msg.content.extend(m.content);
+                msg.tool_calls.extend(m.tool_calls);
+                if let Some(r) = m.reasoning {
+                    msg.reasoning = Some(match msg.reasoning.take() {
+                        Some(have) => format!("{have}\n{r}"),
+                        None => r,
+                    });
+                }
+                if let Some(s) = m.state {
+                    msg.state = Some(match msg.state.take() {
+                        Some(have) => format!("{have}\n{s}"),
+                        None => s,
+                    });
+                }
+            }
+            Some(msg)
+        }
+    }
+}
+
+impl Trace {
+    /// The trace's calls as an [`Episode`], committed in the order they ended (the order
+    /// a [`RolloutSession`](crate::RolloutSession) commits them, so node ids match the
+    /// records' `node`).
+    pub fn episode(&self) -> Episode {
+        let mut builder = EpisodeBuilder::new();
+        for call in &self.calls {
+            builder.commit(call);
+        }
+        builder.episode(&self.id)
+    }
+}
