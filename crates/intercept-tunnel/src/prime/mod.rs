@@ -256,11 +256,14 @@ impl Shared {
             &self.config.frpc,
         )
         .await?;
-        self.limiter.acquire().await?;
-        let info = self
+        let permit = self.limiter.acquire().await?;
+        let created = self
             .api
             .create(local_port, self.config.name.as_deref())
-            .await?;
+            .await;
+        // The slot counts until the registration request completed (plus the margin).
+        permit.complete().await;
+        let info = created?;
         let mut live = Live {
             shared: Arc::clone(self),
             binary,
