@@ -877,8 +877,8 @@ impl Interception for ElasticPool {
     }
 
     /// Fails waiting acquires, ends every background task (a server start in flight is
-    /// let finish), then tears every server down newest first, going on past failures
-    /// and reporting all of them.
+    /// let finish), then tears every server down at once, each within [`STOP_TIMEOUT`],
+    /// going on past failures and reporting all of them.
     async fn stop(&self) -> Result<(), Error> {
         let inner = &self.inner;
         let deliveries: Deliveries = {
