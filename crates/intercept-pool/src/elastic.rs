@@ -588,7 +588,12 @@ impl Inner {
                 self.config.backoff_max
             );
         } else {
-            debug!(server = index, rounds, ?delay, "elastic pool: another round of server starts failed");
+            debug!(
+                server = index,
+                rounds,
+                ?delay,
+                "elastic pool: another round of server starts failed"
+            );
         }
         state.outage = Some(Outage {
             rounds,
@@ -918,7 +923,9 @@ impl Interception for ElasticPool {
                     *index,
                     Err(Error::Tunnel {
                         retryable: true,
-                        message: format!("server {index}: teardown did not end within {STOP_TIMEOUT:?}"),
+                        message: format!(
+                            "server {index}: teardown did not end within {STOP_TIMEOUT:?}"
+                        ),
                     }),
                 ),
             }

@@ -30,7 +30,9 @@ pub trait PoolMember: Send + Sync + fmt::Debug {
     /// it drains a server, and drains only when it fails or the server is still
     /// unhealthy after it. The default cannot repair.
     async fn repair(&self) -> Result<(), Error> {
-        Err(Error::Unavailable("this server cannot repair its endpoint".into()))
+        Err(Error::Unavailable(
+            "this server cannot repair its endpoint".into(),
+        ))
     }
 
     /// Its public base URL, if it has one (for introspection). Defaults to `None`.
@@ -78,7 +80,9 @@ impl PoolMember for InterceptionServer {
     async fn repair(&self) -> Result<(), Error> {
         match self.endpoint() {
             Some(endpoint) => endpoint.refresh().await.map(drop),
-            None => Err(Error::Unavailable("the server has no endpoint to repair".into())),
+            None => Err(Error::Unavailable(
+                "the server has no endpoint to repair".into(),
+            )),
         }
     }
 

@@ -200,7 +200,11 @@ impl BoreTunnel {
 
     /// A new tunnel on `remote_port` when the server still grants it, else on any port.
     /// Returns the session and whether it moved to another port.
-    async fn remint(&self, local_port: u16, remote_port: u16) -> Result<(Session, bool), TunnelError> {
+    async fn remint(
+        &self,
+        local_port: u16,
+        remote_port: u16,
+    ) -> Result<(Session, bool), TunnelError> {
         match self.mint(local_port, remote_port).await {
             Ok(session) => Ok((session, false)),
             Err(MintError::PortUnavailable(why)) => {

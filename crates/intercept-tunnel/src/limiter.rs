@@ -360,7 +360,11 @@ impl Inner {
                         start: at,
                         end: None,
                     });
-                    Ok(Reserved::At { id, at_ms: at, wait })
+                    Ok(Reserved::At {
+                        id,
+                        at_ms: at,
+                        wait,
+                    })
                 }
             }
         })
@@ -576,9 +580,15 @@ mod tests {
         let at = |mut e: Vec<Entry>, now| schedule(&mut e, now, 60, 2, 1000);
         assert_eq!(at(vec![], 100), Decision::At(100));
         assert_eq!(at(vec![done(100, 100)], 100), Decision::At(100));
-        assert_eq!(at(vec![done(100, 100), done(100, 100)], 100), Decision::At(160));
+        assert_eq!(
+            at(vec![done(100, 100), done(100, 100)], 100),
+            Decision::At(160)
+        );
         // The slot frees one window after the start *ended*, not after it began.
-        assert_eq!(at(vec![done(100, 130), done(100, 130)], 110), Decision::At(190));
+        assert_eq!(
+            at(vec![done(100, 130), done(100, 130)], 110),
+            Decision::At(190)
+        );
         // In flight: counted, and with the whole budget in flight nothing is scheduled.
         assert_eq!(at(vec![open(100), done(100, 100)], 110), Decision::At(160));
         assert_eq!(at(vec![open(100), open(100)], 110), Decision::Blocked);
@@ -589,7 +599,16 @@ mod tests {
         // An entry in flight past its lease counts as ended at the lease.
         let mut e = vec![open(0), open(0)];
         assert_eq!(schedule(&mut e, 1001, 60, 2, 1000), Decision::At(1060));
-        assert_eq!(e, vec![done(0, 1000), done(0, 1000)].into_iter().map(|mut d| { d.id = 1_000_000; d }).collect::<Vec<_>>());
+        assert_eq!(
+            e,
+            vec![done(0, 1000), done(0, 1000)]
+                .into_iter()
+                .map(|mut d| {
+                    d.id = 1_000_000;
+                    d
+                })
+                .collect::<Vec<_>>()
+        );
     }
 
     #[test]
@@ -598,7 +617,14 @@ mod tests {
         let text: String = entries.iter().map(|e| e.to_line() + "\n").collect();
         assert_eq!(parse_entries(&text), entries);
         // An older file holds bare start times: starts that ended then.
-        assert_eq!(parse_entries("42\njunk\n1 2\n"), vec![Entry { id: 0, start: 42, end: Some(42) }]);
+        assert_eq!(
+            parse_entries("42\njunk\n1 2\n"),
+            vec![Entry {
+                id: 0,
+                start: 42,
+                end: Some(42)
+            }]
+        );
     }
 
     proptest::proptest! {

@@ -121,12 +121,9 @@ async fn a_taken_port_moves_the_tunnel_to_a_new_url() {
     let squatter = tokio::net::TcpListener::bind(("127.0.0.1", old_port))
         .await
         .unwrap();
-    let server = BoreServer::bind(
-        format!("127.0.0.1:{control_port}").parse().unwrap(),
-        None,
-    )
-    .await
-    .unwrap();
+    let server = BoreServer::bind(format!("127.0.0.1:{control_port}").parse().unwrap(), None)
+        .await
+        .unwrap();
     wait_repaired(repairs, 1).await;
     let new_url = endpoint.url();
     assert_ne!(new_url, url, "the old port is taken: a new endpoint");

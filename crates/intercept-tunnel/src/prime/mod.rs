@@ -355,8 +355,7 @@ impl Live {
             let _ = std::fs::remove_file(path);
         }
         let id = &self.info.tunnel_id;
-        let result = match tokio::time::timeout(DELETE_TIMEOUT, self.shared.api.delete(id)).await
-        {
+        let result = match tokio::time::timeout(DELETE_TIMEOUT, self.shared.api.delete(id)).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(TunnelError::Timeout(format!(
