@@ -7,7 +7,7 @@
 //! |---|---|
 //! | `POST /v1/sessions` | `201` `{id, base_url, model_secret, state_secret, env}` |
 //! | `GET /v1/sessions` | `{"sessions": [{id, status, calls}]}` |
-//! | `GET /v1/sessions/{id}` | `{id, status, stop_condition, calls, usage}` |
+//! | `GET /v1/sessions/{id}` | `{id, status, stop_condition, calls, usage, endpoint_lost}` |
 //! | `GET /v1/sessions/{id}/trace` | `{id, stop_condition, calls: [CallRecord]}` |
 //! | `GET /v1/sessions/{id}/episode` | the session's episode: `{session, nodes, branches, summary}` (see `intercept_core::episode`) |
 //! | `DELETE /v1/sessions/{id}` | releases the slot, returns the final trace; with `?episode=true` also `episode`; with a trace folder, writes `<id>.episode.json` |
@@ -25,7 +25,8 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::Incoming;
 use intercept_core::{
-    Limits, RecordSink, RolloutSession, Sampling, Session, SessionConfig, SessionStatus, Upstream,
+    Limits, RecordSink, RolloutSession, Sampling, Session, SessionConfig, SessionStatus, SlotGuard,
+    Upstream,
 };
 use serde_json::{json, Map, Value};
 use tracing::{info, warn};
@@ -531,6 +532,12 @@ fn status(state: &ControlState, id: &str) -> Resp {
     let Some((session, released)) = session_of(state, id) else {
         return unknown(id);
     };
+    let endpoint_lost = state
+        .sessions
+        .lock()
+        .get(id)
+        .and_then(|h| h.guard.as_ref())
+        .is_some_and(SlotGuard::endpoint_lost);
     let status = if released {
         SessionStatus::Released
     } else {
@@ -544,6 +551,7 @@ fn status(state: &ControlState, id: &str) -> Resp {
             "stop_condition": session.stop_condition(),
             "calls": session.calls(),
             "usage": session.totals(),
+            "endpoint_lost": endpoint_lost,
         }),
     )
 }

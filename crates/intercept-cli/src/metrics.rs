@@ -66,6 +66,8 @@ pub struct Gauges {
     pub tunnel_starts: u64,
     /// Tunnel starts that failed.
     pub tunnel_failures: u64,
+    /// Sessions whose URL died with a tunnel that moved to a new URL.
+    pub endpoint_lost_sessions: usize,
 }
 
 /// The sidecar's counters and histograms.
@@ -169,6 +171,12 @@ impl Metrics {
             "intercept_servers",
             "Interception servers running.",
             gauges.servers,
+        );
+        gauge(
+            &mut out,
+            "intercept_sessions_endpoint_lost",
+            "Sessions holding a slot whose URL is no longer served (their tunnel moved to a new URL).",
+            gauges.endpoint_lost_sessions,
         );
         out
     }

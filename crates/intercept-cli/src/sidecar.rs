@@ -77,6 +77,12 @@ impl ControlState {
             servers: self.server.servers().await.len(),
             tunnel_starts: self.tunnels.starts(),
             tunnel_failures: self.tunnels.failures(),
+            endpoint_lost_sessions: self
+                .sessions
+                .lock()
+                .values()
+                .filter(|h| h.guard.as_ref().is_some_and(|g| g.endpoint_lost()))
+                .count(),
         }
     }
 

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use crate::error::Error;
 use crate::session::Session;
 use crate::slot::Slot;
+use crate::tunnel::Endpoint;
 
 /// One interception: a server or a pool of servers that rollouts acquire slots on.
 #[async_trait]
@@ -174,6 +175,7 @@ pub trait SlotRelease: Send + Sync + fmt::Debug {
 pub struct SlotGuard {
     slot: Slot,
     release: Option<Box<dyn SlotRelease>>,
+    endpoint: Option<Arc<dyn Endpoint>>,
 }
 
 impl SlotGuard {
@@ -182,7 +184,29 @@ impl SlotGuard {
         SlotGuard {
             slot,
             release: Some(release),
+            endpoint: None,
         }
+    }
+
+    /// Ties the slot to the tunnel endpoint its `base_url` came from, so that
+    /// [`SlotGuard::endpoint_lost`] can tell when that URL stopped being served.
+    pub fn with_endpoint(mut self, endpoint: Arc<dyn Endpoint>) -> Self {
+        self.endpoint = Some(endpoint);
+        self
+    }
+
+    /// The endpoint set by [`SlotGuard::with_endpoint`].
+    pub fn endpoint(&self) -> Option<&Arc<dyn Endpoint>> {
+        self.endpoint.as_ref()
+    }
+
+    /// Whether the slot's `base_url` is dead for good: its endpoint was re-minted at a new
+    /// URL (a tunnel that could not be repaired in place). The rollout's harness cannot
+    /// reach the server through the URL it was given any more. False without an endpoint.
+    pub fn endpoint_lost(&self) -> bool {
+        self.endpoint
+            .as_ref()
+            .is_some_and(|e| e.url() != self.slot.base_url)
     }
 
     /// The slot.

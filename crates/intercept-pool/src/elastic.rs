@@ -123,6 +123,13 @@ pub struct ServerInfo {
     pub load: usize,
 }
 
+/// The least time a repair of an unhealthy endpoint may take before the server drains.
+const REPAIR_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long one server's teardown may take at [`Interception::stop`]; a longer one is
+/// abandoned (its tunnel's helper processes are killed when it drops) and reported.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// An elastic pool of interception servers: `multiplex` sessions per server, servers
 /// started concurrently as acquires need them, retired when their endpoint dies, shrunk
 /// when idle. See `docs/pools.md` for the behaviour in full.
@@ -166,6 +173,18 @@ struct State {
     servers: Vec<Server>,
     waiters: VecDeque<Waiter>,
     next_waiter: u64,
+    /// Set while server starts keep failing (the tunnel service is down): no new start
+    /// before `until`.
+    outage: Option<Outage>,
+    /// Rounds of server starts that failed for good, since the pool was made.
+    failed_rounds: u64,
+}
+
+/// Consecutive failed rounds and when the next may begin.
+struct Outage {
+    rounds: u32,
+    until: Instant,
+    wakeup_armed: bool,
 }
 
 struct Server {
@@ -213,6 +232,17 @@ impl Drop for Seat {
 /// Deliveries decided under the lock, made after it is released (a refused delivery
 /// drops its seat, and dropping a seat takes the lock).
 type Deliveries = Vec<(oneshot::Sender<Result<Seat, Error>>, Result<Seat, Error>)>;
+
+fn state_starting(servers: &[Server]) -> usize {
+    servers
+        .iter()
+        .filter(|s| s.phase == ServerPhase::Starting)
+        .count()
+}
+
+fn fastrand_f64() -> f64 {
+    fastrand::f64()
+}
 
 fn deliver(deliveries: Deliveries) {
     for (tx, value) in deliveries {
@@ -269,6 +299,8 @@ impl ElasticPool {
                     servers: Vec::new(),
                     waiters: VecDeque::new(),
                     next_waiter: 0,
+                    outage: None,
+                    failed_rounds: 0,
                 }),
                 pause: crate::pause::PoolPause::default(),
                 tasks: TaskTracker::new(),
@@ -306,6 +338,13 @@ impl ElasticPool {
     /// Servers created so far (started or not, alive or not).
     pub fn created(&self) -> u64 {
         self.inner.state.lock().next_index
+    }
+
+    /// Rounds of server starts that failed for good (every attempt of one server start
+    /// failed) since the pool was made: a count that climbs while the tunnel service is
+    /// down. The pool backs off between such rounds.
+    pub fn failed_start_rounds(&self) -> u64 {
+        self.inner.failed_rounds()
     }
 
     /// Runs one maintenance round now (health probes, retirements, idle shrink, floor)
@@ -374,7 +413,24 @@ impl Inner {
                 deliveries.push((waiter.tx, Ok(seat)));
             }
         }
-        let n = policy::servers_to_start(self.demand(&state));
+        let mut n = policy::servers_to_start(self.demand(&state));
+        let mut wakeup = None;
+        let starting = state_starting(&state.servers);
+        if let Some(outage) = state.outage.as_mut() {
+            let now = Instant::now();
+            if now < outage.until {
+                // Backing off: nothing new starts before the round's time; a wakeup
+                // settles again then.
+                if n > 0 && !outage.wakeup_armed {
+                    outage.wakeup_armed = true;
+                    wakeup = Some(outage.until);
+                }
+                n = 0;
+            } else {
+                // One probing start at a time until a server comes up again.
+                n = n.min(usize::from(starting == 0));
+            }
+        }
         let mut new = Vec::with_capacity(n);
         for _ in 0..n {
             let index = state.next_index;
@@ -400,7 +456,27 @@ impl Inner {
         for index in new {
             self.tasks.spawn(self.clone().run_start(index));
         }
+        if let Some(at) = wakeup {
+            let inner = self.clone();
+            self.tasks.spawn(async move {
+                tokio::select! {
+                    _ = inner.cancel.cancelled() => {}
+                    _ = tokio::time::sleep_until(at) => {
+                        let mut state = inner.state.lock();
+                        if let Some(o) = state.outage.as_mut() {
+                            o.wakeup_armed = false;
+                        }
+                        inner.clone().settle(state);
+                    }
+                }
+            });
+        }
         deliver(deliveries);
+    }
+
+    /// Rounds of server starts that failed for good since the pool was made.
+    fn failed_rounds(&self) -> u64 {
+        self.state.lock().failed_rounds
     }
 
     /// Reserves a seat on the oldest ready server with room.
@@ -441,6 +517,13 @@ impl Inner {
                     server.phase = ServerPhase::Ready;
                     server.member = Some(member);
                     server.empty_since = Some(Instant::now());
+                    if let Some(outage) = state.outage.take() {
+                        warn!(
+                            server = index,
+                            failed_rounds = outage.rounds,
+                            "elastic pool: servers start again; backoff between rounds ended"
+                        );
+                    }
                     if running {
                         info!(
                             server = index,
@@ -460,7 +543,12 @@ impl Inner {
                     let give_up = attempt >= self.config.start_attempts.max(1)
                         || !error.retryable()
                         || self.cancel.is_cancelled();
-                    warn!(server = index, attempt, %error, give_up, "elastic pool: server start failed");
+                    if self.state.lock().outage.is_some() {
+                        // Already reported when the outage began.
+                        debug!(server = index, attempt, %error, give_up, "elastic pool: server start failed");
+                    } else {
+                        warn!(server = index, attempt, %error, give_up, "elastic pool: server start failed");
+                    }
                     if give_up {
                         self.give_up(index, error);
                         return;
@@ -483,6 +571,35 @@ impl Inner {
     fn give_up(self: &Arc<Self>, index: u64, error: Error) {
         let mut state = self.state.lock();
         state.servers.retain(|s| s.index != index);
+        state.failed_rounds += 1;
+        let rounds = state.outage.as_ref().map_or(0, |o| o.rounds) + 1;
+        let delay = policy::round_backoff(
+            rounds,
+            self.config.backoff_base,
+            self.config.backoff_max,
+            fastrand_f64(),
+        );
+        if rounds == 1 {
+            warn!(
+                server = index,
+                %error,
+                "elastic pool: a server could not be started; backing off between further \
+                 rounds (up to {:?})",
+                self.config.backoff_max
+            );
+        } else {
+            debug!(
+                server = index,
+                rounds,
+                ?delay,
+                "elastic pool: another round of server starts failed"
+            );
+        }
+        state.outage = Some(Outage {
+            rounds,
+            until: Instant::now() + delay,
+            wakeup_armed: false,
+        });
         let d = self.demand(&state);
         let n = policy::uncovered_waiters(d.waiting, d.free_seats, d.starting, d.multiplex);
         let deliveries: Deliveries = state
@@ -510,10 +627,29 @@ impl Inner {
                 .collect()
         };
         let probe_timeout = self.config.health_interval.max(Duration::from_millis(1));
-        let probes = join_all(ready.iter().map(|(_, m)| async move {
-            tokio::time::timeout(probe_timeout, m.health())
-                .await
-                .unwrap_or_else(|_| Health::Unhealthy("health probe timed out".into()))
+        let repair_timeout = probe_timeout.max(REPAIR_TIMEOUT);
+        let probes = join_all(ready.iter().map(|(index, m)| async move {
+            let probe = || async {
+                tokio::time::timeout(probe_timeout, m.health())
+                    .await
+                    .unwrap_or_else(|_| Health::Unhealthy("health probe timed out".into()))
+            };
+            let Health::Unhealthy(why) = probe().await else {
+                return Health::Healthy;
+            };
+            // Repair in place first (same registration, same URL); drain only if that
+            // fails.
+            match tokio::time::timeout(repair_timeout, m.repair()).await {
+                Ok(Ok(())) => match probe().await {
+                    Health::Healthy => {
+                        warn!(server = index, reason = %why, "elastic pool: endpoint was unhealthy; repaired in place");
+                        Health::Healthy
+                    }
+                    still => still,
+                },
+                Ok(Err(e)) => Health::Unhealthy(format!("{why}; repair failed: {e}")),
+                Err(_) => Health::Unhealthy(format!("{why}; repair timed out after {repair_timeout:?}")),
+            }
         }))
         .await;
         let mut state = self.state.lock();
@@ -746,8 +882,8 @@ impl Interception for ElasticPool {
     }
 
     /// Fails waiting acquires, ends every background task (a server start in flight is
-    /// let finish), then tears every server down newest first, going on past failures
-    /// and reporting all of them.
+    /// let finish), then tears every server down at once, each within [`STOP_TIMEOUT`],
+    /// going on past failures and reporting all of them.
     async fn stop(&self) -> Result<(), Error> {
         let inner = &self.inner;
         let deliveries: Deliveries = {
@@ -778,9 +914,26 @@ impl Interception for ElasticPool {
                 .filter_map(|s| s.member.map(|m| (s.index, m)))
                 .collect()
         };
+        // Every server at once (newest first in the log), each bounded: a tunnel API that
+        // hangs cannot hold the stop up.
+        let results = join_all(members.iter().rev().map(|(index, member)| async move {
+            match tokio::time::timeout(STOP_TIMEOUT, member.stop()).await {
+                Ok(result) => (*index, result),
+                Err(_) => (
+                    *index,
+                    Err(Error::Tunnel {
+                        retryable: true,
+                        message: format!(
+                            "server {index}: teardown did not end within {STOP_TIMEOUT:?}"
+                        ),
+                    }),
+                ),
+            }
+        }))
+        .await;
         let mut errors = Vec::new();
-        for (index, member) in members.iter().rev() {
-            if let Err(e) = member.stop().await {
+        for (index, result) in results {
+            if let Err(e) = result {
                 warn!(server = index, error = %e, "elastic pool: server teardown failed");
                 errors.push(e);
             }

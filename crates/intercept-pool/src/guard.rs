@@ -17,13 +17,18 @@ impl<S: Send + Sync + fmt::Debug + 'static> PoolRelease<S> {
     /// Wraps a member's guard and the seat it occupies.
     pub(crate) fn wrap(guard: SlotGuard, seat: S) -> SlotGuard {
         let slot = guard.slot().clone();
-        SlotGuard::new(
+        let endpoint = guard.endpoint().cloned();
+        let pooled = SlotGuard::new(
             slot,
             Box::new(PoolRelease {
                 guard: Mutex::new(Some(guard)),
                 seat: Mutex::new(Some(seat)),
             }),
-        )
+        );
+        match endpoint {
+            Some(endpoint) => pooled.with_endpoint(endpoint),
+            None => pooled,
+        }
     }
 }
 

@@ -40,7 +40,7 @@ pub use config::{
     Runtime, ServerEntry, SharedToolServer, StaticEntry, ToolServerConfig, TunnelInputs,
     TunnelSpec,
 };
-pub use elastic::{ElasticConfig, ElasticPool, ServerInfo, ServerPhase};
+pub use elastic::{ElasticConfig, ElasticPool, ServerInfo, ServerPhase, STOP_TIMEOUT};
 pub use member::{InterceptionServerFactory, PoolMember, ServerFactory, TunnelMaker, TunnelSource};
 pub use static_pool::StaticPool;
 

@@ -25,6 +25,16 @@ pub trait PoolMember: Send + Sync + fmt::Debug {
     /// Tears the server (and its tunnel) down. Called once.
     async fn stop(&self) -> Result<(), Error>;
 
+    /// Repairs an unhealthy endpoint in place (the same registration and URL when the
+    /// backend can; see [`intercept_core::Endpoint::refresh`]). The pool calls it before
+    /// it drains a server, and drains only when it fails or the server is still
+    /// unhealthy after it. The default cannot repair.
+    async fn repair(&self) -> Result<(), Error> {
+        Err(Error::Unavailable(
+            "this server cannot repair its endpoint".into(),
+        ))
+    }
+
     /// Its public base URL, if it has one (for introspection). Defaults to `None`.
     fn base_url(&self) -> Option<String> {
         None
@@ -65,6 +75,15 @@ impl PoolMember for InterceptionServer {
 
     async fn stop(&self) -> Result<(), Error> {
         Interception::stop(self).await
+    }
+
+    async fn repair(&self) -> Result<(), Error> {
+        match self.endpoint() {
+            Some(endpoint) => endpoint.refresh().await.map(drop),
+            None => Err(Error::Unavailable(
+                "the server has no endpoint to repair".into(),
+            )),
+        }
     }
 
     fn base_url(&self) -> Option<String> {

@@ -135,10 +135,28 @@ pub fn backoff(attempt: u32, base: Duration, max: Duration) -> Duration {
     base.saturating_mul(1u32 << exp).min(max)
 }
 
+/// The pause between failed rounds of server starts (every attempt of a start failed)
+/// while a tunnel service is down: [`backoff`] of the round, scaled by `jitter` in
+/// `[0, 1]` to between half and all of it, so that many pools do not retry in step.
+pub fn round_backoff(round: u32, base: Duration, max: Duration, jitter: f64) -> Duration {
+    backoff(round, base, max).mul_f64(0.5 + jitter.clamp(0.0, 1.0) / 2.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn round_backoff_grows_is_capped_and_jittered(round in 1u32..40, jitter in 0.0f64..=1.0) {
+            let (base, max) = (Duration::from_millis(500), Duration::from_secs(30));
+            let d = round_backoff(round, base, max, jitter);
+            prop_assert!(d <= max);
+            prop_assert!(d >= backoff(round, base, max) / 2);
+            prop_assert!(round_backoff(round + 1, base, max, 0.0) >= round_backoff(round, base, max, 0.0));
+        }
+    }
 
     fn demand(waiting: usize) -> Demand {
         Demand {

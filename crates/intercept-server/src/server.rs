@@ -356,13 +356,17 @@ impl Interception for InterceptionServer {
             load = self.shared.registry.load(),
             "session registered"
         );
-        Ok(SlotGuard::new(
+        let guard = SlotGuard::new(
             slot,
             Box::new(Release {
                 shared: self.shared.clone(),
                 entry,
             }),
-        ))
+        );
+        Ok(match self.endpoint() {
+            Some(endpoint) => guard.with_endpoint(endpoint),
+            None => guard,
+        })
     }
 
     fn load(&self) -> usize {

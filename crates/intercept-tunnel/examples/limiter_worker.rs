@@ -20,6 +20,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             rate: rate.parse()?,
             window: Duration::from_millis(window_ms.parse()?),
             max_wait: Duration::from_secs(60),
+            margin: Duration::ZERO,
             path: Some(path.into()),
         },
         "worker",

@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,8 +43,10 @@ pub struct BoreTunnel {
     server: String,
     control_port: u16,
     secret: Option<String>,
+    secret_source: String,
     local_host: String,
     heartbeat_timeout: Duration,
+    repair_backoff: (Duration, Duration),
     limiter: RateLimiter,
 }
 
@@ -55,8 +58,10 @@ impl BoreTunnel {
             server: server.trim().to_string(),
             control_port: CONTROL_PORT,
             secret: None,
+            secret_source: "the tunnel's `secret`".into(),
             local_host: "127.0.0.1".into(),
             heartbeat_timeout: Duration::from_secs(10),
+            repair_backoff: (Duration::from_millis(500), Duration::from_secs(30)),
             limiter: RateLimiter::off(),
         }
     }
@@ -73,10 +78,24 @@ impl BoreTunnel {
         self
     }
 
+    /// Names where the secret is set, for error messages (default "the tunnel's
+    /// `secret`"; the sidecar says `--bore-secret-env`).
+    pub fn with_secret_source(mut self, source: &str) -> Self {
+        self.secret_source = source.to_string();
+        self
+    }
+
     /// Declares the control connection dead when the server sends nothing (it sends a
     /// heartbeat twice a second) for this long. 10 s by default.
     pub fn with_heartbeat_timeout(mut self, timeout: Duration) -> Self {
         self.heartbeat_timeout = timeout;
+        self
+    }
+
+    /// The delays between repair attempts of a dead tunnel: `base` after the first
+    /// failure, doubling (with jitter) up to `max`. 0.5 s and 30 s by default.
+    pub fn with_repair_backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.repair_backoff = (base, max.max(base));
         self
     }
 
@@ -86,39 +105,14 @@ impl BoreTunnel {
         self
     }
 
-    async fn mint(&self, local_port: u16) -> Result<Session, TunnelError> {
-        self.limiter.acquire().await?;
-        let to = format!("{}:{}", self.server, self.control_port);
+    /// Opens a control connection asking for `remote_port` (0: any free port).
+    async fn mint(&self, local_port: u16, remote_port: u16) -> Result<Session, MintError> {
+        let permit = self.limiter.acquire().await?;
+        let result = self.hello(remote_port).await;
+        permit.complete().await;
+        let (control, port) = result?;
         let auth = self.secret.as_deref().map(Authenticator::new).map(Arc::new);
-        let mut control = connect(&self.server, self.control_port, auth.as_deref()).await?;
-        let remote_port = tokio::time::timeout(CONNECT_TIMEOUT, async {
-            control
-                .send(ClientMessage::Hello(0))
-                .await
-                .map_err(|e| conn_err(&to, &e))?;
-            match control
-                .recv_timeout()
-                .await
-                .map_err(|e| conn_err(&to, &e))?
-            {
-                Some(ServerMessage::Hello(port)) => Ok(port),
-                Some(ServerMessage::Error(message)) => Err(TunnelError::Rejected(format!(
-                    "bore server {to} refused the tunnel: {message}; check the bore secret"
-                ))),
-                Some(ServerMessage::Challenge(_)) => Err(TunnelError::Rejected(format!(
-                    "bore server {to} requires a secret; set the tunnel's `secret`"
-                ))),
-                Some(_) => Err(TunnelError::Connection(format!(
-                    "bore server {to} sent an unexpected first message"
-                ))),
-                None => Err(TunnelError::Connection(format!(
-                    "bore server {to} closed the control connection"
-                ))),
-            }
-        })
-        .await
-        .map_err(|_| TunnelError::Timeout(format!("bore server {to} did not answer in time")))??;
-        let url = format!("http://{}:{remote_port}", url_host(&self.server));
+        let url = format!("http://{}:{port}", url_host(&self.server));
         let (dead_tx, dead_rx) = watch::channel(None);
         let forwarder = Forwarder {
             server: self.server.clone(),
@@ -126,6 +120,7 @@ impl BoreTunnel {
             auth,
             local_host: self.local_host.clone(),
             local_port,
+            secret_source: self.secret_source.clone(),
         };
         let task = tokio::spawn(run_control(
             control,
@@ -136,9 +131,121 @@ impl BoreTunnel {
         tracing::info!(%url, local_port, "bore tunnel up");
         Ok(Session {
             url,
+            port,
             dead: dead_rx,
             task,
         })
+    }
+
+    /// Connects, authenticates and says hello; returns the control connection and the
+    /// public port the server granted.
+    async fn hello(&self, remote_port: u16) -> Result<(Delimited<TcpStream>, u16), MintError> {
+        let to = format!("{}:{}", self.server, self.control_port);
+        let auth = self.secret.as_deref().map(Authenticator::new);
+        let mut control = connect(
+            &self.server,
+            self.control_port,
+            auth.as_ref(),
+            &self.secret_source,
+        )
+        .await?;
+        let answer = tokio::time::timeout(CONNECT_TIMEOUT, async {
+            control
+                .send(ClientMessage::Hello(remote_port))
+                .await
+                .map_err(|e| conn_err(&to, &e))?;
+            control
+                .recv::<ServerMessage>()
+                .await
+                .map_err(|e| conn_err(&to, &e))
+        })
+        .await
+        .map_err(|_| {
+            TunnelError::Timeout(format!(
+                "bore server at {to} does not answer (no reply to hello within \
+                 {CONNECT_TIMEOUT:?}); is it overloaded or frozen?"
+            ))
+        })??;
+        match answer {
+            Some(ServerMessage::Hello(port)) => Ok((control, port)),
+            Some(ServerMessage::Error(message)) if message.contains("secret") => {
+                Err(TunnelError::Rejected(format!(
+                    "bore server {to} refused the tunnel: {message}; check the bore secret ({})",
+                    self.secret_source
+                ))
+                .into())
+            }
+            Some(ServerMessage::Error(message)) if remote_port != 0 => {
+                Err(MintError::PortUnavailable(message))
+            }
+            Some(ServerMessage::Error(message)) => Err(TunnelError::Rejected(format!(
+                "bore server {to} refused the tunnel: {message}"
+            ))
+            .into()),
+            Some(ServerMessage::Challenge(_)) => Err(TunnelError::Rejected(format!(
+                "bore server {to} requires a secret; set {}",
+                self.secret_source
+            ))
+            .into()),
+            Some(_) => Err(TunnelError::Connection(format!(
+                "bore server {to} sent an unexpected first message"
+            ))
+            .into()),
+            None => Err(TunnelError::Connection(format!(
+                "bore server {to} closed the control connection"
+            ))
+            .into()),
+        }
+    }
+
+    /// A new tunnel on `remote_port` when the server still grants it, else on any port.
+    /// Returns the session and whether it moved to another port.
+    async fn remint(
+        &self,
+        local_port: u16,
+        remote_port: u16,
+    ) -> Result<(Session, bool), TunnelError> {
+        match self.mint(local_port, remote_port).await {
+            Ok(session) => Ok((session, false)),
+            Err(MintError::PortUnavailable(why)) => {
+                tracing::warn!(
+                    remote_port,
+                    reason = %why,
+                    "bore server no longer grants the tunnel's port; opening one on a new port \
+                     (sessions holding the old URL lose their endpoint)"
+                );
+                match self.mint(local_port, 0).await {
+                    Ok(session) => Ok((session, true)),
+                    Err(e) => Err(e.into_tunnel()),
+                }
+            }
+            Err(MintError::Tunnel(e)) => Err(e),
+        }
+    }
+}
+
+/// Why a mint failed.
+enum MintError {
+    /// The server refused the requested port (taken, out of its range).
+    PortUnavailable(String),
+    /// Anything else.
+    Tunnel(TunnelError),
+}
+
+impl MintError {
+    fn into_tunnel(self) -> TunnelError {
+        match self {
+            MintError::PortUnavailable(why) => {
+                TunnelError::Rejected(format!("bore server refused the tunnel: {why}"))
+            }
+            MintError::Tunnel(e) => e,
+        }
+    }
+}
+
+impl From<TunnelError> for MintError {
+    fn from(e: TunnelError) -> Self {
+        MintError::Tunnel(e)
     }
 }
 
@@ -157,6 +264,7 @@ impl Tunnel for BoreTunnel {
 /// One control connection and its forwarding tasks.
 struct Session {
     url: String,
+    port: u16,
     dead: watch::Receiver<Option<String>>,
     task: JoinHandle<()>,
 }
@@ -178,11 +286,25 @@ impl Drop for Session {
 
 /// A live bore tunnel. Dropping it (or [`Endpoint::teardown`]) closes the control
 /// connection and every forwarded connection.
+///
+/// It heals itself: when the control connection dies (the server restarted, the network
+/// dropped), a repair task reconnects with exponential backoff and jitter, asking the
+/// server for the *same* public port, so the URL handed out before the outage works
+/// again. Only when the server no longer grants that port does the tunnel move to a new
+/// one; [`Endpoint::url`] then changes and [`BoreEndpoint::moves`] counts it.
 pub struct BoreEndpoint {
+    inner: Arc<EndpointInner>,
+    repair: JoinHandle<()>,
+}
+
+struct EndpointInner {
     tunnel: BoreTunnel,
     local_port: u16,
     session: Mutex<Option<Session>>,
     url: parking_url::Url,
+    moves: AtomicU64,
+    repairs: watch::Sender<u64>,
+    torn_down: AtomicBool,
 }
 
 mod parking_url {
@@ -210,8 +332,8 @@ mod parking_url {
 impl fmt::Debug for BoreEndpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BoreEndpoint")
-            .field("url", &self.url.get())
-            .field("local_port", &self.local_port)
+            .field("url", &self.inner.url.get())
+            .field("local_port", &self.inner.local_port)
             .finish()
     }
 }
@@ -219,19 +341,27 @@ impl fmt::Debug for BoreEndpoint {
 impl BoreEndpoint {
     /// Opens a tunnel for `local_port`.
     pub async fn open(tunnel: BoreTunnel, local_port: u16) -> Result<Self, TunnelError> {
-        let session = tunnel.mint(local_port).await?;
-        Ok(BoreEndpoint {
+        let session = tunnel
+            .mint(local_port, 0)
+            .await
+            .map_err(MintError::into_tunnel)?;
+        let inner = Arc::new(EndpointInner {
             url: parking_url::Url::new(session.url.clone()),
             tunnel,
             local_port,
             session: Mutex::new(Some(session)),
-        })
+            moves: AtomicU64::new(0),
+            repairs: watch::channel(0).0,
+            torn_down: AtomicBool::new(false),
+        });
+        let repair = tokio::spawn(repair_loop(Arc::clone(&inner)));
+        Ok(BoreEndpoint { inner, repair })
     }
 
     /// Resolves when the current control connection is dead (closed by the server, no
     /// heartbeat, or torn down). Returns the reason.
     pub async fn closed(&self) -> String {
-        let mut rx = match self.session.lock().await.as_ref() {
+        let mut rx = match self.inner.session.lock().await.as_ref() {
             Some(s) => s.dead.clone(),
             None => return "torn down".into(),
         };
@@ -241,16 +371,110 @@ impl BoreEndpoint {
         };
         reason
     }
+
+    /// How many times the tunnel moved to a new public port (a repair whose old port the
+    /// server no longer granted). Every move invalidates the URLs handed out before it.
+    pub fn moves(&self) -> u64 {
+        self.inner.moves.load(Ordering::Relaxed)
+    }
+
+    /// Counts the repairs (in place or moved) so far; wait on it to see the next one.
+    pub fn repairs(&self) -> watch::Receiver<u64> {
+        self.inner.repairs.subscribe()
+    }
+}
+
+impl EndpointInner {
+    /// Repairs a dead session (same port first); `Ok(url)` when the tunnel works.
+    async fn repair(&self) -> Result<String, TunnelError> {
+        let mut guard = self.session.lock().await;
+        let port = match guard.as_ref() {
+            None => return Err(TunnelError::Gone("bore tunnel was torn down".into())),
+            Some(s) => match s.death() {
+                None => return Ok(s.url.clone()),
+                Some(reason) => {
+                    tracing::debug!(url = %s.url, %reason, "bore tunnel dead; repairing on the same port");
+                    // Stop what is left of it before a new one starts.
+                    s.task.abort();
+                    s.port
+                }
+            },
+        };
+        let (session, moved) = self.tunnel.remint(self.local_port, port).await?;
+        let url = session.url.clone();
+        if moved {
+            self.moves.fetch_add(1, Ordering::Relaxed);
+        }
+        self.url.set(url.clone());
+        *guard = Some(session);
+        self.repairs.send_modify(|n| *n += 1);
+        Ok(url)
+    }
+}
+
+/// Waits for the control connection to die, then repairs it with backoff; one warning
+/// when the tunnel goes down, one when it is back.
+async fn repair_loop(inner: Arc<EndpointInner>) {
+    let (base, max) = inner.tunnel.repair_backoff;
+    loop {
+        let rx = match inner.session.lock().await.as_ref() {
+            Some(s) => s.dead.clone(),
+            None => return,
+        };
+        let mut rx = rx;
+        let reason = match rx.wait_for(|d| d.is_some()).await {
+            Ok(reason) => reason.clone().unwrap_or_default(),
+            Err(_) => "bore control task ended".into(),
+        };
+        if inner.torn_down.load(Ordering::Relaxed) {
+            return;
+        }
+        let still_dead = match inner.session.lock().await.as_ref() {
+            Some(s) => s.death().is_some(),
+            None => return,
+        };
+        if !still_dead {
+            // Someone else (`refresh`) repaired it already.
+            continue;
+        }
+        tracing::warn!(url = %inner.url.get(), %reason, "bore tunnel down; repairing in place");
+        let mut attempt = 0u32;
+        loop {
+            match inner.repair().await {
+                Ok(url) => {
+                    tracing::warn!(%url, attempts = attempt + 1, "bore tunnel repaired");
+                    break;
+                }
+                Err(e) if !e.retryable() && e.kind() == crate::TunnelErrorKind::Gone => return,
+                Err(e) => {
+                    attempt = attempt.saturating_add(1);
+                    let delay = crate::prime::backoff(base, attempt, fastrand::f64()).min(max);
+                    tracing::debug!(error = %e, attempt, ?delay, "bore tunnel repair failed; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for BoreEndpoint {
+    fn drop(&mut self) {
+        self.repair.abort();
+    }
 }
 
 #[async_trait]
 impl Endpoint for BoreEndpoint {
     fn url(&self) -> String {
-        self.url.get()
+        self.inner.url.get()
     }
 
     async fn health(&self) -> Health {
-        match self.session.lock().await.as_ref() {
+        // A repair in progress holds the lock: the tunnel is down until it ends.
+        let Ok(guard) = self.inner.session.try_lock() else {
+            return Health::Unhealthy("bore tunnel is being repaired".into());
+        };
+        match guard.as_ref() {
             None => Health::Unhealthy("bore tunnel torn down".into()),
             Some(s) => match s.death() {
                 None => Health::Healthy,
@@ -260,29 +484,13 @@ impl Endpoint for BoreEndpoint {
     }
 
     async fn refresh(&self) -> Result<String, Error> {
-        let mut guard = self.session.lock().await;
-        match guard.as_ref() {
-            None => {
-                return Err(TunnelError::Gone("bore tunnel was torn down".into()).into());
-            }
-            Some(s) => match s.death() {
-                None => return Ok(s.url.clone()),
-                Some(reason) => {
-                    tracing::warn!(url = %s.url, %reason, "bore tunnel died; re-minting");
-                    // Stop what is left of it before a new one starts.
-                    s.task.abort();
-                }
-            },
-        }
-        let session = self.tunnel.mint(self.local_port).await?;
-        let url = session.url.clone();
-        self.url.set(url.clone());
-        *guard = Some(session);
-        Ok(url)
+        Ok(self.inner.repair().await?)
     }
 
     async fn teardown(&self) -> Result<(), Error> {
-        if let Some(session) = self.session.lock().await.take() {
+        self.inner.torn_down.store(true, Ordering::Relaxed);
+        self.repair.abort();
+        if let Some(session) = self.inner.session.lock().await.take() {
             session.task.abort();
             tracing::info!(url = %session.url, "bore tunnel down");
         }
@@ -297,11 +505,18 @@ struct Forwarder {
     auth: Option<Arc<Authenticator>>,
     local_host: String,
     local_port: u16,
+    secret_source: String,
 }
 
 impl Forwarder {
     async fn forward(&self, id: Uuid) -> Result<(), TunnelError> {
-        let mut remote = connect(&self.server, self.control_port, self.auth.as_deref()).await?;
+        let mut remote = connect(
+            &self.server,
+            self.control_port,
+            self.auth.as_deref(),
+            &self.secret_source,
+        )
+        .await?;
         let to = format!("{}:{}", self.server, self.control_port);
         remote
             .send(ClientMessage::Accept(id))
@@ -367,11 +582,16 @@ async fn connect(
     host: &str,
     port: u16,
     auth: Option<&Authenticator>,
+    secret_source: &str,
 ) -> Result<Delimited<TcpStream>, TunnelError> {
     let to = format!("{host}:{port}");
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((host, port)))
         .await
-        .map_err(|_| TunnelError::Timeout(format!("connecting to bore server {to} timed out")))?
+        .map_err(|_| {
+            TunnelError::Timeout(format!(
+                "bore server at {to} does not answer (connecting timed out after {CONNECT_TIMEOUT:?})"
+            ))
+        })?
         .map_err(|e| {
             TunnelError::Connection(format!(
                 "cannot connect to bore server {to}: {e}; is `bore server` running there?"
@@ -379,13 +599,52 @@ async fn connect(
         })?;
     let mut stream = Delimited::new(stream);
     if let Some(auth) = auth {
-        auth.client_handshake(&mut stream).await.map_err(|e| {
-            TunnelError::Rejected(format!(
-                "bore server {to} authentication failed: {e}; check the bore secret"
-            ))
-        })?;
+        client_handshake(&mut stream, auth, &to, secret_source).await?;
     }
     Ok(stream)
+}
+
+/// bore's challenge-response, with the failures told apart: silence is a retryable
+/// timeout (a frozen or overloaded server), only an explicit refusal is an auth error.
+async fn client_handshake(
+    stream: &mut Delimited<TcpStream>,
+    auth: &Authenticator,
+    to: &str,
+    secret_source: &str,
+) -> Result<(), TunnelError> {
+    let first = tokio::time::timeout(CONNECT_TIMEOUT, stream.recv::<ServerMessage>())
+        .await
+        .map_err(|_| {
+            TunnelError::Timeout(format!(
+                "bore server at {to} does not answer (no authentication challenge within \
+                 {CONNECT_TIMEOUT:?}); is it overloaded or frozen?"
+            ))
+        })?
+        .map_err(|e| conn_err(to, &e))?;
+    let challenge = match first {
+        Some(ServerMessage::Challenge(challenge)) => challenge,
+        Some(ServerMessage::Error(message)) => {
+            return Err(TunnelError::Rejected(format!(
+                "bore server {to} refused the connection: {message}; check the bore secret \
+                 ({secret_source})"
+            )))
+        }
+        Some(_) => {
+            return Err(TunnelError::Rejected(format!(
+                "bore server {to} asked for no secret but one is set ({secret_source}); \
+                 remove it or start the server with --secret"
+            )))
+        }
+        None => {
+            return Err(TunnelError::Connection(format!(
+                "bore server {to} closed the connection before its authentication challenge"
+            )))
+        }
+    };
+    stream
+        .send(ClientMessage::Authenticate(auth.answer(&challenge)))
+        .await
+        .map_err(|e| conn_err(to, &e))
 }
 
 fn conn_err(to: &str, e: &dyn fmt::Display) -> TunnelError {

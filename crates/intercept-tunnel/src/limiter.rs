@@ -6,15 +6,22 @@
 //! the start times of the current window live in a small text file under the user's cache
 //! directory, read and rewritten under an exclusive file lock.
 //!
+//! - The window is measured the way the provider counts: a start holds its slot from its
+//!   reservation until the request *completed* ([`Permit::complete`]), plus a safety
+//!   margin ([`RateLimit::margin`], 2 s by default). A new start is allowed only when fewer
+//!   than `rate` starts are in flight or ended less than one window before it, so the
+//!   provider, whenever between reservation and completion it counts a request, never
+//!   sees more than `rate` in any window.
 //! - A burst of up to the whole budget goes out at once; a caller beyond the budget
-//!   reserves the earliest time at which the window allows it and sleeps until then.
+//!   reserves the earliest time at which the window allows it and sleeps until then
+//!   (while the whole budget is in flight it polls until a start completes).
 //! - The lock is held only while the file is read and rewritten (in a blocking thread, via
 //!   `spawn_blocking`), never while waiting, and the async runtime is never blocked.
 //! - A caller that would have to wait longer than [`RateLimit::max_wait`] fails fast with
 //!   [`TunnelError::RateLimited`] and reserves nothing.
-//! - A reservation is kept even if the waiting caller is cancelled (it may already count
-//!   against the service's budget from the point of view of other processes); this errs on
-//!   the safe side.
+//! - A permit dropped without [`Permit::complete`] (a cancelled start) completes at the
+//!   drop. A start in flight longer than [`IN_FLIGHT_LEASE`] (a process that died holding
+//!   it) counts as having ended at its lease.
 //! - Times are wall-clock milliseconds since the Unix epoch, so reservations made by other
 //!   processes (and before a restart) are honoured.
 
@@ -32,6 +39,13 @@ use crate::error::TunnelError;
 /// Prime's service limit: tunnel starts per minute per API token.
 pub const PRIME_STARTS_PER_MINUTE: u32 = 512;
 
+/// The longest a start counts as in flight; one still open after that (its process died)
+/// counts as ended at `start + IN_FLIGHT_LEASE`.
+pub const IN_FLIGHT_LEASE: Duration = Duration::from_secs(600);
+
+/// How often a caller blocked by starts in flight looks again.
+const POLL: Duration = Duration::from_millis(100);
+
 /// Configuration of a [`RateLimiter`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -46,6 +60,10 @@ pub struct RateLimit {
     /// A caller that would wait longer than this fails fast (300 s by default).
     #[serde(with = "secs")]
     pub max_wait: Duration,
+    /// Added to each start's completion time before it counts as ended (2 s by default):
+    /// covers the provider counting a little later than the client saw the answer.
+    #[serde(with = "secs")]
+    pub margin: Duration,
     /// The window file. `None` uses the user's cache directory
     /// (`$XDG_CACHE_HOME` or `~/.cache`, then the temp dir) plus
     /// `intercept/limiter/<name>.window`.
@@ -59,6 +77,7 @@ impl Default for RateLimit {
             rate: PRIME_STARTS_PER_MINUTE,
             window: Duration::from_secs(60),
             max_wait: Duration::from_secs(300),
+            margin: Duration::from_secs(2),
             path: None,
         }
     }
@@ -139,6 +158,7 @@ struct Inner {
     rate: u32,
     window: Duration,
     max_wait: Duration,
+    margin: Duration,
     clock: Clock,
 }
 
@@ -157,14 +177,58 @@ impl fmt::Debug for RateLimiter {
     }
 }
 
-/// What [`RateLimiter::acquire`] granted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What [`RateLimiter::acquire`] granted: one start slot, held until
+/// [`Permit::complete`] (or the drop) records when the start ended.
 pub struct Permit {
     /// The reserved start time (wall clock, ms since the Unix epoch); `acquire` returns no
     /// earlier than this. 0 when the limiter is off.
     pub at_ms: u64,
     /// How long the caller had to wait.
     pub waited: Duration,
+    held: Option<(Arc<Inner>, u64)>,
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("at_ms", &self.at_ms)
+            .field("waited", &self.waited)
+            .field("held", &self.held.is_some())
+            .finish()
+    }
+}
+
+impl Permit {
+    fn free(waited: Duration) -> Self {
+        Permit {
+            at_ms: 0,
+            waited,
+            held: None,
+        }
+    }
+
+    /// Records that the start's request completed (now, plus the margin): from then on
+    /// the slot frees one window later. Errors writing the window file are logged; the
+    /// start then counts as in flight until its lease ends, which errs on the safe side.
+    pub async fn complete(mut self) {
+        if let Some((inner, id)) = self.held.take() {
+            let done = tokio::task::spawn_blocking(move || inner.complete(id)).await;
+            if let Ok(Err(e)) | Err(e) = done.map_err(|e| TunnelError::Io(e.to_string())) {
+                tracing::warn!(error = %e, "tunnel rate limiter: could not record a completed start");
+            }
+        }
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some((inner, id)) = self.held.take() {
+            // A cancelled start: record its end now (a short, local file write).
+            if let Err(e) = inner.complete(id) {
+                tracing::warn!(error = %e, "tunnel rate limiter: could not record a cancelled start");
+            }
+        }
+    }
 }
 
 impl RateLimiter {
@@ -191,6 +255,7 @@ impl RateLimiter {
                 rate: config.rate,
                 window: config.window,
                 max_wait: config.max_wait,
+                margin: config.margin,
                 clock: Clock::System,
             })),
         }
@@ -218,74 +283,136 @@ impl RateLimiter {
         self.inner.as_ref().map(|i| i.path.as_path())
     }
 
-    /// Reserves one start and waits until it is due.
+    /// Reserves one start and waits until it is due. Hold the permit until the start's
+    /// request completed, then call [`Permit::complete`].
     ///
     /// Fails fast with [`TunnelError::RateLimited`] (reserving nothing) when the wait would
     /// exceed the bound, and with [`TunnelError::Io`] when the window file cannot be used.
     pub async fn acquire(&self) -> Result<Permit, TunnelError> {
         let Some(inner) = self.inner.clone() else {
-            return Ok(Permit {
-                at_ms: 0,
-                waited: Duration::ZERO,
-            });
+            return Ok(Permit::free(Duration::ZERO));
         };
         let started = tokio::time::Instant::now();
-        let job = Arc::clone(&inner);
-        let reserved = tokio::task::spawn_blocking(move || job.reserve())
-            .await
-            .map_err(|e| TunnelError::Io(format!("rate limiter thread failed: {e}")))??;
-        let (at_ms, wait) = reserved;
-        if !wait.is_zero() {
-            tracing::debug!(?wait, "tunnel rate limiter: waiting for a start slot");
-            tokio::time::sleep(wait).await;
+        loop {
+            let job = Arc::clone(&inner);
+            let budget = inner.max_wait.saturating_sub(started.elapsed());
+            let decision = tokio::task::spawn_blocking(move || job.reserve(budget))
+                .await
+                .map_err(|e| TunnelError::Io(format!("rate limiter thread failed: {e}")))??;
+            match decision {
+                Reserved::At { id, at_ms, wait } => {
+                    // The permit exists before the wait, so a cancelled wait frees the slot.
+                    let mut permit = Permit {
+                        at_ms,
+                        waited: Duration::ZERO,
+                        held: Some((Arc::clone(&inner), id)),
+                    };
+                    if !wait.is_zero() {
+                        tracing::debug!(?wait, "tunnel rate limiter: waiting for a start slot");
+                        tokio::time::sleep(wait).await;
+                    }
+                    permit.waited = started.elapsed();
+                    return Ok(permit);
+                }
+                Reserved::Blocked => {
+                    let waited = started.elapsed();
+                    if waited >= inner.max_wait {
+                        return Err(TunnelError::RateLimited {
+                            wait: waited + POLL,
+                            bound: inner.max_wait,
+                        });
+                    }
+                    tokio::time::sleep(POLL.min(inner.max_wait - waited)).await;
+                }
+            }
         }
-        Ok(Permit {
-            at_ms,
-            waited: started.elapsed(),
-        })
     }
 }
 
+/// What one look at the window decided.
+enum Reserved {
+    /// A slot at `at_ms`, `wait` from now, recorded as in flight under `id`.
+    At { id: u64, at_ms: u64, wait: Duration },
+    /// The whole budget is in flight: look again later.
+    Blocked,
+}
+
 impl Inner {
-    /// Under the file lock: prune, pick the earliest allowed start, record it. Returns the
-    /// reserved time and how long to wait for it.
-    fn reserve(&self) -> Result<(u64, Duration), TunnelError> {
+    /// Under the file lock: prune, decide, record. Fails with `RateLimited` when the slot
+    /// is further than `budget` away (recording nothing).
+    fn reserve(&self, budget: Duration) -> Result<Reserved, TunnelError> {
+        self.locked(|entries, now| {
+            let window_ms = self.window.as_millis() as u64;
+            let lease_ms = IN_FLIGHT_LEASE.as_millis() as u64;
+            match schedule(entries, now, window_ms, self.rate as usize, lease_ms) {
+                Decision::Blocked => Ok(Reserved::Blocked),
+                Decision::At(at) => {
+                    let wait = Duration::from_millis(at - now);
+                    if wait > budget {
+                        return Err(TunnelError::RateLimited {
+                            wait,
+                            bound: self.max_wait,
+                        });
+                    }
+                    let id = fastrand::u64(1..);
+                    entries.push(Entry {
+                        id,
+                        start: at,
+                        end: None,
+                    });
+                    Ok(Reserved::At {
+                        id,
+                        at_ms: at,
+                        wait,
+                    })
+                }
+            }
+        })
+    }
+
+    /// Marks start `id` ended at now + margin.
+    fn complete(&self, id: u64) -> Result<(), TunnelError> {
+        let margin = self.margin.as_millis() as u64;
+        self.locked(|entries, now| {
+            if let Some(e) = entries.iter_mut().find(|e| e.id == id) {
+                e.end = Some(now.saturating_add(margin).max(e.start));
+            }
+            Ok(())
+        })
+    }
+
+    /// Reads the entries under the lock, lets `f` change them, writes them back.
+    fn locked<T>(
+        &self,
+        f: impl FnOnce(&mut Vec<Entry>, u64) -> Result<T, TunnelError>,
+    ) -> Result<T, TunnelError> {
         let file = open_locked(&self.path)?;
-        let result = self.reserve_in(&file);
+        let result = (|| {
+            let mut file = &file;
+            let io = |e: std::io::Error| TunnelError::io("tunnel rate limiter window file", &e);
+            let mut text = String::new();
+            file.read_to_string(&mut text).map_err(io)?;
+            let now = self.clock.now_ms();
+            let mut entries = parse_entries(&text);
+            // A start is never reserved further ahead than the bound; one that is means the
+            // wall clock went back (or the file is junk): forget it rather than stall.
+            let horizon = now.saturating_add(self.max_wait.as_millis() as u64);
+            entries.retain(|e| e.start <= horizon);
+            let out = f(&mut entries, now)?;
+            let mut text = String::with_capacity(entries.len() * 40);
+            for e in &entries {
+                text.push_str(&e.to_line());
+                text.push('\n');
+            }
+            file.seek(SeekFrom::Start(0)).map_err(io)?;
+            file.set_len(0).map_err(io)?;
+            file.write_all(text.as_bytes()).map_err(io)?;
+            file.flush().map_err(io)?;
+            Ok(out)
+        })();
         // Unlocking also happens on close; do it explicitly to release promptly.
         let _ = fs4::FileExt::unlock(&file);
         result
-    }
-
-    fn reserve_in(&self, mut file: &File) -> Result<(u64, Duration), TunnelError> {
-        let io = |e: std::io::Error| TunnelError::io("tunnel rate limiter window file", &e);
-        let mut text = String::new();
-        file.read_to_string(&mut text).map_err(io)?;
-        let now = self.clock.now_ms();
-        let window_ms = self.window.as_millis() as u64;
-        let mut starts = parse_starts(&text);
-        // A reservation is never further ahead than the bound; one that is means the
-        // wall clock went back (or the file is junk): forget it rather than stall.
-        let horizon = now.saturating_add(self.max_wait.as_millis() as u64);
-        starts.retain(|&s| s <= horizon);
-        let (at, keep) = schedule(&mut starts, now, window_ms, self.rate as usize);
-        let wait = Duration::from_millis(at - now);
-        if wait > self.max_wait {
-            return Err(TunnelError::RateLimited {
-                wait,
-                bound: self.max_wait,
-            });
-        }
-        let mut out = String::with_capacity((keep.len() + 1) * 14);
-        for start in keep.iter().chain(std::iter::once(&at)) {
-            out.push_str(&start.to_string());
-            out.push('\n');
-        }
-        file.seek(SeekFrom::Start(0)).map_err(io)?;
-        file.set_len(0).map_err(io)?;
-        file.write_all(out.as_bytes()).map_err(io)?;
-        file.flush().map_err(io)?;
-        Ok((at, wait))
     }
 }
 
@@ -306,36 +433,101 @@ fn open_locked(path: &Path) -> Result<File, TunnelError> {
     Ok(file)
 }
 
-/// Reads one start time (ms) per line; ignores anything unreadable.
-fn parse_starts(text: &str) -> Vec<u64> {
+/// One start in the window file: `<id> <start ms> <end ms or ->`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Entry {
+    /// Names the start so that its completion can find it.
+    pub(crate) id: u64,
+    /// When it was allowed to go out.
+    pub(crate) start: u64,
+    /// When it ended (completion plus margin); `None` while in flight.
+    pub(crate) end: Option<u64>,
+}
+
+impl Entry {
+    fn to_line(self) -> String {
+        match self.end {
+            Some(end) => format!("{} {} {end}", self.id, self.start),
+            None => format!("{} {} -", self.id, self.start),
+        }
+    }
+}
+
+/// Reads one entry per line; a bare number (an older file) is a start that ended then;
+/// anything unreadable is ignored.
+fn parse_entries(text: &str) -> Vec<Entry> {
     text.lines()
-        .filter_map(|l| l.trim().parse::<u64>().ok())
+        .filter_map(|l| {
+            let mut parts = l.split_whitespace();
+            let first: u64 = parts.next()?.parse().ok()?;
+            match (parts.next(), parts.next()) {
+                (None, _) => Some(Entry {
+                    id: 0,
+                    start: first,
+                    end: Some(first),
+                }),
+                (Some(start), Some(end)) => {
+                    let start = start.parse().ok()?;
+                    let end = match end {
+                        "-" => None,
+                        n => Some(n.parse().ok()?),
+                    };
+                    Some(Entry {
+                        id: first,
+                        start,
+                        end,
+                    })
+                }
+                (Some(_), None) => None,
+            }
+        })
         .collect()
 }
 
-/// The pure scheduling policy. Given recorded starts, `now`, the window and the rate,
-/// returns the earliest start time that keeps every window at `rate` starts or fewer, and
-/// the recorded starts still relevant (inside the window ending at `now`, or in the
-/// future).
+/// What [`schedule`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// The earliest allowed start.
+    At(u64),
+    /// `rate` starts are in flight: no time can be given until one completes.
+    Blocked,
+}
+
+/// The pure scheduling policy. A start at `a` is allowed when fewer than `rate` recorded
+/// starts are in flight or ended after `a - window`. Entries that can no longer count
+/// (ended a window ago, or in flight past their lease) are pruned from `entries`.
 ///
-/// With `n` relevant starts sorted ascending: if `n < rate` the new start can go now;
-/// otherwise it goes `window` after the start `rate - 1` places before the last one, so
-/// that any window containing it holds at most `rate - 1` others.
+/// Why this bounds what the provider sees: let it count each request at some instant
+/// between the request's reservation and its end. Take any window of its count and the
+/// request in it decided last; every other request in that window ended after the
+/// window began, so after that request's start minus one window, and was recorded (in
+/// flight or ended) when it was decided. So that decision counted all of them: at most
+/// `rate - 1` others.
 pub(crate) fn schedule(
-    starts: &mut Vec<u64>,
+    entries: &mut Vec<Entry>,
     now: u64,
     window_ms: u64,
     rate: usize,
-) -> (u64, &[u64]) {
-    starts.retain(|&s| s.saturating_add(window_ms) > now);
-    starts.sort_unstable();
-    let n = starts.len();
-    let at = if n < rate {
-        now
-    } else {
-        now.max(starts[n - rate].saturating_add(window_ms))
-    };
-    (at, starts.as_slice())
+    lease_ms: u64,
+) -> Decision {
+    for e in entries.iter_mut() {
+        if e.end.is_none() && e.start.saturating_add(lease_ms) < now {
+            e.end = Some(e.start.saturating_add(lease_ms));
+        }
+    }
+    entries.retain(|e| e.end.is_none_or(|end| end.saturating_add(window_ms) > now));
+    let in_flight = entries.iter().filter(|e| e.end.is_none()).count();
+    if in_flight >= rate {
+        return Decision::Blocked;
+    }
+    let mut ends: Vec<u64> = entries.iter().filter_map(|e| e.end).collect();
+    let n = in_flight + ends.len();
+    if n < rate {
+        return Decision::At(now);
+    }
+    ends.sort_unstable();
+    // Drop the `n - rate + 1` earliest ends out of the window: wait for the last of them.
+    Decision::At(now.max(ends[n - rate].saturating_add(window_ms)))
 }
 
 #[cfg(test)]
@@ -350,6 +542,7 @@ mod tests {
             rate,
             window: Duration::from_secs(window_s),
             max_wait: Duration::from_secs(max_wait_s),
+            margin: Duration::ZERO,
             path: Some(dir.join("limiter").join("t.window")),
         }
     }
@@ -366,46 +559,123 @@ mod tests {
         best
     }
 
+    fn done(start: u64, end: u64) -> Entry {
+        Entry {
+            id: start,
+            start,
+            end: Some(end),
+        }
+    }
+
+    fn open(start: u64) -> Entry {
+        Entry {
+            id: start + 1_000_000,
+            start,
+            end: None,
+        }
+    }
+
     #[test]
     fn schedule_policy() {
-        let mut s = vec![];
-        assert_eq!(schedule(&mut s, 100, 60, 2).0, 100);
-        let mut s = vec![100];
-        assert_eq!(schedule(&mut s, 100, 60, 2).0, 100);
-        let mut s = vec![100, 100];
-        assert_eq!(schedule(&mut s, 100, 60, 2).0, 160);
-        let mut s = vec![100, 100, 160];
-        assert_eq!(schedule(&mut s, 110, 60, 2).0, 160);
-        let mut s = vec![100, 100, 160, 160];
-        assert_eq!(schedule(&mut s, 110, 60, 2).0, 220);
-        // Old entries are pruned: a start exactly one window old no longer counts.
-        let mut s = vec![40, 50];
-        let (at, keep) = schedule(&mut s, 110, 60, 2);
-        assert_eq!((at, keep.len()), (110, 0));
+        let at = |mut e: Vec<Entry>, now| schedule(&mut e, now, 60, 2, 1000);
+        assert_eq!(at(vec![], 100), Decision::At(100));
+        assert_eq!(at(vec![done(100, 100)], 100), Decision::At(100));
+        assert_eq!(
+            at(vec![done(100, 100), done(100, 100)], 100),
+            Decision::At(160)
+        );
+        // The slot frees one window after the start *ended*, not after it began.
+        assert_eq!(
+            at(vec![done(100, 130), done(100, 130)], 110),
+            Decision::At(190)
+        );
+        // In flight: counted, and with the whole budget in flight nothing is scheduled.
+        assert_eq!(at(vec![open(100), done(100, 100)], 110), Decision::At(160));
+        assert_eq!(at(vec![open(100), open(100)], 110), Decision::Blocked);
+        // Old entries are pruned: an end exactly one window old no longer counts.
+        let mut e = vec![done(40, 40), done(50, 50)];
+        assert_eq!(schedule(&mut e, 110, 60, 2, 1000), Decision::At(110));
+        assert!(e.is_empty());
+        // An entry in flight past its lease counts as ended at the lease.
+        let mut e = vec![open(0), open(0)];
+        assert_eq!(schedule(&mut e, 1001, 60, 2, 1000), Decision::At(1060));
+        assert_eq!(
+            e,
+            vec![done(0, 1000), done(0, 1000)]
+                .into_iter()
+                .map(|mut d| {
+                    d.id = 1_000_000;
+                    d
+                })
+                .collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn window_file_lines_round_trip() {
+        let entries = vec![done(5, 9), open(7)];
+        let text: String = entries.iter().map(|e| e.to_line() + "\n").collect();
+        assert_eq!(parse_entries(&text), entries);
+        // An older file holds bare start times: starts that ended then.
+        assert_eq!(
+            parse_entries("42\njunk\n1 2\n"),
+            vec![Entry {
+                id: 0,
+                start: 42,
+                end: Some(42)
+            }]
+        );
     }
 
     proptest::proptest! {
-        /// For any arrival pattern, rate and window, the scheduled starts never exceed
-        /// the rate in any window and never precede their arrival.
+        /// The provider's view. Requests arrive to be reserved at random times; each one
+        /// reaches the provider a random latency after its reserved start and completes
+        /// a random time after that; the provider counts it on arrival. With any
+        /// latencies, jitter and rate, no sliding window at the receiving end holds more
+        /// than `rate` arrivals, and no start precedes its reservation request.
         #[test]
-        fn schedule_never_exceeds_cap_for_any_arrivals(
+        fn receiving_end_never_sees_more_than_the_cap(
             rate in 1usize..6,
             w in 10u64..100,
-            gaps in proptest::collection::vec(0u64..30, 1..60),
+            margin in 0u64..3,
+            reqs in proptest::collection::vec((0u64..30, 0u64..40, 0u64..40), 1..60),
         ) {
-            let mut starts = Vec::new();
-            let mut all = Vec::new();
-            let mut now = 0;
-            for gap in gaps {
-                now += gap;
-                let (at, keep) = schedule(&mut starts, now, w, rate);
-                proptest::prop_assert!(at >= now);
-                let mut next = keep.to_vec();
-                next.push(at);
-                starts = next;
-                all.push(at);
+            use std::cmp::Reverse;
+            use std::collections::BinaryHeap;
+            // Events: (time, order, kind, request); completions sort before reservations.
+            let mut events = BinaryHeap::new();
+            let mut t = 0;
+            for (i, (gap, _, _)) in reqs.iter().enumerate() {
+                t += gap;
+                events.push(Reverse((t, 1u8, i)));
             }
-            proptest::prop_assert!(max_in_any_window(&all, w) <= rate, "{:?}", all);
+            let mut entries = Vec::new();
+            let mut arrivals = Vec::new();
+            // Callers blocked by starts in flight look again when one completes.
+            let mut blocked = Vec::new();
+            while let Some(Reverse((now, kind, i))) = events.pop() {
+                if kind == 0 {
+                    if let Some(e) = entries.iter_mut().find(|e: &&mut Entry| e.id == i as u64) {
+                        e.end = Some(now + margin);
+                    }
+                    for b in blocked.drain(..) {
+                        events.push(Reverse((now, 1, b)));
+                    }
+                    continue;
+                }
+                match schedule(&mut entries, now, w, rate, 1_000_000) {
+                    Decision::Blocked => blocked.push(i),
+                    Decision::At(at) => {
+                        proptest::prop_assert!(at >= now);
+                        entries.push(Entry { id: i as u64, start: at, end: None });
+                        let (_, to_provider, to_answer) = reqs[i];
+                        arrivals.push(at + to_provider);
+                        events.push(Reverse((at + to_provider + to_answer, 0, i)));
+                    }
+                }
+            }
+            proptest::prop_assert_eq!(arrivals.len(), reqs.len());
+            proptest::prop_assert!(max_in_any_window(&arrivals, w) <= rate, "{:?}", arrivals);
         }
     }
 
@@ -424,6 +694,7 @@ mod tests {
         let p = limiter.acquire().await.unwrap();
         assert_eq!(p.at_ms, BASE + 60_000);
         assert_eq!(t0.elapsed(), Duration::from_secs(60));
+        drop(p);
         // A later burst after the window has rolled goes out at once again.
         tokio::time::advance(Duration::from_secs(60)).await;
         let before = tokio::time::Instant::now();
@@ -490,6 +761,40 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_slot_is_held_until_the_start_completed_plus_the_margin() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = RateLimit {
+            margin: Duration::from_secs(2),
+            ..config(dir.path(), 1, 60, 300)
+        };
+        let limiter = RateLimiter::with_tokio_clock(&cfg, BASE);
+        let first = limiter.acquire().await.unwrap();
+        assert_eq!(first.at_ms, BASE);
+        // While it is in flight the next start cannot even be given a time: it waits.
+        let next = tokio::spawn({
+            let l = limiter.clone();
+            async move { l.acquire().await.unwrap().at_ms }
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!next.is_finished(), "the only slot is in flight");
+        // The request took 5 s: the slot frees a window after its end plus the margin.
+        first.complete().await;
+        assert_eq!(next.await.unwrap(), BASE + 5_000 + 2_000 + 60_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_budget_stuck_in_flight_fails_after_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let limiter = RateLimiter::with_tokio_clock(&config(dir.path(), 1, 60, 10), BASE);
+        let _held = limiter.acquire().await.unwrap();
+        let t0 = tokio::time::Instant::now();
+        let err = limiter.acquire().await.unwrap_err();
+        assert_eq!(err.kind(), crate::TunnelErrorKind::RateLimited, "{err}");
+        assert!(t0.elapsed() >= Duration::from_secs(10));
+        assert!(t0.elapsed() < Duration::from_secs(11));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn off_never_waits_and_touches_no_file() {
         let limiter = RateLimiter::new(&RateLimit::off(), "x");
         assert!(!limiter.is_enabled());
@@ -508,7 +813,9 @@ mod tests {
         std::fs::write(&path, "garbage\n\u{0}\nnot a number").unwrap();
         let limiter = RateLimiter::with_tokio_clock(&cfg, BASE);
         assert_eq!(limiter.acquire().await.unwrap().at_ms, BASE);
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{BASE}\n"));
+        let entries = parse_entries(&std::fs::read_to_string(&path).unwrap());
+        assert_eq!(entries.len(), 1);
+        assert_eq!((entries[0].start, entries[0].end), (BASE, Some(BASE)));
     }
 
     #[tokio::test(start_paused = true)]
@@ -554,6 +861,7 @@ mod tests {
             rate: 5,
             window: Duration::from_millis(400),
             max_wait: Duration::from_secs(30),
+            margin: Duration::ZERO,
             path: Some(dir.path().join("shared.window")),
         };
         let threads: Vec<_> = (0..4)

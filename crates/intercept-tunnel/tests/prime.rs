@@ -18,7 +18,7 @@ use std::time::Duration;
 use intercept_core::{Endpoint, ErrorKind, Tunnel};
 use intercept_test::prime::{FrpcMode, MockPrime};
 use intercept_tunnel::prime::{install, FrpcInstall, PrimeEnv};
-use intercept_tunnel::{PrimeConfig, PrimeTunnel, RateLimit, TunnelErrorKind};
+use intercept_tunnel::{PrimeConfig, PrimeEndpoint, PrimeTunnel, RateLimit, TunnelErrorKind};
 
 const KEY: &str = "test-api-key";
 
@@ -670,4 +670,41 @@ async fn a_gone_report_from_a_running_frpc_is_classified_and_healed() {
     );
     endpoint.teardown().await.unwrap();
     f.mock.shutdown().await;
+}
+
+#[tokio::test]
+async fn teardown_with_the_api_down_kills_frpc_and_reports_the_failure() {
+    let f = Fixture::new().await;
+    let tunnel = f.tunnel(f.config());
+    let endpoints = futures_join3(&tunnel, f.app.port).await;
+    let pids: Vec<u32> = {
+        let mut v = Vec::new();
+        for e in &endpoints {
+            v.push(e.frpc_pid().await.unwrap());
+        }
+        v
+    };
+    // The API goes away (connections refused) before the sidecar shuts down.
+    let Fixture { mock, home, app } = f;
+    mock.shutdown().await;
+    let results = tokio::join!(
+        endpoints[0].teardown(),
+        endpoints[1].teardown(),
+        endpoints[2].teardown()
+    );
+    for result in [results.0, results.1, results.2] {
+        let err = result.expect_err("a delete that failed must be reported, not logged away");
+        assert_eq!(err.kind(), intercept_core::ErrorKind::Tunnel, "{err}");
+    }
+    for pid in pids {
+        assert!(exits_soon(pid).await, "frpc {pid} must be killed first");
+    }
+    let left = std::fs::read_dir(home.path().join(".prime/tunnels")).map_or(0, |d| d.count());
+    assert_eq!(left, 0, "config files removed");
+    drop(app);
+}
+
+async fn futures_join3(tunnel: &PrimeTunnel, port: u16) -> Vec<PrimeEndpoint> {
+    let (a, b, c) = tokio::join!(tunnel.open(port), tunnel.open(port), tunnel.open(port));
+    vec![a.unwrap(), b.unwrap(), c.unwrap()]
 }

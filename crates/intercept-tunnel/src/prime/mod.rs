@@ -120,6 +120,9 @@ pub fn backoff(initial: Duration, attempt: u32, jitter: f64) -> Duration {
     base.mul_f64(0.5 + jitter.clamp(0.0, 1.0) / 2.0)
 }
 
+/// The longest a registration delete may take at teardown (as the Python system).
+pub const DELETE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// What [`PrimeEndpoint::status`] reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrimeStatus {
@@ -256,11 +259,14 @@ impl Shared {
             &self.config.frpc,
         )
         .await?;
-        self.limiter.acquire().await?;
-        let info = self
+        let permit = self.limiter.acquire().await?;
+        let created = self
             .api
             .create(local_port, self.config.name.as_deref())
-            .await?;
+            .await;
+        // The slot counts until the registration request completed (plus the margin).
+        permit.complete().await;
+        let info = created?;
         let mut live = Live {
             shared: Arc::clone(self),
             binary,
@@ -275,7 +281,7 @@ impl Shared {
                 Ok(live)
             }
             Err(e) => {
-                live.stop().await;
+                let _ = live.stop().await;
                 Err(e)
             }
         }
@@ -334,21 +340,33 @@ impl Live {
         self.frpc.as_ref().is_some_and(Frpc::gone)
     }
 
-    /// Kills frpc, deletes the registration (errors are logged), removes the config.
-    async fn stop(&mut self) {
+    /// Kills frpc first (so nothing outlives us even when the API is down), removes the
+    /// config, then deletes the registration within [`DELETE_TIMEOUT`]; a failed or slow
+    /// delete is returned (the registration then expires on Prime's side).
+    async fn stop(&mut self) -> Result<(), TunnelError> {
         if self.stopped {
-            return;
+            return Ok(());
         }
         self.stopped = true;
         if let Some(p) = self.frpc.take() {
             p.stop().await;
         }
-        if let Err(e) = self.shared.api.delete(&self.info.tunnel_id).await {
-            tracing::warn!(tunnel_id = %self.info.tunnel_id, error = %e, "could not delete the tunnel registration");
-        }
         if let Some(path) = self.config.take() {
             let _ = std::fs::remove_file(path);
         }
+        let id = &self.info.tunnel_id;
+        let result = match tokio::time::timeout(DELETE_TIMEOUT, self.shared.api.delete(id)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(TunnelError::Timeout(format!(
+                "deleting tunnel {id} did not finish within {DELETE_TIMEOUT:?}; it expires on \
+                 Prime's side"
+            ))),
+        };
+        if let Err(e) = &result {
+            tracing::warn!(tunnel_id = %id, error = %e, "could not delete the tunnel registration");
+        }
+        result
     }
 }
 
@@ -368,7 +386,7 @@ impl Drop for Live {
             Ok(handle) => {
                 // Best effort, bounded: nothing else can own a cleanup that outlives us.
                 handle.spawn(async move {
-                    let _ = tokio::time::timeout(Duration::from_secs(5), api.delete(&id)).await;
+                    let _ = tokio::time::timeout(DELETE_TIMEOUT, api.delete(&id)).await;
                 });
             }
             Err(_) => {
@@ -618,7 +636,7 @@ impl Endpoint for PrimeEndpoint {
         // Replace the tunnel: clean the old one up, then mint a new one.
         if let Some(mut old) = state.live.take() {
             tracing::warn!(tunnel_id = %old.info.tunnel_id, reason = ?local.or(remote), "replacing the prime tunnel");
-            old.stop().await;
+            let _ = old.stop().await;
         }
         state.checked = None;
         let live = self.shared.start_with_retries(self.local_port).await?;
@@ -630,7 +648,7 @@ impl Endpoint for PrimeEndpoint {
     async fn teardown(&self) -> Result<(), Error> {
         let mut state = self.state.lock().await;
         if let Some(mut live) = state.live.take() {
-            live.stop().await;
+            live.stop().await?;
             tracing::info!(tunnel_id = %live.info.tunnel_id, "prime tunnel down");
         }
         Ok(())
