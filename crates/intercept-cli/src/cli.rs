@@ -100,6 +100,16 @@ pub struct ServeArgs {
     /// Released sessions whose traces stay readable [default: 4096].
     #[arg(long, value_name = "N")]
     pub released_retention: Option<String>,
+    /// Default network policy: hosts the model provider may reach for a session,
+    /// comma-separated `*`, `*.domain` or host patterns [default: *].
+    #[arg(long, value_name = "PATTERNS")]
+    pub network_allow: Option<String>,
+    /// Default network policy: hosts never allowed, comma-separated patterns [default: none].
+    #[arg(long, value_name = "PATTERNS")]
+    pub network_block: Option<String>,
+    /// Default network policy: strip or reject a forbidden capability [default: strip].
+    #[arg(long, value_name = "strip|reject")]
+    pub network_on_violation: Option<String>,
 }
 
 impl ServeArgs {
@@ -128,6 +138,9 @@ impl ServeArgs {
             ("log_format", &self.log_format),
             ("shutdown_grace_secs", &self.shutdown_grace_secs),
             ("released_retention", &self.released_retention),
+            ("network_allow", &self.network_allow),
+            ("network_block", &self.network_block),
+            ("network_on_violation", &self.network_on_violation),
         ]
         .into_iter()
         .filter_map(|(k, v)| v.clone().map(|v| (k, v)))

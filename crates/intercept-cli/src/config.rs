@@ -32,7 +32,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use intercept_core::Secret;
+use intercept_core::{NetworkPolicy, OnViolation, Secret};
 use intercept_pool::{ElasticConfig, ElasticEntry, InterceptionConfig, ServerEntry, StaticEntry};
 use intercept_tunnel::TunnelConfig;
 
@@ -61,6 +61,9 @@ pub const KEYS: &[&str] = &[
     "log_format",
     "shutdown_grace_secs",
     "released_retention",
+    "network_allow",
+    "network_block",
+    "network_on_violation",
 ];
 
 /// The prefix of the environment variables that configure the sidecar.
@@ -274,6 +277,8 @@ pub struct ServeConfig {
     pub shutdown_grace: Duration,
     /// Released sessions whose traces stay readable through the control API.
     pub released_retention: usize,
+    /// Network policy of sessions that name none (default unrestricted).
+    pub network: NetworkPolicy,
 }
 
 impl fmt::Debug for ServeConfig {
@@ -304,6 +309,7 @@ impl fmt::Debug for ServeConfig {
             .field("log_format", &self.log_format)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("released_retention", &self.released_retention)
+            .field("network", &self.network)
             .finish()
     }
 }
@@ -333,6 +339,7 @@ impl Default for ServeConfig {
             log_format: LogFormat::Text,
             shutdown_grace: Duration::from_secs(30),
             released_retention: 4096,
+            network: NetworkPolicy::default(),
         }
     }
 }
@@ -758,6 +765,35 @@ impl ServeConfig {
                     .parse::<usize>()
                     .map_err(|_| bad(format!("{raw_trimmed:?} is not a non-negative integer")))?;
             }
+            "network_allow" | "network_block" => {
+                let list: Vec<&str> = raw_trimmed
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty())
+                    .collect();
+                let (allow, block) = if key == "network_allow" {
+                    (
+                        list.iter().map(|p| (*p).to_owned()).collect(),
+                        self.network.block_patterns(),
+                    )
+                } else {
+                    (
+                        self.network.allow_patterns(),
+                        list.iter().map(|p| (*p).to_owned()).collect(),
+                    )
+                };
+                self.network = NetworkPolicy::new(&allow, &block)
+                    .map_err(|e| bad(format!("{e}; expected comma-separated host patterns")))?
+                    .with_on_violation(self.network.on_violation());
+            }
+            "network_on_violation" => {
+                let mode = match raw_trimmed {
+                    "strip" => OnViolation::Strip,
+                    "reject" => OnViolation::Reject,
+                    other => return Err(bad(format!("{other:?} is not strip or reject"))),
+                };
+                self.network = self.network.clone().with_on_violation(mode);
+            }
             _ => return Err(unknown(&source.spell(key), source)),
         }
         Ok(())
@@ -942,6 +978,9 @@ mod tests {
             ("shutdown_grace_secs", "-1"),
             ("shutdown_grace_secs", "soon"),
             ("released_retention", "-5"),
+            ("network_allow", "https://example.org"),
+            ("network_block", "*.x.org, a:80"),
+            ("network_on_violation", "drop"),
         ];
         for (key, value) in cases {
             let e = err(None, &[], &[(key, value)]);
@@ -1109,6 +1148,9 @@ mod tests {
             ("control", "[::1]:7700".to_string()),
             ("log", "intercept_server=debug,info".to_string()),
             ("released_retention", "0".to_string()),
+            ("network_allow", "*.python.org, files.test".to_string()),
+            ("network_block", "evil.python.org".to_string()),
+            ("network_on_violation", "reject".to_string()),
         ];
         let c = ServeConfig::from_layers(Layers {
             file: None,
@@ -1124,5 +1166,17 @@ mod tests {
         assert_eq!(c.control.port(), 7700);
         assert!(c.control.is_ipv6());
         assert_eq!(c.released_retention, 0);
+        assert!(c.network.is_restricted());
+        assert!(c.network.allows_host("docs.python.org"));
+        assert!(!c.network.allows_host("evil.python.org"));
+        assert_eq!(c.network.on_violation(), OnViolation::Reject);
+        assert!(!ServeConfig::default().network.is_restricted());
+        let none = ServeConfig::from_layers(Layers {
+            file: None,
+            env: &[],
+            flags: &[("network_allow", String::new())],
+        })
+        .unwrap();
+        assert!(!none.network.allows_host("python.org"));
     }
 }

@@ -19,6 +19,7 @@
 //!     upstream: Upstream::new("http://127.0.0.1:8000/v1"),
 //!     limits: Limits { max_turns: Some(16), ..Limits::default() },
 //!     task: None,
+//!     network: Default::default(),
 //! }));
 //! // A server registers the session and hands the rollout a slot:
 //! let slot = Slot {
@@ -37,6 +38,7 @@ pub mod capture;
 pub mod dialect;
 pub mod error;
 pub mod interception;
+pub mod network;
 pub mod record;
 pub mod routing;
 pub mod secret;
@@ -54,6 +56,7 @@ pub use error::{Blame, Error, ErrorKind};
 pub use interception::{
     Interception, PauseKind, PauseMode, PauseStatus, ServerStatus, SlotGuard, SlotRelease,
 };
+pub use network::{mediate_request, NetworkPolicy, OnViolation, PolicyEvent};
 pub use record::{CallError, CallRecord, TokenCapture, Usage};
 pub use secret::{Secret, SecretStr};
 pub use session::{

@@ -119,6 +119,10 @@ pub struct CallRecord {
     /// `completion_token_ids`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_logprobs: Option<Vec<f64>>,
+    /// What network-policy mediation removed from the request (`request` is the
+    /// mediated body); absent when nothing was removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<crate::network::PolicyEvent>,
 }
 
 fn is_off(c: &TokenCapture) -> bool {

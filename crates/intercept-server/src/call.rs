@@ -64,6 +64,8 @@ pub(crate) struct Call {
     pub(crate) capturing: bool,
     /// Index (in the upstream's engines) of the engine last tried; `usize::MAX`: none.
     pub(crate) engine: AtomicUsize,
+    /// What network-policy mediation removed (for the record).
+    pub(crate) policy: Option<intercept_core::PolicyEvent>,
 }
 
 /// What a response hook decided.
@@ -808,6 +810,7 @@ impl Call {
             prompt_token_ids: tokens.prompt_token_ids,
             completion_token_ids: tokens.completion_token_ids,
             completion_logprobs: tokens.completion_logprobs,
+            policy: self.policy.clone(),
         };
         session.record(record);
     }
@@ -864,6 +867,14 @@ pub(crate) async fn aux_call(
         Err(e) => return fail(e),
     };
     if let Err(e) = body.set("model", entry.session.model()) {
+        return fail(e);
+    }
+    if let Err(e) = crate::network::mediate(
+        &*dialect,
+        entry.session.network(),
+        entry.session.id(),
+        &mut body,
+    ) {
         return fail(e);
     }
     let upstream = entry.session.upstream();

@@ -159,6 +159,14 @@ impl Dialect for ResponsesDialect {
         "/responses"
     }
 
+    fn mediate(
+        &self,
+        body: &mut JsonBody,
+        policy: &crate::network::NetworkPolicy,
+    ) -> Result<Vec<String>, Error> {
+        super::mediate::responses(body, policy)
+    }
+
     fn prepare(
         &self,
         body: &mut JsonBody,
