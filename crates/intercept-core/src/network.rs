@@ -64,14 +64,16 @@ enum HostPattern {
 
 impl HostPattern {
     fn parse(text: &str) -> Result<Self, String> {
-        let t = text.trim().trim_end_matches('.').to_ascii_lowercase();
+        let t = text.trim().to_ascii_lowercase();
         if t == "*" {
             return Ok(HostPattern::Any);
         }
         let (wild, host) = match t.strip_prefix("*.") {
-            Some(rest) => (true, rest.to_owned()),
-            None => (false, t.clone()),
+            Some(rest) => (true, rest),
+            None => (false, t.as_str()),
         };
+        // One trailing dot (the DNS root) is the same host.
+        let host = host.strip_suffix('.').unwrap_or(host).to_owned();
         let valid = !host.is_empty()
             && host.len() <= 253
             && !host.starts_with('.')

@@ -1,6 +1,7 @@
 //! End-to-end tests across crates: real clients, real HTTP, the mock model upstream.
 
 mod anthropic;
+mod network_policy;
 mod openai_chat;
 mod pool_bore;
 mod responses;
