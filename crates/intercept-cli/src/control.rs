@@ -24,7 +24,8 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::Incoming;
 use intercept_core::{
-    Limits, NetworkPolicy, RecordSink, RolloutSession, Sampling, Session, SessionConfig, SessionStatus, Upstream,
+    Limits, NetworkPolicy, RecordSink, RolloutSession, Sampling, Session, SessionConfig,
+    SessionStatus, Upstream,
 };
 use serde_json::{json, Map, Value};
 use tracing::{info, warn};

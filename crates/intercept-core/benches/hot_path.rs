@@ -120,7 +120,9 @@ fn agent_body(anthropic: bool, strip: bool) -> Bytes {
         } else {
             json!({"type": "web_search"})
         };
-        body["tools"].as_array_mut().map(|t| t.push(tool));
+        if let Some(tools) = body["tools"].as_array_mut() {
+            tools.push(tool);
+        }
     }
     Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
 }

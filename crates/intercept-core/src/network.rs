@@ -286,9 +286,9 @@ impl NetworkPolicy {
         for b in &self.block {
             let inside = match b {
                 HostPattern::Any => true,
-                HostPattern::Exact(h) | HostPattern::Domain(h) => domains
-                    .iter()
-                    .any(|d| within(h, d) || within(d, h)),
+                HostPattern::Exact(h) | HostPattern::Domain(h) => {
+                    domains.iter().any(|d| within(h, d) || within(d, h))
+                }
             };
             if inside {
                 return None;
@@ -401,23 +401,39 @@ mod tests {
 
     #[test]
     fn patterns_parse_and_match() {
-        let p = NetworkPolicy::new(&["*.Example.org.", "10.0.0.7", "files.test"], &["bad.example.org"])
-            .expect("policy");
+        let p = NetworkPolicy::new(
+            &["*.Example.org.", "10.0.0.7", "files.test"],
+            &["bad.example.org"],
+        )
+        .expect("policy");
         assert!(p.allows_host("example.org"));
         assert!(p.allows_host("a.b.EXAMPLE.org"));
         assert!(!p.allows_host("badexample.org"));
         assert!(!p.allows_host("bad.example.org"));
         assert!(p.allows_host("10.0.0.7"));
         assert!(!p.allows_host("sub.files.test"));
-        for bad in ["http://x.org", "x.org:80", "a*.org", "*", "", "x.org/p", "*.", "a..b"] {
+        for bad in [
+            "http://x.org",
+            "x.org:80",
+            "a*.org",
+            "*",
+            "",
+            "x.org/p",
+            "*.",
+            "a..b",
+        ] {
             if bad == "*" {
                 continue;
             }
             let e = NetworkPolicy::new(&[bad], &[] as &[&str]).expect_err(bad);
             assert!(e.starts_with("network.allow: host pattern"), "{e}");
         }
-        assert!(!NetworkPolicy::new(&["*"], &[] as &[&str]).expect("open").is_restricted());
-        assert!(NetworkPolicy::new(&["*"], &["x.org"]).expect("block").is_restricted());
+        assert!(!NetworkPolicy::new(&["*"], &[] as &[&str])
+            .expect("open")
+            .is_restricted());
+        assert!(NetworkPolicy::new(&["*"], &["x.org"])
+            .expect("block")
+            .is_restricted());
         assert!(NetworkPolicy::deny_all().is_restricted());
         assert!(!NetworkPolicy::deny_all().allows_host("x.org"));
     }
@@ -441,7 +457,10 @@ mod tests {
     #[test]
     fn domain_filters() {
         let p = NetworkPolicy::new(&["*.a.org", "*.b.org"], &["c.org"]).expect("policy");
-        assert_eq!(p.allowed_domains(), Some(vec!["a.org".into(), "b.org".into()]));
+        assert_eq!(
+            p.allowed_domains(),
+            Some(vec!["a.org".into(), "b.org".into()])
+        );
         assert_eq!(
             p.domain_filter(Some(&["docs.a.org".into(), "x.org".into(), "org".into()])),
             Some(vec!["docs.a.org".into(), "a.org".into(), "b.org".into()])
@@ -460,8 +479,8 @@ mod tests {
 
     #[test]
     fn serde_defaults_and_errors() {
-        let p: NetworkPolicy = serde_json::from_str(r#"{"block":["x.org"],"on_violation":"reject"}"#)
-            .expect("policy");
+        let p: NetworkPolicy =
+            serde_json::from_str(r#"{"block":["x.org"],"on_violation":"reject"}"#).expect("policy");
         assert_eq!(p.on_violation(), OnViolation::Reject);
         assert!(p.allows_host("y.org"));
         assert_eq!(
@@ -470,7 +489,12 @@ mod tests {
         );
         let open: NetworkPolicy = serde_json::from_str("{}").expect("open");
         assert_eq!(&open, NetworkPolicy::unrestricted());
-        for bad in [r#"{"allow":["http://x"]}"#, r#"{"allow":"x"}"#, r#"{"deny":[]}"#, r#"{"on_violation":"drop"}"#] {
+        for bad in [
+            r#"{"allow":["http://x"]}"#,
+            r#"{"allow":"x"}"#,
+            r#"{"deny":[]}"#,
+            r#"{"on_violation":"drop"}"#,
+        ] {
             assert!(serde_json::from_str::<NetworkPolicy>(bad).is_err(), "{bad}");
         }
     }

@@ -40,7 +40,11 @@ fn run(dialect: &dyn Dialect, cases: Vec<Case>) {
         assert_eq!(b.to_value(), case.output, "{}: body", case.name);
         // Once more changes nothing.
         let again = dialect.mediate(&mut b, &case.policy).expect(case.name);
-        assert!(again.is_empty(), "{}: second pass removed {again:?}", case.name);
+        assert!(
+            again.is_empty(),
+            "{}: second pass removed {again:?}",
+            case.name
+        );
         assert_eq!(b.to_value(), case.output, "{}: second pass", case.name);
     }
 }
@@ -391,7 +395,8 @@ fn count_tokens_bodies_are_mediated_like_messages() {
 #[test]
 fn reject_mode_names_the_first_path_and_leaves_the_body() {
     let policy = ok_org().with_on_violation(OnViolation::Reject);
-    let input = json!({"input": "q", "previous_response_id": "r", "tools": [{"type": "file_search"}]});
+    let input =
+        json!({"input": "q", "previous_response_id": "r", "tools": [{"type": "file_search"}]});
     let mut b = body(&input);
     let e = mediate_request(&ResponsesDialect, &policy, &mut b).expect_err("rejected");
     assert_eq!(e.status(), 400);
@@ -404,7 +409,10 @@ fn reject_mode_names_the_first_path_and_leaves_the_body() {
     // A clean request passes untouched.
     let clean = json!({"input": "q", "tools": [{"type": "function", "name": "f"}]});
     let mut b = body(&clean);
-    assert_eq!(mediate_request(&ResponsesDialect, &policy, &mut b).expect("ok"), None);
+    assert_eq!(
+        mediate_request(&ResponsesDialect, &policy, &mut b).expect("ok"),
+        None
+    );
     assert_eq!(b.to_value(), clean);
 }
 
@@ -427,9 +435,15 @@ fn unchanged_members_stay_slices_of_the_source() {
     // `model` and `metadata` are slices of the harness's bytes; `messages` was rebuilt
     // with its untouched assistant message copied byte for byte.
     assert!(shared.contains(&&br#""model":"m""#[..]), "{chunks:?}");
-    assert!(shared.contains(&&br#""metadata":{"k":"v"}"#[..]), "{chunks:?}");
+    assert!(
+        shared.contains(&&br#""metadata":{"k":"v"}"#[..]),
+        "{chunks:?}"
+    );
     let out = String::from_utf8(b.to_bytes().to_vec()).expect("utf-8");
-    assert!(out.contains(r#"{"role":"assistant","content":"a  b"}"#), "{out}");
+    assert!(
+        out.contains(r#"{"role":"assistant","content":"a  b"}"#),
+        "{out}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -495,7 +509,8 @@ fn chat_body() -> impl Strategy<Value = Value> {
                 b["plugins"] = json!([{"id": "web"}]);
             }
             if choice {
-                b["tool_choice"] = json!({"type": "function", "function": {"name": "web_search_tool"}});
+                b["tool_choice"] =
+                    json!({"type": "function", "function": {"name": "web_search_tool"}});
             }
             b
         })
@@ -510,7 +525,8 @@ fn responses_body() -> impl Strategy<Value = Value> {
         Just(json!({"type": "input_file", "file_id": "file-2"})),
     ];
     let item = prop_oneof![
-        prop::collection::vec(part.clone(), 0..3).prop_map(|c| json!({"role": "user", "content": c})),
+        prop::collection::vec(part.clone(), 0..3)
+            .prop_map(|c| json!({"role": "user", "content": c})),
         Just(json!({"type": "item_reference", "id": "msg_1"})),
         Just(json!({"type": "reasoning", "id": "rs_1", "summary": []})),
         Just(json!({"type": "mcp_call", "id": "mcp_1"})),
@@ -520,7 +536,14 @@ fn responses_body() -> impl Strategy<Value = Value> {
             "output": {"type": "computer_screenshot", "image_url": u}})),
     ];
     let tool = prop::sample::select(
-        &["function", "web_search", "web_search_preview", "file_search", "mcp", "local_shell"][..],
+        &[
+            "function",
+            "web_search",
+            "web_search_preview",
+            "file_search",
+            "mcp",
+            "local_shell",
+        ][..],
     )
     .prop_map(|t| json!({"type": t, "name": t}));
     (
@@ -546,13 +569,25 @@ fn messages_body() -> impl Strategy<Value = Value> {
         url().prop_map(|u| json!({"type": "image", "source": {"type": "url", "url": u}})),
         Just(json!({"type": "document", "source": {"type": "file", "file_id": "file_1"}})),
         Just(json!({"type": "server_tool_use", "id": "s", "name": "web_search", "input": {}})),
-        url().prop_map(|u| json!({"type": "tool_result", "tool_use_id": "t", "content": [
-            {"type": "image", "source": {"type": "url", "url": u}}]})),
+        url().prop_map(
+            |u| json!({"type": "tool_result", "tool_use_id": "t", "content": [
+            {"type": "image", "source": {"type": "url", "url": u}}]})
+        ),
     ];
-    let message = (prop::sample::select(&["user", "assistant"][..]), prop::collection::vec(block, 0..4))
+    let message = (
+        prop::sample::select(&["user", "assistant"][..]),
+        prop::collection::vec(block, 0..4),
+    )
         .prop_map(|(role, content)| json!({"role": role, "content": content}));
     let tool = prop::sample::select(
-        &["", "bash_20250124", "web_search_20250305", "web_fetch_20250910", "code_execution_20250825", "mcp_toolset"][..],
+        &[
+            "",
+            "bash_20250124",
+            "web_search_20250305",
+            "web_fetch_20250910",
+            "code_execution_20250825",
+            "mcp_toolset",
+        ][..],
     )
     .prop_map(|t| {
         if t.is_empty() {
@@ -567,12 +602,14 @@ fn messages_body() -> impl Strategy<Value = Value> {
         any::<(bool, bool)>(),
     )
         .prop_map(|(messages, tools, (container, mcp))| {
-            let mut b = json!({"model": "m", "max_tokens": 8, "messages": messages, "tools": tools});
+            let mut b =
+                json!({"model": "m", "max_tokens": 8, "messages": messages, "tools": tools});
             if container {
                 b["container"] = json!("c");
             }
             if mcp {
-                b["mcp_servers"] = json!([{"type": "url", "url": "https://ok.org/mcp", "name": "x"}]);
+                b["mcp_servers"] =
+                    json!([{"type": "url", "url": "https://ok.org/mcp", "name": "x"}]);
             }
             b
         })
@@ -581,12 +618,15 @@ fn messages_body() -> impl Strategy<Value = Value> {
 /// An oracle written apart from the mediators: every provider-side way to the network
 /// that may still be in a mediated body.
 fn violations(v: &Value, policy: &NetworkPolicy, path: &str, out: &mut Vec<String>) {
-    const CLIENT_TOOLS: &[&str] = &[
-        "function", "custom", "local_shell", "bash_20250124", "",
-    ];
+    const CLIENT_TOOLS: &[&str] = &["function", "custom", "local_shell", "bash_20250124", ""];
     const STATE_KEYS: &[&str] = &[
-        "web_search_options", "plugins", "previous_response_id", "conversation", "prompt",
-        "container", "mcp_servers",
+        "web_search_options",
+        "plugins",
+        "previous_response_id",
+        "conversation",
+        "prompt",
+        "container",
+        "mcp_servers",
     ];
     match v {
         Value::Object(map) => {
@@ -605,8 +645,10 @@ fn violations(v: &Value, policy: &NetworkPolicy, path: &str, out: &mut Vec<Strin
                         }
                     }
                 }
-                if matches!(x["type"].as_str(), Some("item_reference" | "mcp_call" | "server_tool_use"))
-                    || (x["type"] == "reasoning" && x.get("encrypted_content").is_none())
+                if matches!(
+                    x["type"].as_str(),
+                    Some("item_reference" | "mcp_call" | "server_tool_use")
+                ) || (x["type"] == "reasoning" && x.get("encrypted_content").is_none())
                 {
                     out.push(at.clone());
                 }
@@ -620,8 +662,8 @@ fn violations(v: &Value, policy: &NetworkPolicy, path: &str, out: &mut Vec<Strin
                                 .unwrap_or(Value::Null),
                         )
                         .unwrap_or_default();
-                        let filtered = !domains.is_empty()
-                            && domains.iter().all(|d| policy.allows_host(d));
+                        let filtered =
+                            !domains.is_empty() && domains.iter().all(|d| policy.allows_host(d));
                         if !CLIENT_TOOLS.contains(&kind) && !filtered {
                             out.push(format!("tools[{i}]"));
                         }
@@ -639,7 +681,11 @@ fn violations(v: &Value, policy: &NetworkPolicy, path: &str, out: &mut Vec<Strin
     }
 }
 
-fn check(dialect: &dyn Dialect, input: &Value, policy: &NetworkPolicy) -> Result<(), TestCaseError> {
+fn check(
+    dialect: &dyn Dialect,
+    input: &Value,
+    policy: &NetworkPolicy,
+) -> Result<(), TestCaseError> {
     let text = serde_json::to_vec(input).expect("json");
     // Unrestricted: byte-identical, not even parsed.
     let mut open = JsonBody::parse(Bytes::from(text.clone())).expect("body");
@@ -656,7 +702,9 @@ fn check(dialect: &dyn Dialect, input: &Value, policy: &NetworkPolicy) -> Result
     violations(&once, policy, "", &mut left);
     prop_assert!(left.is_empty(), "left {:?} in {}", left, once);
     // The notice is there exactly when something was removed.
-    let noticed = serde_json::to_string(&once).expect("json").contains("Network protocol blocked");
+    let noticed = serde_json::to_string(&once)
+        .expect("json")
+        .contains("Network protocol blocked");
     prop_assert_eq!(noticed, event.is_some());
     // Mediating twice is mediating once.
     let again = mediate_request(dialect, policy, &mut b).expect("again");

@@ -777,11 +777,11 @@ async fn model_call(
         Ok(_) => {}
         Err(e) => return fail(Error::from_hook("request hook failed", e)),
     }
-    let policy = match crate::network::mediate(&*dialect, session.network(), session.id(), &mut body)
-    {
-        Ok(p) => p,
-        Err(e) => return fail(e),
-    };
+    let policy =
+        match crate::network::mediate(&*dialect, session.network(), session.id(), &mut body) {
+            Ok(p) => p,
+            Err(e) => return fail(e),
+        };
     let capture = if session.capture_tokens() {
         match dialect.capture_tokens(&mut body) {
             Ok(c) => c,

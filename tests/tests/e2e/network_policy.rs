@@ -98,7 +98,10 @@ async fn responses_of_a_restricted_session_lose_stored_state_and_server_tools() 
         .create(request)
         .await
         .expect("response");
-    assert_eq!(resp.status, async_openai::types::responses::Status::Completed);
+    assert_eq!(
+        resp.status,
+        async_openai::types::responses::Status::Completed
+    );
     let sent = upstream.last_request().expect("sent");
     let sent = sent.json().cloned().expect("json");
     assert!(sent.get("previous_response_id").is_none(), "{sent}");
@@ -109,7 +112,10 @@ async fn responses_of_a_restricted_session_lose_stored_state_and_server_tools() 
         .filter_map(|t| t["type"].as_str())
         .collect();
     assert_eq!(types, ["function", "web_search"], "{sent}");
-    assert_eq!(sent["tools"][1]["filters"]["allowed_domains"], json!(["ok.org"]));
+    assert_eq!(
+        sent["tools"][1]["filters"]["allowed_domains"],
+        json!(["ok.org"])
+    );
     assert_eq!(sent["input"], format!("find the docs\n\n{NOTICE}"));
     let record = &session.trace().calls[0];
     let policy = record.policy.as_ref().expect("policy event");
@@ -131,7 +137,8 @@ async fn responses_of_a_restricted_session_lose_stored_state_and_server_tools() 
 
 #[tokio::test]
 async fn anthropic_messages_and_count_tokens_lose_web_search_and_mcp_servers() {
-    let (upstream, _server, session, guard) = setup("np-anthropic", NetworkPolicy::deny_all()).await;
+    let (upstream, _server, session, guard) =
+        setup("np-anthropic", NetworkPolicy::deny_all()).await;
     let body = json!({
         "model": "claude-sonnet-4-5",
         "max_tokens": 256,
@@ -167,7 +174,11 @@ async fn anthropic_messages_and_count_tokens_lose_web_search_and_mcp_servers() {
         .paths;
     assert_eq!(
         paths,
-        ["mcp_servers", "tools[1].type", "messages[0].content[1].source.url"]
+        [
+            "mcp_servers",
+            "tools[1].type",
+            "messages[0].content[1].source.url"
+        ]
     );
 
     let mut count = body;
@@ -178,7 +189,11 @@ async fn anthropic_messages_and_count_tokens_lose_web_search_and_mcp_servers() {
     let sent = sent.json().cloned().expect("json");
     assert!(sent.get("mcp_servers").is_none(), "{sent}");
     assert_eq!(sent["tools"].as_array().map(Vec::len), Some(1), "{sent}");
-    assert_eq!(session.trace().calls.len(), 1, "count_tokens is not recorded");
+    assert_eq!(
+        session.trace().calls.len(),
+        1,
+        "count_tokens is not recorded"
+    );
     guard.close().await;
 }
 
@@ -230,8 +245,16 @@ async fn reject_mode_answers_400_in_the_dialect_shape_and_sends_nothing() {
     }))
     .expect("request");
     openai(&guard).chat().create(ok).await.expect("served");
-    let sent = upstream.last_request().expect("sent").json().cloned().expect("json");
-    assert_eq!(sent["messages"], json!([{"role": "user", "content": "hello"}]));
+    let sent = upstream
+        .last_request()
+        .expect("sent")
+        .json()
+        .cloned()
+        .expect("json");
+    assert_eq!(
+        sent["messages"],
+        json!([{"role": "user", "content": "hello"}])
+    );
     assert!(session.trace().calls[0].policy.is_none());
     guard.close().await;
 }

@@ -385,9 +385,7 @@ pub(crate) fn chat(body: &mut JsonBody, policy: &NetworkPolicy) -> Result<Vec<St
             if ty(c) != "allowed_tools" {
                 return None;
             }
-            c.get_mut("allowed_tools")?
-                .get_mut("tools")?
-                .as_array_mut()
+            c.get_mut("allowed_tools")?.get_mut("tools")?.as_array_mut()
         },
     )?;
 
@@ -505,10 +503,7 @@ fn chat_part(p: &mut Value, at: &str, policy: &NetworkPolicy, paths: &mut Paths)
 // ---------------------------------------------------------------------------------------
 
 /// Responses mediation.
-pub(crate) fn responses(
-    body: &mut JsonBody,
-    policy: &NetworkPolicy,
-) -> Result<Vec<String>, Error> {
+pub(crate) fn responses(body: &mut JsonBody, policy: &NetworkPolicy) -> Result<Vec<String>, Error> {
     let mut paths = Paths(Vec::new());
     for key in ["previous_response_id", "conversation", "prompt", "plugins"] {
         remove_key(body, key, &mut paths);
@@ -519,7 +514,13 @@ pub(crate) fn responses(
     };
     if let Some(mut tools) = Array::load(body, "tools") {
         tools.edit(|i, tool| {
-            let e = responses_tool(tool, &format!("tools[{i}]"), policy, &mut paths, &mut remaining);
+            let e = responses_tool(
+                tool,
+                &format!("tools[{i}]"),
+                policy,
+                &mut paths,
+                &mut remaining,
+            );
             if e != Edit::Keep {
                 remaining.removed_any = true;
             }
@@ -604,14 +605,17 @@ fn responses_tool(
 ) -> Edit {
     let kind = ty(tool).to_owned();
     let keep = |remaining: &mut Remaining, tool: &Value| {
-        remaining.tools.push((
-            kind.clone(),
-            str_at(tool, "name").unwrap_or("").to_owned(),
-        ));
+        remaining
+            .tools
+            .push((kind.clone(), str_at(tool, "name").unwrap_or("").to_owned()));
         Edit::Keep
     };
     match kind.as_str() {
-        "function" | "custom" | "local_shell" | "apply_patch" | "computer"
+        "function"
+        | "custom"
+        | "local_shell"
+        | "apply_patch"
+        | "computer"
         | "computer_use_preview" => keep(remaining, tool),
         "shell" => {
             let local = tool
@@ -703,7 +707,11 @@ fn responses_item(item: &mut Value, at: &str, policy: &NetworkPolicy, paths: &mu
                 &format!("{at}.content"),
                 paths,
                 &|| {
-                    let t = if assistant { "output_text" } else { "input_text" };
+                    let t = if assistant {
+                        "output_text"
+                    } else {
+                        "input_text"
+                    };
                     json!({"type": t, "text": REMOVED_PLACEHOLDER})
                 },
                 &mut |p, at, paths| responses_part(p, at, policy, paths),
@@ -742,8 +750,14 @@ fn responses_item(item: &mut Value, at: &str, policy: &NetworkPolicy, paths: &mu
                 None => Edit::Keep,
             }
         }
-        "function_call" | "custom_tool_call" | "computer_call" | "local_shell_call"
-        | "local_shell_call_output" | "shell_call" | "shell_call_output" | "apply_patch_call"
+        "function_call"
+        | "custom_tool_call"
+        | "computer_call"
+        | "local_shell_call"
+        | "local_shell_call_output"
+        | "shell_call"
+        | "shell_call_output"
+        | "apply_patch_call"
         | "apply_patch_call_output" => Edit::Keep,
         "reasoning" | "compaction" => {
             let encrypted = str_at(item, "encrypted_content").is_some_and(|s| !s.is_empty());
@@ -822,10 +836,7 @@ fn versioned(kind: &str, prefixes: &[&str]) -> bool {
 }
 
 /// Anthropic Messages mediation (also `count_tokens`).
-pub(crate) fn messages(
-    body: &mut JsonBody,
-    policy: &NetworkPolicy,
-) -> Result<Vec<String>, Error> {
+pub(crate) fn messages(body: &mut JsonBody, policy: &NetworkPolicy) -> Result<Vec<String>, Error> {
     let mut paths = Paths(Vec::new());
     remove_key(body, "container", &mut paths);
     remove_key(body, "mcp_servers", &mut paths);
