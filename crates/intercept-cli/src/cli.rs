@@ -112,6 +112,16 @@ pub struct ServeArgs {
     /// the call fails; 0 turns it off [default: 0, off].
     #[arg(long, value_name = "SECS")]
     pub upstream_read_idle_secs: Option<String>,
+    /// Default network policy: hosts the model provider may reach for a session,
+    /// comma-separated `*`, `*.domain` or host patterns [default: *].
+    #[arg(long, value_name = "PATTERNS")]
+    pub network_allow: Option<String>,
+    /// Default network policy: hosts never allowed, comma-separated patterns [default: none].
+    #[arg(long, value_name = "PATTERNS")]
+    pub network_block: Option<String>,
+    /// Default network policy: strip or reject a forbidden capability [default: strip].
+    #[arg(long, value_name = "strip|reject")]
+    pub network_on_violation: Option<String>,
 }
 
 impl ServeArgs {
@@ -143,6 +153,9 @@ impl ServeArgs {
             ("released_retention", &self.released_retention),
             ("upstream_write_idle_secs", &self.upstream_write_idle_secs),
             ("upstream_read_idle_secs", &self.upstream_read_idle_secs),
+            ("network_allow", &self.network_allow),
+            ("network_block", &self.network_block),
+            ("network_on_violation", &self.network_on_violation),
         ]
         .into_iter()
         .filter_map(|(k, v)| v.clone().map(|v| (k, v)))

@@ -32,7 +32,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use intercept_core::Secret;
+use intercept_core::{NetworkPolicy, OnViolation, Secret};
 use intercept_pool::{ElasticConfig, ElasticEntry, InterceptionConfig, ServerEntry, StaticEntry};
 use intercept_tunnel::TunnelConfig;
 
@@ -64,6 +64,9 @@ pub const KEYS: &[&str] = &[
     "released_retention",
     "upstream_write_idle_secs",
     "upstream_read_idle_secs",
+    "network_allow",
+    "network_block",
+    "network_on_violation",
 ];
 
 /// The prefix of the environment variables that configure the sidecar.
@@ -291,6 +294,8 @@ pub struct ServeConfig {
     /// A plain-HTTP upstream that sends nothing for this long once it has the request
     /// fails the call (default `None`: no limit).
     pub upstream_read_idle: Option<Duration>,
+    /// Network policy of sessions that name none (default unrestricted).
+    pub network: NetworkPolicy,
 }
 
 impl fmt::Debug for ServeConfig {
@@ -325,6 +330,7 @@ impl fmt::Debug for ServeConfig {
             .field("upstream_write_idle", &self.upstream_write_idle)
             .field("upstream_read_idle", &self.upstream_read_idle)
             .field("warnings", &self.warnings)
+            .field("network", &self.network)
             .finish()
     }
 }
@@ -358,6 +364,7 @@ impl Default for ServeConfig {
             released_retention: 4096,
             upstream_write_idle: Some(Duration::from_secs(30)),
             upstream_read_idle: None,
+            network: NetworkPolicy::default(),
         }
     }
 }
@@ -822,6 +829,35 @@ impl ServeConfig {
                     self.upstream_read_idle = limit;
                 }
             }
+            "network_allow" | "network_block" => {
+                let list: Vec<&str> = raw_trimmed
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty())
+                    .collect();
+                let (allow, block) = if key == "network_allow" {
+                    (
+                        list.iter().map(|p| (*p).to_owned()).collect(),
+                        self.network.block_patterns(),
+                    )
+                } else {
+                    (
+                        self.network.allow_patterns(),
+                        list.iter().map(|p| (*p).to_owned()).collect(),
+                    )
+                };
+                self.network = NetworkPolicy::new(&allow, &block)
+                    .map_err(|e| bad(format!("{e}; expected comma-separated host patterns")))?
+                    .with_on_violation(self.network.on_violation());
+            }
+            "network_on_violation" => {
+                let mode = match raw_trimmed {
+                    "strip" => OnViolation::Strip,
+                    "reject" => OnViolation::Reject,
+                    other => return Err(bad(format!("{other:?} is not strip or reject"))),
+                };
+                self.network = self.network.clone().with_on_violation(mode);
+            }
             _ => return Err(unknown(&source.spell(key), source)),
         }
         Ok(())
@@ -1047,6 +1083,9 @@ mod tests {
             ("upstream_write_idle_secs", "never"),
             ("upstream_read_idle_secs", "1e400"),
             ("upstream_read_idle_secs", ""),
+            ("network_allow", "https://example.org"),
+            ("network_block", "*.x.org, a:80"),
+            ("network_on_violation", "drop"),
         ];
         for (key, value) in cases {
             let e = err(None, &[], &[(key, value)]);
@@ -1214,6 +1253,9 @@ mod tests {
             ("control", "[::1]:7700".to_string()),
             ("log", "intercept_server=debug,info".to_string()),
             ("released_retention", "0".to_string()),
+            ("network_allow", "*.python.org, files.test".to_string()),
+            ("network_block", "evil.python.org".to_string()),
+            ("network_on_violation", "reject".to_string()),
         ];
         let c = ServeConfig::from_layers(Layers {
             file: None,
@@ -1229,6 +1271,18 @@ mod tests {
         assert_eq!(c.control.port(), 7700);
         assert!(c.control.is_ipv6());
         assert_eq!(c.released_retention, 0);
+        assert!(c.network.is_restricted());
+        assert!(c.network.allows_host("docs.python.org"));
+        assert!(!c.network.allows_host("evil.python.org"));
+        assert_eq!(c.network.on_violation(), OnViolation::Reject);
+        assert!(!ServeConfig::default().network.is_restricted());
+        let none = ServeConfig::from_layers(Layers {
+            file: None,
+            env: &[],
+            flags: &[("network_allow", String::new())],
+        })
+        .unwrap();
+        assert!(!none.network.allows_host("python.org"));
     }
 
     #[test]

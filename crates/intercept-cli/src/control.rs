@@ -25,8 +25,8 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::Incoming;
 use intercept_core::{
-    Limits, RecordSink, RolloutSession, Sampling, Session, SessionConfig, SessionStatus, SlotGuard,
-    Upstream,
+    Limits, NetworkPolicy, RecordSink, RolloutSession, Sampling, Session, SessionConfig,
+    SessionStatus, SlotGuard, Upstream,
 };
 use serde_json::{json, Map, Value};
 use tracing::{info, warn};
@@ -152,6 +152,7 @@ struct CreateRequest {
     upstream: Option<Upstream>,
     task: Option<Value>,
     capture_tokens: bool,
+    network: Option<NetworkPolicy>,
 }
 
 fn bad(message: impl Into<String>) -> Resp {
@@ -188,6 +189,7 @@ fn parse_create(body: &[u8], allowed_key_envs: &[String]) -> Result<CreateReques
         upstream: None,
         task: None,
         capture_tokens: false,
+        network: None,
     };
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(out);
@@ -256,10 +258,21 @@ fn parse_create(body: &[u8], allowed_key_envs: &[String]) -> Result<CreateReques
                 Value::Bool(b) => out.capture_tokens = *b,
                 _ => return Err("capture_tokens: expected true or false".into()),
             },
+            "network" => {
+                if !v.is_null() {
+                    out.network = Some(serde_json::from_value(v.clone()).map_err(|e| {
+                        format!(
+                            "network: {e} (expected {{\"allow\": [patterns], \"block\": \
+                             [patterns], \"on_violation\": \"strip\"|\"reject\"}}; a pattern \
+                             is `*`, `*.domain` or a host)"
+                        )
+                    })?);
+                }
+            }
             other => {
                 return Err(format!(
                     "unknown field {other:?}; known: id, model, sampling, limits, upstream, task, \
-                     capture_tokens"
+                     capture_tokens, network"
                 ))
             }
         }
@@ -401,6 +414,9 @@ async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
         upstream,
         limits: request.limits,
         task: request.task,
+        network: request
+            .network
+            .unwrap_or_else(|| state.config.network.clone()),
     })
     .with_capture_tokens(request.capture_tokens)
     .with_sink(state.metrics.clone() as Arc<dyn RecordSink>);
@@ -742,6 +758,21 @@ mod tests {
         )
         .unwrap();
         assert!(r.capture_tokens);
+        assert!(r.network.is_none());
+        let r = parse_create(br#"{"network":{"allow":["*.python.org"],"on_violation":"reject"}}"#)
+            .unwrap();
+        let network = r.network.unwrap();
+        assert!(network.is_restricted() && network.allows_host("docs.python.org"));
+        assert_eq!(network.on_violation(), intercept_core::OnViolation::Reject);
+        assert_eq!(
+            r.upstream.map(|u| u.base_url),
+            None,
+            "no upstream was given"
+        );
+        let r = parse_create(
+            br#"{"capture_tokens":true,"upstream":{"base_urls":["http://a:1/v1","http://b:1/v1/"]}}"#,
+        )
+        .unwrap();
         assert_eq!(
             r.upstream.unwrap().engines(),
             ["http://a:1/v1", "http://b:1/v1"]
@@ -780,6 +811,10 @@ mod tests {
                 "not both",
             ),
             (br#"{"capture_tokens":"yes"}"#, "capture_tokens"),
+            (br#"{"network":{"allow":["http://x.org"]}}"#, "network: network.allow: host pattern"),
+            (br#"{"network":{"allow":"*"}}"#, "network:"),
+            (br#"{"network":{"deny":[]}}"#, "network:"),
+            (br#"{"network":{"on_violation":"drop"}}"#, "network:"),
             (
                 br#"{"upstream":{"base_url":"http://x","api_key_env":"INTERCEPT_TEST_SURELY_UNSET_VAR"}}"#,
                 "upstream.api_key_env",

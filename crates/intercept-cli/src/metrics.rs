@@ -49,6 +49,8 @@ impl Histogram {
 #[derive(Debug, Default)]
 struct Calls {
     by_label: BTreeMap<(String, u16), u64>,
+    /// Calls from which the network policy removed something, by dialect.
+    mediated: BTreeMap<&'static str, u64>,
     latency: Histogram,
     ttfb: Histogram,
 }
@@ -102,6 +104,17 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "intercept_calls_total{{dialect=\"{dialect}\",status=\"{status}\"}} {n}"
+            );
+        }
+        out.push_str(
+            "# HELP intercept_mediated_calls_total Recorded model calls from which the network \
+             policy removed provider-side capabilities, by dialect.\n\
+             # TYPE intercept_mediated_calls_total counter\n",
+        );
+        for (dialect, n) in &calls.mediated {
+            let _ = writeln!(
+                out,
+                "intercept_mediated_calls_total{{dialect=\"{dialect}\"}} {n}"
             );
         }
         calls.latency.render(
@@ -201,6 +214,9 @@ impl RecordSink for Metrics {
             .by_label
             .entry((record.dialect.as_str().to_owned(), record.status))
             .or_default() += 1;
+        if record.policy.is_some() {
+            *calls.mediated.entry(record.dialect.as_str()).or_default() += 1;
+        }
         calls
             .latency
             .observe((record.ended_at - record.started_at).max(0.0));
@@ -233,6 +249,9 @@ mod tests {
             status: 502,
         });
         m.on_record(&r);
+        r.dialect = intercept_core::DialectKind::Messages;
+        r.policy = Some(intercept_core::PolicyEvent::new(vec!["mcp_servers".into()]));
+        m.on_record(&r);
         m.session_created();
         let text = m.render(Gauges {
             active_sessions: 3,
@@ -246,10 +265,12 @@ mod tests {
             text.contains("intercept_calls_total{dialect=\"chat_completions\",status=\"502\"} 1")
         );
         assert!(text.contains("intercept_call_duration_seconds_bucket{le=\"0.1\"} 0"));
-        assert!(text.contains("intercept_call_duration_seconds_bucket{le=\"0.25\"} 2"));
-        assert!(text.contains("intercept_time_to_first_byte_seconds_bucket{le=\"0.05\"} 2"));
-        assert!(text.contains("intercept_call_duration_seconds_count 2"));
-        assert!(text.contains("intercept_upstream_errors_total 1"));
+        assert!(text.contains("intercept_call_duration_seconds_bucket{le=\"0.25\"} 3"));
+        assert!(text.contains("intercept_time_to_first_byte_seconds_bucket{le=\"0.05\"} 3"));
+        assert!(text.contains("intercept_call_duration_seconds_count 3"));
+        assert!(text.contains("intercept_mediated_calls_total{dialect=\"messages\"} 1"));
+        assert!(!text.contains("intercept_mediated_calls_total{dialect=\"chat_completions\"}"));
+        assert!(text.contains("intercept_upstream_errors_total 2"));
         assert!(text.contains("intercept_sessions_created_total 1"));
         assert!(text.contains("intercept_active_sessions 3"));
         assert!(text.contains("intercept_servers 1"));

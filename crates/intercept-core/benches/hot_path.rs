@@ -4,6 +4,11 @@
 //! - `body/*`: `JsonBody::parse` + model/sampling override (`ChatDialect::prepare`) +
 //!   `chunks()`, against parsing the whole document into a `serde_json::Value`,
 //!   modifying it and serialising it again; for a 2 KiB and a 1 MiB chat request.
+//! - `mediate/*`: network-policy mediation of a 2 KiB agent request (tools, an image
+//!   URL) on top of `prepare` + `chunks()`: plain `prepare` (the baseline), an
+//!   unrestricted session (one branch), a restricted one with nothing to remove, and
+//!   one that strips a server tool and a blocked image URL (and appends the notice), for
+//!   Chat Completions and Anthropic Messages.
 //! - `sse/split`: `SseSplitter` cutting a 16-chunk chat stream delivered in 1 KiB reads.
 //! - `sse/split+assemble`: the same plus `ChatDialect`'s stream assembler, which is what
 //!   the relay does per stream.
@@ -14,7 +19,10 @@
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use intercept_core::sse::{SseEvent, SseSplitter};
-use intercept_core::{ChatDialect, Dialect, JsonBody, Prepared, Sampling};
+use intercept_core::{
+    mediate_request, ChatDialect, Dialect, JsonBody, MessagesDialect, NetworkPolicy, Prepared,
+    Sampling,
+};
 use serde_json::json;
 
 fn chat_body(target: usize) -> Bytes {
@@ -79,6 +87,81 @@ fn body(c: &mut Criterion) {
 }
 
 /// A Chat Completions stream of `pieces` content chunks, as vLLM sends it.
+/// A 2 KiB agent request with tools and an image; `strip` adds a server tool and an
+/// image URL the policy blocks.
+fn agent_body(anthropic: bool, strip: bool) -> Bytes {
+    let pad = " the repository layout and the failing test output follow".repeat(12);
+    let url = if strip {
+        "https://evil.example/chart.png"
+    } else {
+        "https://cdn.ok.org/chart.png"
+    };
+    let mut body = if anthropic {
+        json!({"model": "claude", "max_tokens": 512, "system": format!("You are an agent.{pad}"),
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": format!("Fix it.{pad}")},
+                    {"type": "image", "source": {"type": "url", "url": url}}]},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "bash", "input": {"cmd": "ls"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "src tests"}]}],
+            "tools": [{"name": "bash", "description": "run", "input_schema": {"type": "object"}},
+                {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"}]})
+    } else {
+        json!({"model": "gpt", "messages": [
+                {"role": "system", "content": format!("You are an agent.{pad}")},
+                {"role": "user", "content": [{"type": "text", "text": format!("Fix it.{pad}")},
+                    {"type": "image_url", "image_url": {"url": url}}]},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "src tests"}],
+            "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]})
+    };
+    if strip {
+        let tool = if anthropic {
+            json!({"type": "code_execution_20250825", "name": "code_execution"})
+        } else {
+            json!({"type": "web_search"})
+        };
+        if let Some(tools) = body["tools"].as_array_mut() {
+            tools.push(tool);
+        }
+    }
+    Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+}
+
+fn mediate(c: &mut Criterion) {
+    let sampling = sampling();
+    let restricted = NetworkPolicy::new(&["*.ok.org"], &[] as &[&str]).unwrap_or_default();
+    let open = NetworkPolicy::unrestricted();
+    let mut group = c.benchmark_group("mediate");
+    let dialects: [(&str, &dyn Dialect, bool); 2] = [
+        ("chat", &ChatDialect, false),
+        ("messages", &MessagesDialect, true),
+    ];
+    for (name, dialect, anthropic) in dialects {
+        let clean = agent_body(anthropic, false);
+        let dirty = agent_body(anthropic, true);
+        group.throughput(Throughput::Bytes(clean.len() as u64));
+        let cases: [(&str, &Bytes, Option<&NetworkPolicy>); 4] = [
+            ("prepare", &clean, None),
+            ("prepare_unrestricted", &clean, Some(open)),
+            ("prepare_restricted_clean", &clean, Some(&restricted)),
+            ("prepare_restricted_strip", &dirty, Some(&restricted)),
+        ];
+        for (case, source, policy) in cases {
+            group.bench_with_input(BenchmarkId::new(case, name), source, |b, source| {
+                b.iter(|| {
+                    let mut body = JsonBody::parse(source.clone()).ok()?;
+                    dialect.prepare(&mut body, "policy", &sampling).ok()?;
+                    if let Some(policy) = policy {
+                        mediate_request(dialect, policy, &mut body).ok()?;
+                    }
+                    Some(body.chunks())
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
 fn chat_stream(pieces: usize) -> Vec<u8> {
     let mut out = Vec::new();
     let mut event = |delta: serde_json::Value, finish: Option<&str>| {
@@ -144,5 +227,5 @@ fn sse(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, body, sse);
+criterion_group!(benches, body, mediate, sse);
 criterion_main!(benches);

@@ -181,6 +181,17 @@ impl JsonBody {
             })
     }
 
+    /// The raw JSON text of a top-level value as a shared slice (no copy).
+    pub fn raw_bytes(&self, key: &str) -> Option<Bytes> {
+        self.members
+            .iter()
+            .find(|m| &*m.key == key)
+            .map(|m| match &m.value {
+                Value::Source { value, .. } => self.source.slice(value.clone()),
+                Value::Owned(b) => b.clone(),
+            })
+    }
+
     /// Deserialises a top-level value; `None` when absent.
     pub fn get<T: DeserializeOwned>(&self, key: &str) -> Option<Result<T, serde_json::Error>> {
         self.raw(key).map(from_json_bytes)

@@ -21,6 +21,7 @@
 //!     upstream: Upstream::new("http://127.0.0.1:8000/v1"),
 //!     limits: Limits { max_turns: Some(16), ..Limits::default() },
 //!     task: None,
+//!     network: Default::default(),
 //! }));
 //! // A server registers the session and hands the rollout a slot:
 //! let slot = Slot {
@@ -40,6 +41,7 @@ pub mod dialect;
 pub mod episode;
 pub mod error;
 pub mod interception;
+pub mod network;
 pub mod record;
 pub mod redact;
 pub mod routing;
@@ -59,6 +61,7 @@ pub use error::{Blame, Error, ErrorKind};
 pub use interception::{
     Interception, PauseKind, PauseMode, PauseStatus, ServerStatus, SlotGuard, SlotRelease,
 };
+pub use network::{mediate_request, NetworkPolicy, OnViolation, PolicyEvent};
 pub use record::{CallError, CallRecord, TokenCapture, Usage};
 pub use secret::{Secret, SecretStr};
 pub use session::{

@@ -128,6 +128,10 @@ pub struct CallRecord {
     /// episode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<u64>,
+    /// What network-policy mediation removed from the request (`request` is the
+    /// mediated body); absent when nothing was removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<crate::network::PolicyEvent>,
 }
 
 fn is_off(c: &TokenCapture) -> bool {

@@ -281,6 +281,14 @@ pub trait Session: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// The rollout's network policy: what the model provider may reach on its behalf.
+    /// A restricted policy makes the server mediate every request after the request hook
+    /// ([`crate::Dialect::mediate`]); the default is unrestricted (nothing is mediated,
+    /// at the cost of one branch per call).
+    fn network(&self) -> &crate::network::NetworkPolicy {
+        crate::network::NetworkPolicy::unrestricted()
+    }
+
     /// Checked before each call: `Err(reason)` refuses it with 400 `rollout stopped:
     /// <reason>`. The default refuses once [`Session::stop_condition`] is set.
     fn check(&self) -> Result<(), String> {
@@ -383,6 +391,9 @@ pub struct SessionConfig {
     /// Task document served on `GET /task`.
     #[serde(default)]
     pub task: Option<serde_json::Value>,
+    /// Network policy (see [`Session::network`]); unrestricted by default.
+    #[serde(default)]
+    pub network: crate::network::NetworkPolicy,
 }
 
 /// Receives each call record as it is made (e.g. to append it to a JSONL file).
@@ -441,6 +452,7 @@ struct Inner {
 ///     upstream: Upstream::new("http://127.0.0.1:8000/v1"),
 ///     limits: Limits { max_turns: Some(8), ..Limits::default() },
 ///     task: None,
+///     network: Default::default(),
 /// });
 /// assert_eq!(session.model(), "policy");
 /// assert!(session.trace().calls.is_empty());
@@ -541,6 +553,10 @@ impl Session for RolloutSession {
 
     fn capture_tokens(&self) -> bool {
         self.capture_tokens
+    }
+
+    fn network(&self) -> &crate::network::NetworkPolicy {
+        &self.config.network
     }
 
     fn check(&self) -> Result<(), String> {
@@ -663,6 +679,7 @@ mod tests {
             upstream: Upstream::new("http://x/v1/"),
             limits: Limits::default(),
             task: None,
+            network: Default::default(),
         });
         assert_eq!(s.upstream().base_url, "http://x/v1");
         assert_eq!(s.upstream().engines(), ["http://x/v1".to_string()]);

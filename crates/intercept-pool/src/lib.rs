@@ -19,6 +19,7 @@
 //!     upstream: Upstream::new("http://127.0.0.1:8000/v1"),
 //!     limits: Default::default(),
 //!     task: None,
+//!     network: Default::default(),
 //! }));
 //! let slot = pool.acquire(session).await?; // a server comes up on demand
 //! println!("OPENAI_BASE_URL={}/v1", slot.base_url);

@@ -21,6 +21,7 @@ fn session(id: &str, upstream: &MockUpstream) -> Arc<RolloutSession> {
         upstream: Upstream::new(upstream.base_url()),
         limits: Default::default(),
         task: None,
+        network: Default::default(),
     }))
 }
 

@@ -67,6 +67,8 @@ pub(crate) struct Call {
     pub(crate) engine: AtomicUsize,
     /// The `model` the harness's request named, before the session's was imposed.
     pub(crate) requested_model: Option<String>,
+    /// What network-policy mediation removed (for the record).
+    pub(crate) policy: Option<intercept_core::PolicyEvent>,
 }
 
 /// What a response hook decided.
@@ -838,6 +840,7 @@ impl Call {
             completion_token_ids: tokens.completion_token_ids,
             completion_logprobs: tokens.completion_logprobs,
             node: None,
+            policy: self.policy.clone(),
         };
         session.record(record);
     }
@@ -894,6 +897,14 @@ pub(crate) async fn aux_call(
         Err(e) => return fail(e),
     };
     if let Err(e) = body.set("model", entry.session.model()) {
+        return fail(e);
+    }
+    if let Err(e) = crate::network::mediate(
+        &*dialect,
+        entry.session.network(),
+        entry.session.id(),
+        &mut body,
+    ) {
         return fail(e);
     }
     let upstream = entry.session.upstream();

@@ -19,6 +19,7 @@
 //!     upstream: Upstream::new("http://127.0.0.1:8000/v1"),
 //!     limits: Default::default(),
 //!     task: None,
+//!     network: Default::default(),
 //! }));
 //! let slot = server.acquire(session.clone()).await?;
 //! for (key, value) in slot.harness_env() {
@@ -57,6 +58,7 @@ mod detach;
 mod engines;
 mod h1pool;
 mod http_body;
+mod network;
 mod pause;
 mod registry;
 mod respond;

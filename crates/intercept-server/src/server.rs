@@ -109,6 +109,7 @@ struct Running {
 ///     upstream: Upstream::new("http://127.0.0.1:8000/v1"),
 ///     limits: Default::default(),
 ///     task: None,
+///     network: Default::default(),
 /// }));
 /// let guard = server.acquire(session.clone()).await?;
 /// // Start the harness with guard.harness_env(); when it exits:
@@ -810,6 +811,11 @@ async fn model_call(
         Ok(_) => {}
         Err(e) => return fail(Error::from_hook("request hook failed", e)),
     }
+    let policy =
+        match crate::network::mediate(&*dialect, session.network(), session.id(), &mut body) {
+            Ok(p) => p,
+            Err(e) => return fail(e),
+        };
     let capture = if session.capture_tokens() {
         match dialect.capture_tokens(&mut body) {
             Ok(c) => c,
@@ -835,6 +841,7 @@ async fn model_call(
         capture,
         engine: std::sync::atomic::AtomicUsize::new(usize::MAX),
         requested_model,
+        policy,
     };
     let (tx, rx) = oneshot::channel();
     // The call runs in this task (the harness's connection): here until the response

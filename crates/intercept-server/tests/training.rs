@@ -30,6 +30,7 @@ fn config(id: &str, upstream: Upstream) -> SessionConfig {
         upstream,
         limits: Default::default(),
         task: None,
+        network: Default::default(),
     }
 }
 

@@ -35,6 +35,7 @@ async fn setup(
         upstream: Upstream::new(upstream.base_url()).with_api_key("sk-ant-upstream"),
         limits: Default::default(),
         task: None,
+        network: Default::default(),
     }));
     let guard = server.acquire(session.clone()).await.expect("acquire");
     (upstream, server, session, guard)

@@ -2,6 +2,7 @@
 
 mod anthropic;
 mod episodes;
+mod network_policy;
 mod openai_chat;
 mod pool_bore;
 mod responses;

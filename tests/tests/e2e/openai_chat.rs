@@ -37,6 +37,7 @@ impl Setup {
             upstream: Upstream::new(self.upstream.base_url()),
             limits: Limits::default(),
             task: None,
+            network: Default::default(),
         }));
         let guard = self.server.acquire(session.clone()).await.expect("acquire");
         // Exactly what a harness gets through its environment.

@@ -166,6 +166,7 @@ async fn elastic_pool_over_real_bore_tunnels() {
                 upstream: Upstream::new(upstream.base_url()),
                 limits: Limits::default(),
                 task: None,
+                network: Default::default(),
             }))
         })
         .collect();

@@ -33,6 +33,7 @@ async fn setup(
         upstream: Upstream::new(upstream.base_url()),
         limits: Default::default(),
         task: None,
+        network: Default::default(),
     }));
     let guard = server.acquire(session.clone()).await.expect("acquire");
     let client = Client::with_config(

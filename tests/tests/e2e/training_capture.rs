@@ -32,6 +32,7 @@ async fn harness(
             upstream: Upstream::new(upstream),
             limits: Default::default(),
             task: None,
+            network: Default::default(),
         })
         .with_capture_tokens(capture),
     );

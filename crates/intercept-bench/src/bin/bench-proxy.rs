@@ -90,6 +90,7 @@ async fn run(args: Args) -> Result<()> {
                 upstream: upstream.clone(),
                 limits: Default::default(),
                 task: None,
+                network: Default::default(),
             })),
         };
         let guard = server.acquire(session).await?;

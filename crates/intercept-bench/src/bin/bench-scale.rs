@@ -58,6 +58,7 @@ fn session(kind: Kind, i: usize, upstream: &Upstream) -> Arc<dyn Session> {
             upstream: upstream.clone(),
             limits: Default::default(),
             task: None,
+            network: Default::default(),
         })),
         Kind::Count => Arc::new(CountingSession::new(id, "policy-model", upstream.clone())),
     }

@@ -130,6 +130,14 @@ impl Dialect for ChatDialect {
         "/chat/completions"
     }
 
+    fn mediate(
+        &self,
+        body: &mut JsonBody,
+        policy: &crate::network::NetworkPolicy,
+    ) -> Result<Vec<String>, Error> {
+        super::mediate::chat(body, policy)
+    }
+
     fn prepare(
         &self,
         body: &mut JsonBody,

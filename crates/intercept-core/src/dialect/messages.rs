@@ -157,6 +157,14 @@ impl Dialect for MessagesDialect {
         Bytes::from(out)
     }
 
+    fn mediate(
+        &self,
+        body: &mut JsonBody,
+        policy: &crate::network::NetworkPolicy,
+    ) -> Result<Vec<String>, Error> {
+        super::mediate::messages(body, policy)
+    }
+
     fn prepare(
         &self,
         body: &mut JsonBody,

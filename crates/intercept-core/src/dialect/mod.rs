@@ -16,6 +16,7 @@ use crate::sse::SseEvent;
 
 mod chat;
 mod completions;
+pub mod mediate;
 mod messages;
 mod responses;
 
@@ -160,6 +161,21 @@ pub trait Dialect: Send + Sync + fmt::Debug + 'static {
         model: &str,
         sampling: &Sampling,
     ) -> Result<Prepared, Error>;
+
+    /// Network-policy mediation (see [`crate::network`]), run on restricted sessions only,
+    /// after the request hook: removes every provider-side capability of the body that
+    /// could reach a host the policy does not allow, appends
+    /// [`crate::network::NOTICE`] to the earliest user message when it removed
+    /// something, and returns the value-free JSON paths it removed or narrowed
+    /// (`tools[2].type`), in body order. Mediating a mediated body changes nothing. The
+    /// default (a dialect whose requests carry no such capability) changes nothing.
+    fn mediate(
+        &self,
+        _body: &mut JsonBody,
+        _policy: &crate::network::NetworkPolicy,
+    ) -> Result<Vec<String>, Error> {
+        Ok(Vec::new())
+    }
 
     /// Token capture (session option `capture_tokens`): asks the upstream for token ids
     /// and logprobs on top of what the harness asked for, and returns the collector that

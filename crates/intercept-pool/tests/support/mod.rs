@@ -26,6 +26,7 @@ pub fn session(id: impl Into<String>) -> Arc<dyn Session> {
         upstream: Upstream::new("http://127.0.0.1:9/v1"),
         limits: Default::default(),
         task: None,
+        network: Default::default(),
     }))
 }
 

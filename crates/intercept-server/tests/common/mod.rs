@@ -90,6 +90,7 @@ impl Harness {
             upstream: Upstream::new(self.upstream.base_url()).with_api_key("sk-upstream-key"),
             limits: Limits::default(),
             task: None,
+            network: Default::default(),
         }
     }
 
