@@ -60,6 +60,7 @@ pub const KEYS: &[&str] = &[
     "log",
     "log_format",
     "shutdown_grace_secs",
+    "header_read_timeout_secs",
     "released_retention",
 ];
 
@@ -272,6 +273,10 @@ pub struct ServeConfig {
     pub log_format: LogFormat,
     /// On shutdown, in-flight calls may finish for this long before they are cancelled.
     pub shutdown_grace: Duration,
+    /// An HTTP/1 request head (harness ports and control API) must be complete this
+    /// long after the connection opened or its previous answer, else the connection is
+    /// closed; `None` (`0` in the settings): no limit.
+    pub header_read_timeout: Option<Duration>,
     /// Released sessions whose traces stay readable through the control API.
     pub released_retention: usize,
 }
@@ -303,6 +308,7 @@ impl fmt::Debug for ServeConfig {
             .field("log", &self.log)
             .field("log_format", &self.log_format)
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("header_read_timeout", &self.header_read_timeout)
             .field("released_retention", &self.released_retention)
             .finish()
     }
@@ -332,6 +338,7 @@ impl Default for ServeConfig {
             log: None,
             log_format: LogFormat::Text,
             shutdown_grace: Duration::from_secs(30),
+            header_read_timeout: Some(Duration::from_secs(30)),
             released_retention: 4096,
         }
     }
@@ -752,6 +759,18 @@ impl ServeConfig {
                     .ok_or_else(|| {
                         bad(format!("{raw_trimmed:?} is not a number of seconds (>= 0)"))
                     })?;
+            }
+            "header_read_timeout_secs" => {
+                let secs = raw_trimmed
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "{raw_trimmed:?} is not a number of seconds (>= 0; 0: no limit)"
+                        ))
+                    })?;
+                self.header_read_timeout = (!secs.is_zero()).then_some(secs);
             }
             "released_retention" => {
                 self.released_retention = raw_trimmed
