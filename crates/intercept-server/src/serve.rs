@@ -133,7 +133,7 @@ impl Drop for Busy {
 /// - `shutdown` is checked before every accept. Once it resolves, the listener is
 ///   closed (no new connections); connections marked busy finish their work (streamed
 ///   answers included) and then close; every other one (idle, half a head, a request
-///   body still arriving, an answer the peer does not read) is closed at once. The
+///   body still arriving) is closed at once. The
 ///   function returns only after every connection task has ended: no task outlives it.
 ///
 /// Run it as a task its owner awaits (a `TaskTracker`, a `JoinHandle`). Logs go to the
