@@ -101,6 +101,10 @@ pub struct ServeArgs {
     /// Seconds in-flight calls may take to finish on shutdown [default: 30].
     #[arg(long, value_name = "SECS")]
     pub shutdown_grace_secs: Option<String>,
+    /// Seconds a client has to send a whole request head, counted from the
+    /// connection's start or its previous answer; 0: no limit [default: 30].
+    #[arg(long, value_name = "SECS")]
+    pub header_read_timeout_secs: Option<String>,
     /// Released sessions whose traces stay readable [default: 4096].
     #[arg(long, value_name = "N")]
     pub released_retention: Option<String>,
@@ -150,6 +154,7 @@ impl ServeArgs {
             ("log", &self.log),
             ("log_format", &self.log_format),
             ("shutdown_grace_secs", &self.shutdown_grace_secs),
+            ("header_read_timeout_secs", &self.header_read_timeout_secs),
             ("released_retention", &self.released_retention),
             ("upstream_write_idle_secs", &self.upstream_write_idle_secs),
             ("upstream_read_idle_secs", &self.upstream_read_idle_secs),

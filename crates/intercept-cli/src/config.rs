@@ -61,6 +61,7 @@ pub const KEYS: &[&str] = &[
     "log",
     "log_format",
     "shutdown_grace_secs",
+    "header_read_timeout_secs",
     "released_retention",
     "upstream_write_idle_secs",
     "upstream_read_idle_secs",
@@ -286,6 +287,10 @@ pub struct ServeConfig {
     pub log_format: LogFormat,
     /// On shutdown, in-flight calls may finish for this long before they are cancelled.
     pub shutdown_grace: Duration,
+    /// An HTTP/1 request head (harness ports and control API) must be complete this
+    /// long after the connection opened or its previous answer, else the connection is
+    /// closed; `None` (`0` in the settings): no limit.
+    pub header_read_timeout: Option<Duration>,
     /// Released sessions whose traces stay readable through the control API.
     pub released_retention: usize,
     /// A plain-HTTP upstream that takes no byte of a request for this long fails the
@@ -326,6 +331,7 @@ impl fmt::Debug for ServeConfig {
             .field("log", &self.log)
             .field("log_format", &self.log_format)
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("header_read_timeout", &self.header_read_timeout)
             .field("released_retention", &self.released_retention)
             .field("upstream_write_idle", &self.upstream_write_idle)
             .field("upstream_read_idle", &self.upstream_read_idle)
@@ -361,6 +367,7 @@ impl Default for ServeConfig {
             log: None,
             log_format: LogFormat::Text,
             shutdown_grace: Duration::from_secs(30),
+            header_read_timeout: Some(Duration::from_secs(30)),
             released_retention: 4096,
             upstream_write_idle: Some(Duration::from_secs(30)),
             upstream_read_idle: None,
@@ -805,6 +812,18 @@ impl ServeConfig {
                     .ok_or_else(|| {
                         bad(format!("{raw_trimmed:?} is not a number of seconds (>= 0)"))
                     })?;
+            }
+            "header_read_timeout_secs" => {
+                let secs = raw_trimmed
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "{raw_trimmed:?} is not a number of seconds (>= 0; 0: no limit)"
+                        ))
+                    })?;
+                self.header_read_timeout = (!secs.is_zero()).then_some(secs);
             }
             "released_retention" => {
                 self.released_retention = raw_trimmed

@@ -171,6 +171,7 @@ impl Sidecar {
                 shutdown_grace: config.shutdown_grace,
                 upstream_write_idle: config.upstream_write_idle,
                 upstream_read_idle: config.upstream_read_idle,
+                header_read_timeout: config.header_read_timeout,
                 ..ServerConfig::default()
             },
         )
@@ -329,10 +330,14 @@ pub async fn serve(
 }
 
 async fn accept(listener: TcpListener, state: Arc<ControlState>, stop: CancellationToken) {
+    let options = intercept_server::ServeOptions {
+        header_read_timeout: state.config.header_read_timeout,
+    };
     let service = service_fn(move |req| {
         let state = state.clone();
         async move { Ok::<_, Infallible>(crate::control::handle(state, req).await) }
     });
-    let serve = intercept_server::serve_connections(listener, service, stop.cancelled_owned());
+    let serve =
+        intercept_server::serve_connections(listener, service, options, stop.cancelled_owned());
     tracing::Instrument::instrument(serve, tracing::info_span!("control_api")).await
 }

@@ -71,6 +71,65 @@ pub(crate) struct Call {
     pub(crate) policy: Option<intercept_core::PolicyEvent>,
 }
 
+/// Where a call sends its response head. The harness's connection stays marked busy
+/// (see [`crate::Connection::busy`]) until the answer's body is done: shutdown waits for
+/// it, and once the call is cancelled the answer has a bounded time to go out.
+pub(crate) struct Reply {
+    tx: oneshot::Sender<Response<ResponseBody>>,
+    busy: Option<crate::serve::Busy>,
+}
+
+impl Reply {
+    pub(crate) fn new(
+        tx: oneshot::Sender<Response<ResponseBody>>,
+        busy: Option<crate::serve::Busy>,
+    ) -> Self {
+        Reply { tx, busy }
+    }
+
+    fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// Sends the head; `Err` if nobody waits for it any more.
+    fn send(self, mut resp: Response<ResponseBody>) -> Result<(), ()> {
+        if let Some(busy) = self.busy {
+            resp.body_mut().hold(busy);
+        }
+        self.tx.send(resp).map_err(drop)
+    }
+}
+
+/// What became of a piece sent towards the harness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sent {
+    /// Queued for the harness's connection.
+    Queued,
+    /// Nobody reads the stream any more (the harness is gone).
+    Gone,
+    /// The call was cancelled while the harness did not take the piece.
+    Cancelled,
+}
+
+/// Queues `piece` for the harness unless the call is cancelled first. A piece that
+/// finds room is queued as by `try_send` (no wait, no allocation); only a harness that
+/// does not read makes it wait, and then cancellation wins.
+pub(crate) async fn send_or_cancel(
+    tx: &mpsc::Sender<Bytes>,
+    piece: Bytes,
+    cancel: &tokio_util::sync::CancellationToken,
+) -> Sent {
+    match tx.try_send(piece) {
+        Ok(()) => Sent::Queued,
+        Err(mpsc::error::TrySendError::Closed(_)) => Sent::Gone,
+        Err(mpsc::error::TrySendError::Full(piece)) => tokio::select! {
+            biased;
+            _ = cancel.cancelled() => Sent::Cancelled,
+            r = tx.send(piece) => if r.is_ok() { Sent::Queued } else { Sent::Gone },
+        },
+    }
+}
+
 /// What a response hook decided.
 enum HookOutcome {
     Unchanged,
@@ -80,7 +139,7 @@ enum HookOutcome {
 
 /// Whether the response head of a stream went out.
 enum Head {
-    Pending(oneshot::Sender<Response<ResponseBody>>),
+    Pending(Reply),
     Sent { client_gone: bool },
 }
 
@@ -127,7 +186,7 @@ impl Outcome {
 
 impl Call {
     /// Runs the exchange; sends the response head (and, for streams, feeds the body).
-    pub(crate) async fn run(self, reply: oneshot::Sender<Response<ResponseBody>>) {
+    pub(crate) async fn run(self, reply: Reply) {
         let session_id = self.entry.session.id().to_owned();
         let span = tracing::debug_span!("call", session = %session_id, seq = self.seq, stream = self.prepared.stream);
         if self.prepared.stream {
@@ -299,7 +358,7 @@ impl Call {
         }
     }
 
-    async fn run_json(mut self, reply: oneshot::Sender<Response<ResponseBody>>) {
+    async fn run_json(mut self, reply: Reply) {
         let cancel = self.entry.cancel.clone();
         let mut capture = self.capture.take();
         let work = async {
@@ -438,17 +497,15 @@ impl Call {
                 outcome.status = 200;
                 outcome.client_disconnected = client_gone;
                 self.record(outcome);
-                let _ = tx
-                    .send(
-                        self.dialect
-                            .error_event(answered.status(), &answered.to_string()),
-                    )
-                    .await;
+                let event = self
+                    .dialect
+                    .error_event(answered.status(), &answered.to_string());
+                send_or_cancel(tx, event, &self.entry.cancel).await;
             }
         }
     }
 
-    async fn run_stream(mut self, reply: oneshot::Sender<Response<ResponseBody>>) {
+    async fn run_stream(mut self, reply: Reply) {
         let mut capture = self.capture.take();
         let cancel = self.entry.cancel.clone();
         let keepalive = self.shared.config.keepalive;
@@ -475,8 +532,10 @@ impl Call {
                     next_keepalive = Some(tokio::time::Instant::now());
                 }
                 _ = sleep_until(next_keepalive.unwrap_or(early_at)), if next_keepalive.is_some() => {
-                    if tx.send(Bytes::from_static(KEEPALIVE)).await.is_err() {
-                        head = Head::Sent { client_gone: true };
+                    match send_or_cancel(&tx, Bytes::from_static(KEEPALIVE), &cancel).await {
+                        Sent::Queued => {}
+                        Sent::Gone => head = Head::Sent { client_gone: true },
+                        Sent::Cancelled => break Err(self.cancellation()),
                     }
                     next_keepalive = Some(tokio::time::Instant::now() + keepalive);
                 }
@@ -567,9 +626,16 @@ impl Call {
                 _ = &mut keepalive_timer, if !client_gone => {
                     let due = last_sent + keepalive;
                     if tokio::time::Instant::now() >= due {
-                        if tx.send(Bytes::from_static(KEEPALIVE)).await.is_err() {
-                            client_gone = true;
-                            gone_timer.as_mut().reset(tokio::time::Instant::now() + grace);
+                        match send_or_cancel(&tx, Bytes::from_static(KEEPALIVE), &cancel).await {
+                            Sent::Queued => {}
+                            Sent::Gone => {
+                                client_gone = true;
+                                gone_timer.as_mut().reset(tokio::time::Instant::now() + grace);
+                            }
+                            Sent::Cancelled => {
+                                failure = Some(self.cancellation());
+                                break 'relay;
+                            }
                         }
                         last_sent = tokio::time::Instant::now();
                         keepalive_timer.as_mut().reset(last_sent + keepalive);
@@ -664,11 +730,15 @@ impl Call {
             if !batch.is_empty() && !last {
                 let out = batch.split().freeze();
                 if !client_gone {
-                    if tx.send(out).await.is_err() {
-                        client_gone = true;
-                        gone_timer
-                            .as_mut()
-                            .reset(tokio::time::Instant::now() + grace);
+                    match send_or_cancel(&tx, out, &cancel).await {
+                        Sent::Queued => {}
+                        Sent::Gone => {
+                            client_gone = true;
+                            gone_timer
+                                .as_mut()
+                                .reset(tokio::time::Instant::now() + grace);
+                        }
+                        Sent::Cancelled => failure = Some(self.cancellation()),
                     }
                     last_sent = tokio::time::Instant::now();
                 }
@@ -718,21 +788,20 @@ impl Call {
         if let Some(reason) = stopped {
             self.entry.session.stop(&reason);
             let e = Error::RolloutStopped(self.entry.session.stop_condition().unwrap_or(reason));
-            let _ = tx
-                .send(self.dialect.error_event(e.status(), &e.to_string()))
-                .await;
+            let event = self.dialect.error_event(e.status(), &e.to_string());
+            send_or_cancel(&tx, event, &cancel).await;
         } else if !client_gone {
             match assembled {
                 Ok(_) if inspect => match rewritten {
                     Some(v) => {
                         for ev in self.dialect.synthesize_stream(&v) {
-                            if tx.send(ev).await.is_err() {
+                            if send_or_cancel(&tx, ev, &cancel).await != Sent::Queued {
                                 break;
                             }
                         }
                     }
                     None => {
-                        if let Err(e) = spool.replay(&tx).await {
+                        if let Err(e) = spool.replay(&tx, &cancel).await {
                             warn!(error = ?e.to_string(), "could not replay a buffered stream");
                         }
                     }
@@ -742,7 +811,7 @@ impl Call {
                         batch.extend_from_slice(&ev);
                     }
                     if !batch.is_empty() {
-                        let _ = tx.send(batch.split().freeze()).await;
+                        send_or_cancel(&tx, batch.split().freeze(), &cancel).await;
                     }
                 }
                 Err(e) => {
@@ -755,7 +824,7 @@ impl Call {
                     batch.extend_from_slice(
                         &self.dialect.error_event(shown.status(), &shown.to_string()),
                     );
-                    let _ = tx.send(batch.split().freeze()).await;
+                    send_or_cancel(&tx, batch.split().freeze(), &cancel).await;
                 }
             }
         }
@@ -883,7 +952,12 @@ pub(crate) async fn aux_call(
     };
     let (parts, body) = req.into_parts();
     let limit = shared.config.body_limit;
-    let bytes = match read_all(body, limit).await {
+    let read = tokio::select! {
+        biased;
+        _ = entry.cancel.cancelled() => return fail(Error::RolloutConcluded),
+        r = read_all(body, limit) => r,
+    };
+    let bytes = match read {
         Ok(b) => b,
         Err(ReadError::TooLarge) => return fail(Error::PayloadTooLarge { limit }),
         Err(ReadError::Body(e)) => {

@@ -27,6 +27,11 @@ pub struct ServerConfig {
     /// After a harness disconnects mid-stream, the upstream stream is still read (and
     /// recorded) for at most this long (default 120 s).
     pub disconnect_grace: Duration,
+    /// A harness connection whose HTTP/1 request head is not complete this long after
+    /// it opened, or after the previous answer on a kept-alive connection, is closed
+    /// (default 30 s): this bounds slow-header (slowloris) and idle connections.
+    /// `None`: no limit.
+    pub header_read_timeout: Option<Duration>,
     /// Connect timeout towards upstreams (default 5 s).
     pub connect_timeout: Duration,
     /// Optional cap on a whole upstream exchange; `None` (the default) waits as long as
@@ -75,6 +80,7 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(30),
             first_byte_timeout: Duration::from_secs(10),
             disconnect_grace: Duration::from_secs(120),
+            header_read_timeout: Some(Duration::from_secs(30)),
             connect_timeout: Duration::from_secs(5),
             upstream_timeout: None,
             upstream_write_idle: Some(Duration::from_secs(30)),
@@ -107,6 +113,7 @@ impl fmt::Debug for ServerConfig {
             .field("shutdown_grace", &self.shutdown_grace)
             .field("first_byte_timeout", &self.first_byte_timeout)
             .field("disconnect_grace", &self.disconnect_grace)
+            .field("header_read_timeout", &self.header_read_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("upstream_timeout", &self.upstream_timeout)
             .field("upstream_write_idle", &self.upstream_write_idle)

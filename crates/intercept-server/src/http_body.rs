@@ -72,7 +72,7 @@ impl Body for SliceBody {
 /// it also polls the call (see `detach`), so relaying a piece needs no wakeup of
 /// another task.
 #[derive(Debug)]
-pub struct ResponseBody(Kind);
+pub struct ResponseBody(Kind, Option<crate::serve::Busy>);
 
 #[derive(Debug)]
 enum Kind {
@@ -86,12 +86,17 @@ enum Kind {
 
 impl ResponseBody {
     pub(crate) fn full(bytes: impl Into<Bytes>) -> Self {
-        ResponseBody(Kind::Full(Some(bytes.into())))
+        ResponseBody(Kind::Full(Some(bytes.into())), None)
     }
 
     /// A stream fed through `rx`; ends when the sender is dropped.
     pub(crate) fn channel(rx: mpsc::Receiver<Bytes>) -> Self {
-        ResponseBody(Kind::Channel { rx, call: None })
+        ResponseBody(Kind::Channel { rx, call: None }, None)
+    }
+
+    /// Keeps `busy` until the body is dropped (written out, or its connection gone).
+    pub(crate) fn hold(&mut self, busy: crate::serve::Busy) {
+        self.1 = Some(busy);
     }
 
     /// Hands `call` to the body, which polls it from now on; a complete body has no use

@@ -3,21 +3,118 @@
 
 use std::error::Error as StdError;
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::{Body, Incoming};
 use hyper::service::Service;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use parking_lot::Mutex;
 use tokio::net::TcpListener;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
 /// How long the loop backs off after a failed `accept` (out of file descriptors and
 /// the like) before accepting again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
+
+/// Once the work a [`Busy`] mark stands for is cancelled, its answer may still reach
+/// the peer for this long; then the connection is dropped.
+pub const CANCEL_DRAIN: Duration = Duration::from_secs(1);
+
+/// Settings of [`serve_connections`]. `Default` gives the documented defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeOptions {
+    /// An HTTP/1 connection whose request head is not complete this long after the
+    /// connection opened (or after the previous answer, on a kept-alive connection) is
+    /// closed (default 30 s). `None`: no limit.
+    pub header_read_timeout: Option<Duration>,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            header_read_timeout: Some(Duration::from_secs(30)),
+        }
+    }
+}
+
+/// The connection a request came on: every request served by [`serve_connections`]
+/// carries one in its extensions.
+///
+/// A handler marks the connection [busy](Connection::busy) while it does work that
+/// shutdown should wait for. The mark also names what cancels that work: once it is
+/// cancelled, the answer has [`CANCEL_DRAIN`] to reach the peer, then the connection is
+/// dropped, whether or not the peer reads.
+#[derive(Clone, Debug)]
+pub struct Connection(Arc<Control>);
+
+#[derive(Debug, Default)]
+struct Control {
+    marks: Mutex<Vec<Mark>>,
+    next: AtomicU64,
+    /// Requests seen on the connection.
+    requests: AtomicU64,
+}
+
+struct Mark {
+    id: u64,
+    cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+impl std::fmt::Debug for Mark {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mark").field("id", &self.id).finish()
+    }
+}
+
+impl Connection {
+    /// Marks the connection busy until the returned guard is dropped: shutdown lets
+    /// it finish (a connection with no mark is closed at once). When `cancel` fires
+    /// while the guard lives, the connection is dropped [`CANCEL_DRAIN`] later.
+    pub fn busy(&self, cancel: CancellationToken) -> Busy {
+        let id = self.0.next.fetch_add(1, Ordering::Relaxed);
+        self.0.marks.lock().push(Mark {
+            id,
+            cancelled: Box::pin(cancel.cancelled_owned()),
+        });
+        Busy {
+            control: self.0.clone(),
+            id,
+        }
+    }
+
+    fn is_busy(&self) -> bool {
+        !self.0.marks.lock().is_empty()
+    }
+
+    /// Whether the work of a mark was cancelled; registers `cx` otherwise.
+    fn poll_cancelled(&self, cx: &mut Context<'_>) -> bool {
+        let mut marks = self.0.marks.lock();
+        marks
+            .iter_mut()
+            .any(|m| m.cancelled.as_mut().poll(cx).is_ready())
+    }
+}
+
+/// A [`Connection`] marked busy; dropping it removes the mark.
+#[derive(Debug)]
+pub struct Busy {
+    control: Arc<Control>,
+    id: u64,
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.control.marks.lock().retain(|m| m.id != self.id);
+    }
+}
 
 /// Serves every connection accepted on `listener` with a clone of `service` until
 /// `shutdown` resolves, then shuts down gracefully and returns.
@@ -26,10 +123,18 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
 ///   opens with, and has `TCP_NODELAY` set.
 /// - A failed `accept` (out of file descriptors and the like) is logged; the loop backs
 ///   off for 20 ms and keeps serving.
+/// - An HTTP/1 request head must be complete within `options.header_read_timeout`,
+///   counted from the connection's start or the previous answer, else the connection
+///   is closed: neither a dribbled head nor a silent connection holds it.
+/// - Each request carries the [`Connection`] it came on in its extensions. A
+///   connection whose [busy](Connection::busy) work is cancelled is dropped
+///   [`CANCEL_DRAIN`] later if its answer has not gone out by then, so a peer that
+///   stops reading never holds that work.
 /// - `shutdown` is checked before every accept. Once it resolves, the listener is
-///   closed (no new connections), requests in flight (streamed responses included) run
-///   to their end, idle keep-alive connections are closed, and the function returns
-///   only after every connection task has ended: no task outlives it.
+///   closed (no new connections); connections marked busy finish their work (streamed
+///   answers included) and then close; every other one (idle, half a head, a request
+///   body still arriving) is closed at once. The
+///   function returns only after every connection task has ended: no task outlives it.
 ///
 /// Run it as a task its owner awaits (a `TaskTracker`, a `JoinHandle`). Logs go to the
 /// caller's `tracing` span.
@@ -56,6 +161,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
 /// let server = tokio::spawn(intercept_server::serve_connections(
 ///     listener,
 ///     service,
+///     intercept_server::ServeOptions::default(),
 ///     stop.clone().cancelled_owned(),
 /// ));
 ///
@@ -73,19 +179,24 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
 pub async fn serve_connections<S, B>(
     listener: TcpListener,
     service: S,
+    options: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) where
-    S: Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>> + Clone + Send + Sync + 'static,
     S::Future: Send + 'static,
     S::Error: Into<Box<dyn StdError + Send + Sync>>,
     B: Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn StdError + Send + Sync>>,
 {
-    let graceful = GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(options.header_read_timeout);
     // Every connection task is owned here and awaited before the loop returns.
     let connections = TaskTracker::new();
+    let closing = CancellationToken::new();
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -101,19 +212,108 @@ pub async fn serve_connections<S, B>(
             },
         };
         let _ = stream.set_nodelay(true);
+        let control = Connection(Arc::default());
+        let marked = control.clone();
+        let service = service.clone();
+        let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+            marked.0.requests.fetch_add(1, Ordering::Relaxed);
+            req.extensions_mut().insert(marked.clone());
+            service.call(req)
+        });
         let conn = builder
-            .serve_connection(TokioIo::new(stream), service.clone())
+            .serve_connection(TokioIo::new(stream), service)
             .into_owned();
-        let conn = graceful.watch(conn);
+        let closing = closing.clone().cancelled_owned();
         connections.spawn(async move {
-            if let Err(e) = conn.await {
-                debug!(%peer, error = %e, "connection ended with an error");
+            let first_head = options.header_read_timeout;
+            match watch(
+                conn,
+                |c| c.graceful_shutdown(),
+                control,
+                closing,
+                first_head,
+            )
+            .await
+            {
+                Ended::Served(Err(e)) => {
+                    debug!(%peer, error = %e, "connection ended with an error")
+                }
+                Ended::Served(Ok(())) => {}
+                Ended::Dropped(why) => debug!(%peer, "connection dropped: {why}"),
             }
         });
     }
     drop(listener);
-    // In-flight responses finish; idle connections close.
-    graceful.shutdown().await;
+    // Idle and partial connections close now; busy ones finish their work.
+    closing.cancel();
     connections.close();
     connections.wait().await;
+}
+
+/// How a connection task ended.
+enum Ended<E> {
+    Served(Result<(), E>),
+    Dropped(&'static str),
+}
+
+/// Serves `conn` until it ends, it is shut down while not busy, or the work of one of
+/// its busy marks was cancelled and [`CANCEL_DRAIN`] passed.
+async fn watch<C, E>(
+    conn: C,
+    shut_down: impl Fn(Pin<&mut C>),
+    control: Connection,
+    closing: WaitForCancellationFutureOwned,
+    first_head: Option<Duration>,
+) -> Ended<E>
+where
+    C: Future<Output = Result<(), E>>,
+{
+    tokio::pin!(conn);
+    tokio::pin!(closing);
+    let mut shutting_down = false;
+    let mut drain: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    // The protocol is told by the first bytes, before HTTP/1's own header timeout runs:
+    // a connection that sends nothing is bounded here.
+    let opening = tokio::time::sleep(first_head.unwrap_or(Duration::MAX));
+    tokio::pin!(opening);
+    let mut opened = first_head.is_none();
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(r) = conn.as_mut().poll(cx) {
+            return Poll::Ready(Ended::Served(r));
+        }
+        if !opened {
+            if control.0.requests.load(Ordering::Relaxed) > 0 {
+                opened = true;
+            } else if opening.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Ended::Dropped("no request head within the timeout"));
+            }
+        }
+        if !shutting_down && closing.as_mut().poll(cx).is_ready() {
+            shutting_down = true;
+            shut_down(conn.as_mut());
+            // The graceful shutdown may have ended an idle connection already.
+            if let Poll::Ready(r) = conn.as_mut().poll(cx) {
+                return Poll::Ready(Ended::Served(r));
+            }
+        }
+        if shutting_down && !control.is_busy() {
+            return Poll::Ready(Ended::Dropped("the server is shutting down"));
+        }
+        if drain.is_none() && control.poll_cancelled(cx) {
+            drain = Some(Box::pin(tokio::time::sleep(CANCEL_DRAIN)));
+            // The cancelled answer is the connection's last.
+            shut_down(conn.as_mut());
+        }
+        if let Some(d) = &mut drain {
+            if !control.is_busy() {
+                drain = None;
+            } else if d.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Ended::Dropped(
+                    "its work was cancelled and the peer did not take the answer",
+                ));
+            }
+        }
+        Poll::Pending
+    })
+    .await
 }

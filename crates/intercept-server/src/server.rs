@@ -434,11 +434,14 @@ impl SlotRelease for Release {
 }
 
 async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
+    let options = crate::serve::ServeOptions {
+        header_read_timeout: shared.config.header_read_timeout,
+    };
     let service = service_fn(move |req| {
         let shared = shared.clone();
         async move { Ok::<_, Infallible>(handle(shared, req).await) }
     });
-    crate::serve::serve_connections(listener, service, stop.cancelled_owned()).await
+    crate::serve::serve_connections(listener, service, options, stop.cancelled_owned()).await
 }
 
 async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ResponseBody> {
@@ -716,8 +719,15 @@ async fn model_call(
     };
     let session = entry.session.clone();
     let (parts, body) = req.into_parts();
+    let connection = parts.extensions.get::<crate::serve::Connection>().cloned();
     let limit = shared.config.body_limit;
-    let bytes = match read_all(body, limit).await {
+    // A harness that stops sending its body holds nothing: release cancels the read.
+    let read = tokio::select! {
+        biased;
+        _ = entry.cancel.cancelled() => return fail(Error::RolloutConcluded),
+        r = read_all(body, limit) => r,
+    };
+    let bytes = match read {
         Ok(b) => b,
         Err(ReadError::TooLarge) => return fail(Error::PayloadTooLarge { limit }),
         Err(ReadError::Body(e)) => {
@@ -844,6 +854,7 @@ async fn model_call(
         policy,
     };
     let (tx, rx) = oneshot::channel();
+    let tx = crate::call::Reply::new(tx, connection.map(|c| c.busy(call.entry.cancel.clone())));
     // The call runs in this task (the harness's connection): here until the response
     // head exists, then in the response body. Dropped unfinished (the harness went
     // away), it goes on as a task of the server's tracker, to its record.

@@ -52,10 +52,16 @@ impl Spool {
         Ok(())
     }
 
-    /// Sends everything, in 64 KiB pieces from the file; stops early if the receiver is gone.
-    pub(crate) async fn replay(self, tx: &mpsc::Sender<Bytes>) -> std::io::Result<()> {
+    /// Sends everything, in 64 KiB pieces from the file; stops early if the receiver is
+    /// gone or `cancel` fires while the receiver does not take a piece.
+    pub(crate) async fn replay(
+        self,
+        tx: &mpsc::Sender<Bytes>,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> std::io::Result<()> {
+        use crate::call::{send_or_cancel, Sent};
         for chunk in self.memory {
-            if tx.send(chunk).await.is_err() {
+            if send_or_cancel(tx, chunk, cancel).await != Sent::Queued {
                 return Ok(());
             }
         }
@@ -69,7 +75,7 @@ impl Spool {
                     break;
                 }
                 buf.truncate(n);
-                if tx.send(Bytes::from(buf)).await.is_err() {
+                if send_or_cancel(tx, Bytes::from(buf), cancel).await != Sent::Queued {
                     break;
                 }
             }
