@@ -585,15 +585,17 @@ fn trace(state: &ControlState, id: &str) -> Resp {
 /// The `episode` query flag of `DELETE /v1/sessions/{id}`.
 fn episode_flag(query: Option<&str>) -> Result<bool, String> {
     let mut with = false;
-    for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
         let (key, value) = pair.split_once('=').unwrap_or((pair, "true"));
         match (key, value) {
             ("episode", "true" | "1") => with = true,
             ("episode", "false" | "0") => with = false,
             ("episode", other) => {
-                return Err(format!(
-                    "episode: expected true or false, got {other:?}"
-                ))
+                return Err(format!("episode: expected true or false, got {other:?}"))
             }
             (other, _) => {
                 return Err(format!(

@@ -289,7 +289,10 @@ impl Sidecar {
                 .values_mut()
                 .map(|h| {
                     h.released = true;
-                    (h.guard.take().map(|g| (g, h.session.clone())), h.sink.clone())
+                    (
+                        h.guard.take().map(|g| (g, h.session.clone())),
+                        h.sink.clone(),
+                    )
                 })
                 .unzip()
         };

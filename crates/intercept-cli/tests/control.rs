@@ -350,10 +350,9 @@ async fn every_route_and_error() {
     assert_eq!(released.status, StatusCode::OK);
     let mut released = released.json().unwrap();
     assert_eq!(released["episode"], episode);
-    let file_episode: Value = serde_json::from_slice(
-        &std::fs::read(dir.path().join("rollout-b.episode.json")).unwrap(),
-    )
-    .unwrap();
+    let file_episode: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("rollout-b.episode.json")).unwrap())
+            .unwrap();
     assert_eq!(file_episode, episode);
     released.as_object_mut().unwrap().remove("episode");
     assert_eq!(released["calls"].as_array().unwrap().len(), 1);

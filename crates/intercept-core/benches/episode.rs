@@ -2,12 +2,20 @@
 //! Chat request, a short answer) into a session's graph, and the memory of a 100-turn
 //! episode of 2k-token prompts (printed as bytes per token).
 
+// `criterion_group!` generates an undocumented public function.
+#![allow(missing_docs)]
+
 use criterion::{criterion_group, criterion_main, Criterion};
 use intercept_core::episode::EpisodeBuilder;
 use intercept_core::{CallRecord, DialectKind, JsonBody, RawJson, TokenCapture, Usage};
 use serde_json::{json, Value};
 
-fn record(seq: u64, request: &Value, response: &Value, tokens: Option<(Vec<u32>, Vec<u32>)>) -> CallRecord {
+fn record(
+    seq: u64,
+    request: &Value,
+    response: &Value,
+    tokens: Option<(Vec<u32>, Vec<u32>)>,
+) -> CallRecord {
     let (p, c) = match tokens {
         Some((p, c)) => (Some(p), Some(c)),
         None => (None, None),
@@ -32,7 +40,11 @@ fn record(seq: u64, request: &Value, response: &Value, tokens: Option<(Vec<u32>,
         error: None,
         epoch: 0,
         engine: None,
-        token_capture: if p.is_some() { TokenCapture::Captured } else { TokenCapture::Off },
+        token_capture: if p.is_some() {
+            TokenCapture::Captured
+        } else {
+            TokenCapture::Off
+        },
         completion_logprobs: c.as_ref().map(|c| c.iter().map(|_| -0.5).collect()),
         prompt_token_ids: p,
         completion_token_ids: c,
@@ -83,7 +95,12 @@ fn memory(_c: &mut Criterion) {
         let request = json!({"model": "m", "messages": messages});
         let response = json!({"choices": [{"index": 0, "message": answer}]});
         record_tokens += ids.len() + completion.len();
-        graph.commit(&record(u64::from(turn), &request, &response, Some((ids.clone(), completion.clone()))));
+        graph.commit(&record(
+            u64::from(turn),
+            &request,
+            &response,
+            Some((ids.clone(), completion.clone())),
+        ));
         messages.push(answer);
         ids.extend(completion);
     }

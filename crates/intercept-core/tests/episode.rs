@@ -82,14 +82,20 @@ fn completion_ids(m: &Msg) -> Vec<u32> {
 }
 
 fn record(seq: u64, prompt: &[Msg], reply: &Msg, engine: Option<Engine>) -> CallRecord {
-    let request = json!({"model": "m", "messages": prompt.iter().map(Msg::chat).collect::<Vec<_>>()});
+    let request =
+        json!({"model": "m", "messages": prompt.iter().map(Msg::chat).collect::<Vec<_>>()});
     let response = json!({"id": format!("r{seq}"), "object": "chat.completion",
         "choices": [{"index": 0, "message": reply.chat(), "finish_reason": "stop"}]});
     let (capture, p, c, l) = match engine {
         Some(e) => {
             let c = completion_ids(reply);
             let l: Vec<f64> = (0..c.len()).map(|i| -(i as f64) / 8.0 - 0.01).collect();
-            (TokenCapture::Captured, Some(render(e, prompt)), Some(c), Some(l))
+            (
+                TokenCapture::Captured,
+                Some(render(e, prompt)),
+                Some(c),
+                Some(l),
+            )
         }
         None => (TokenCapture::Off, None, None, None),
     };
@@ -488,8 +494,7 @@ fn anthropic_and_responses_rollouts_give_the_graph_of_the_same_chat_rollout() {
             json!({"choices": [{"message": {"role": "assistant", "content": "bin and etc"}}]}),
         ),
     ];
-    let tool_use =
-        json!({"type": "tool_use", "id": "t1", "name": "ls", "input": {"dir": "/"}});
+    let tool_use = json!({"type": "tool_use", "id": "t1", "name": "ls", "input": {"dir": "/"}});
     let anthropic = [
         dialect_record(
             0,

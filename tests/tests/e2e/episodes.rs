@@ -48,7 +48,9 @@ fn body_ids(m: &Value) -> Vec<u32> {
         .map(word_id)
         .collect();
     for call in m["tool_calls"].as_array().into_iter().flatten() {
-        out.push(word_id(call["function"]["name"].as_str().unwrap_or_default()));
+        out.push(word_id(
+            call["function"]["name"].as_str().unwrap_or_default(),
+        ));
         out.push(word_id(
             call["function"]["arguments"].as_str().unwrap_or_default(),
         ));
@@ -100,7 +102,11 @@ async fn answer(req: http::Request<hyper::body::Incoming>) -> http::Response<Ful
     let completion = body_ids(&message);
     let ids = body["return_token_ids"] == true;
     let lps = json!({"content": (0..completion.len()).map(|i| json!({"token": "t", "logprob": logprob(i), "bytes": [116], "top_logprobs": []})).collect::<Vec<_>>()});
-    let lps = if body["logprobs"] == true { lps } else { Value::Null };
+    let lps = if body["logprobs"] == true {
+        lps
+    } else {
+        Value::Null
+    };
     let (token_ids, prompt_token_ids) = if ids {
         (json!(completion), json!(prompt))
     } else {
@@ -211,11 +217,7 @@ async fn streamed_turn(client: &Client<OpenAIConfig>, messages: &[Value]) -> Val
     let request: CreateChatCompletionRequest =
         serde_json::from_value(json!({"model": "gpt-4o", "stream": true, "messages": messages}))
             .expect("request");
-    let mut stream = client
-        .chat()
-        .create_stream(request)
-        .await
-        .expect("stream");
+    let mut stream = client.chat().create_stream(request).await.expect("stream");
     let mut content = String::new();
     let mut calls: Vec<Value> = Vec::new();
     while let Some(chunk) = stream.next().await {
@@ -286,8 +288,9 @@ async fn tool_loop(stream: bool) {
         let call_id = m["tool_calls"][0]["id"].as_str().map(str::to_owned);
         messages.push(m);
         match call_id {
-            Some(id) => messages
-                .push(json!({"role": "tool", "tool_call_id": id, "content": format!("step {turn} ok")})),
+            Some(id) => messages.push(
+                json!({"role": "tool", "tool_call_id": id, "content": format!("step {turn} ok")}),
+            ),
             None => assert_eq!(turn, 2, "the answer comes on the third turn"),
         }
     }
@@ -326,7 +329,10 @@ async fn tool_loop(stream: bool) {
         .filter(|(_, m)| **m)
         .map(|(i, _)| *i)
         .collect();
-    assert_eq!(masked, completions, "the mask covers exactly the three completions");
+    assert_eq!(
+        masked, completions,
+        "the mask covers exactly the three completions"
+    );
     let lps = branch.logprobs.clone().expect("logprobs");
     assert_eq!(lps.len(), ids.len());
     let masked_lps: Vec<f64> = lps

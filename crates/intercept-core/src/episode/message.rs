@@ -578,8 +578,10 @@ mod tests {
 
     #[test]
     fn one_tool_turn_hashes_the_same_in_every_dialect() {
-        let chat = from_chat(&json!({"role": "assistant", "content": null, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{\"b\": 1, \"a\": [2]}"}}]}));
+        let chat = from_chat(
+            &json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{\"b\": 1, \"a\": [2]}"}}]}),
+        );
         let mut anthropic = Vec::new();
         from_anthropic(
             &json!({"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "ls", "input": {"a": [2], "b": 1}}]}),
@@ -636,7 +638,8 @@ mod tests {
 
     #[test]
     fn reasoning_counts_in_the_hash_but_not_in_the_visible_hash() {
-        let with = from_chat(&json!({"role": "assistant", "content": "4", "reasoning_content": "2+2"}));
+        let with =
+            from_chat(&json!({"role": "assistant", "content": "4", "reasoning_content": "2+2"}));
         let without = from_chat(&json!({"role": "assistant", "content": "4"}));
         assert_ne!(with.hash(), without.hash());
         assert_eq!(with.visible_hash(), without.hash_with(false));

@@ -334,8 +334,7 @@ impl EpisodeBuilder {
             }
             DialectKind::Messages => {
                 let mut out = Vec::new();
-                if let Some(system) = parse("system").as_ref().and_then(message::anthropic_system)
-                {
+                if let Some(system) = parse("system").as_ref().and_then(message::anthropic_system) {
                     out.push(system);
                 }
                 let messages = parse("messages")?;
@@ -366,7 +365,10 @@ impl EpisodeBuilder {
                     Value::String(s) => s,
                     other => message::canonical(&other),
                 };
-                Some((None, Prompt::Messages(vec![Message::text(Role::User, prompt)])))
+                Some((
+                    None,
+                    Prompt::Messages(vec![Message::text(Role::User, prompt)]),
+                ))
             }
         }
     }
@@ -514,8 +516,7 @@ impl EpisodeBuilder {
             .map(|(i, n)| {
                 let (token_ids, mask, logprobs) = match &n.tokens {
                     Some(t) => {
-                        let mask: Vec<bool> =
-                            (0..t.ids.len()).map(|j| j >= t.prompt).collect();
+                        let mask: Vec<bool> = (0..t.ids.len()).map(|j| j >= t.prompt).collect();
                         let logprobs = t.logprobs.as_ref().map(|l| {
                             let mut out = vec![0.0; t.prompt];
                             out.extend_from_slice(l);
@@ -565,7 +566,10 @@ impl EpisodeBuilder {
         path.reverse();
         let mut branch = Branch {
             leaf,
-            turns: path.iter().filter(|&&n| self.nodes[n as usize].sampled).count() as u32,
+            turns: path
+                .iter()
+                .filter(|&&n| self.nodes[n as usize].sampled)
+                .count() as u32,
             path,
             token_start: None,
             token_ids: None,
