@@ -521,9 +521,10 @@ fn status(state: &ControlState, id: &str) -> Resp {
 
 fn trace(state: &ControlState, id: &str) -> Resp {
     match session_of(state, id) {
-        Some((session, _)) => ok_json(
+        Some((session, _)) => respond(
             StatusCode::OK,
-            &serde_json::to_value(session.trace()).unwrap_or(Value::Null),
+            "application/json",
+            session.trace().to_json_vec(),
         ),
         None => unknown(id),
     }
@@ -550,9 +551,10 @@ async fn delete(state: &ControlState, id: &str) -> Resp {
         state.retire(id);
         info!(session = %id, calls = session.calls(), "session released");
     }
-    ok_json(
+    respond(
         StatusCode::OK,
-        &serde_json::to_value(session.trace()).unwrap_or(Value::Null),
+        "application/json",
+        session.trace().to_json_vec(),
     )
 }
 
