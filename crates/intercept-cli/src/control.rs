@@ -574,9 +574,10 @@ fn status(state: &ControlState, id: &str) -> Resp {
 
 fn trace(state: &ControlState, id: &str) -> Resp {
     match session_of(state, id) {
-        Some((session, _)) => ok_json(
+        Some((session, _)) => respond(
             StatusCode::OK,
-            &serde_json::to_value(session.trace()).unwrap_or(Value::Null),
+            "application/json",
+            session.trace().to_json_vec(),
         ),
         None => unknown(id),
     }
@@ -629,16 +630,19 @@ async fn delete(state: &ControlState, id: &str, with_episode: bool) -> Resp {
         state.retire(id);
         info!(session = %id, calls = session.calls(), "session released");
     }
-    let mut answer = serde_json::to_value(session.trace()).unwrap_or(Value::Null);
-    if with_episode {
-        if let Value::Object(map) = &mut answer {
-            map.insert(
-                "episode".into(),
-                serde_json::to_value(session.episode()).unwrap_or(Value::Null),
-            );
-        }
+    let mut answer = session.trace().to_json_vec();
+    if with_episode && answer.last() == Some(&b'}') {
+        // The trace is an object: the episode goes in as one more member.
+        let episode = serde_json::to_vec(&session.episode()).unwrap_or_else(|e| {
+            serde_json::to_vec(&json!({ "error": format!("the episode cannot be serialised: {e}") }))
+                .unwrap_or_default()
+        });
+        answer.pop();
+        answer.extend_from_slice(b",\"episode\":");
+        answer.extend_from_slice(&episode);
+        answer.push(b'}');
     }
-    ok_json(StatusCode::OK, &answer)
+    respond(StatusCode::OK, "application/json", answer)
 }
 
 async fn interception(state: &ControlState) -> Resp {

@@ -107,21 +107,89 @@ pub(crate) fn from_json_bytes<'a, T: serde::Deserialize<'a>>(
     }
 }
 
+/// How deep a request body may nest arrays and objects, the top-level object counting as
+/// one level. It is the deepest document serde_json turns into a value (its recursion
+/// limit of 128 admits 127 levels): a deeper body could be proxied but its record could
+/// not be read as a value, so it is refused when the request is read instead.
+pub const MAX_JSON_DEPTH: usize = 127;
+
+/// The deepest nesting of arrays and objects in `bytes`, counting only brackets outside
+/// strings. Stops counting once `limit` is passed (the answer is then `limit + 1`).
+fn nesting_depth(bytes: &[u8], limit: usize) -> usize {
+    let (mut depth, mut max) = (0usize, 0usize);
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in bytes {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    max = depth;
+                    if max > limit {
+                        return max;
+                    }
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
+/// Why `source` is not a JSON object, in words a person can act on.
+fn not_an_object(source: &[u8], parse_error: &serde_json::Error) -> Error {
+    if let Err(e) = std::str::from_utf8(source) {
+        return Error::invalid(format!(
+            "request body is not valid UTF-8 (invalid byte at offset {}); JSON must be UTF-8",
+            e.valid_up_to()
+        ));
+    }
+    if nesting_depth(source, MAX_JSON_DEPTH) > MAX_JSON_DEPTH {
+        return Error::invalid(format!(
+            "request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep"
+        ));
+    }
+    match serde_json::from_slice::<serde::de::IgnoredAny>(source) {
+        Ok(_) => {
+            let found = match source.iter().find(|b| !b.is_ascii_whitespace()) {
+                Some(b'[') => "an array",
+                Some(b'"') => "a string",
+                Some(b't' | b'f') => "a boolean",
+                Some(b'n') => "null",
+                _ => "a number",
+            };
+            Error::invalid(format!("request body must be a JSON object, not {found}"))
+        }
+        Err(_) => Error::invalid(format!("request body is not valid JSON: {parse_error}")),
+    }
+}
+
 impl JsonBody {
-    /// Parses `source`, which must be one JSON object. The error says what is wrong
-    /// (not JSON at all, or JSON but not an object) in words a person can act on.
+    /// Parses `source`, which must be one JSON object nesting at most
+    /// [`MAX_JSON_DEPTH`] levels. The error says what is wrong (not UTF-8, not JSON at
+    /// all, JSON but not an object, too deep) in words a person can act on.
     pub fn parse(source: Bytes) -> Result<Self, Error> {
         let top: TopLevel<'_> = match from_json_bytes(&source) {
             Ok(top) => top,
-            Err(e) => {
-                return Err(
-                    match serde_json::from_slice::<serde::de::IgnoredAny>(&source) {
-                        Ok(_) => Error::invalid("request body must be a JSON object"),
-                        Err(_) => Error::invalid(format!("request body is not valid JSON: {e}")),
-                    },
-                )
-            }
+            Err(e) => return Err(not_an_object(&source, &e)),
         };
+        if nesting_depth(&source, MAX_JSON_DEPTH) > MAX_JSON_DEPTH {
+            return Err(Error::invalid(format!(
+                "request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep"
+            )));
+        }
         let mut members: Vec<Member> = Vec::with_capacity(top.members.len());
         for (key, raw) in top.members {
             let value_start = offset_in(&source, raw.get().as_bytes());
@@ -148,6 +216,14 @@ impl JsonBody {
             }
         }
         Ok(JsonBody { source, members })
+    }
+
+    /// The empty object `{}`.
+    pub fn empty() -> Self {
+        JsonBody {
+            source: Bytes::from_static(b"{}"),
+            members: Vec::new(),
+        }
     }
 
     /// The bytes the body was parsed from (as the harness sent them).
@@ -478,7 +554,15 @@ mod tests {
     #[test]
     fn rejects_non_objects_with_clear_messages() {
         let e = JsonBody::parse(Bytes::from_static(b"[1,2]")).expect_err("array");
-        assert_eq!(e.to_string(), "request body must be a JSON object");
+        assert_eq!(
+            e.to_string(),
+            "request body must be a JSON object, not an array"
+        );
+        let e = JsonBody::parse(Bytes::from_static(b"\"x\"")).expect_err("string");
+        assert_eq!(
+            e.to_string(),
+            "request body must be a JSON object, not a string"
+        );
         let e = JsonBody::parse(Bytes::from_static(b"{\"a\":")).expect_err("truncated");
         assert!(
             e.to_string().starts_with("request body is not valid JSON"),
@@ -486,6 +570,40 @@ mod tests {
         );
         assert_eq!(e.status(), 400);
         assert!(JsonBody::parse(Bytes::from_static(b"")).is_err());
+    }
+
+    fn nested(depth: usize) -> String {
+        // `{"a":` + `[` * (depth - 1) + `]` * (depth - 1) + `}`: `depth` levels in all.
+        format!(
+            "{{\"a\":{}{}}}",
+            "[".repeat(depth - 1),
+            "]".repeat(depth - 1)
+        )
+    }
+
+    #[test]
+    fn nesting_is_limited_and_the_limit_is_what_serde_json_can_record() {
+        let at_limit = body(&nested(MAX_JSON_DEPTH));
+        // A body at the limit turns into a value (as a trace does when it is answered).
+        assert_ne!(at_limit.to_value(), serde_json::Value::Null);
+        let e = JsonBody::parse(Bytes::from(nested(MAX_JSON_DEPTH + 1))).expect_err("deep");
+        assert_eq!(e.status(), 400);
+        assert!(e.to_string().contains("more than 127 levels deep"), "{e}");
+        // Brackets inside strings (escaped quotes too) do not count.
+        let text = format!("{{\"a\":\"\\\"{}\",\"b\":[]}}", "[".repeat(500));
+        assert!(JsonBody::parse(Bytes::from(text)).is_ok());
+        // Deep and not an object: the depth is what is said, not "not an object".
+        let deep_array = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        let e = JsonBody::parse(Bytes::from(deep_array)).expect_err("deep array");
+        assert!(e.to_string().contains("levels deep"), "{e}");
+    }
+
+    #[test]
+    fn invalid_utf8_is_named_as_such() {
+        let e = JsonBody::parse(Bytes::from_static(b"{\"a\":\"\xff\"}")).expect_err("utf8");
+        assert_eq!(e.status(), 400);
+        assert!(e.to_string().contains("not valid UTF-8"), "{e}");
+        assert!(e.to_string().contains("offset 6"), "{e}");
     }
 
     #[test]

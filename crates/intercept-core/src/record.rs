@@ -139,16 +139,42 @@ fn is_off(c: &TokenCapture) -> bool {
 }
 
 impl CallRecord {
+    /// The record as JSON. A record that cannot be serialised (a body that is not the
+    /// JSON it should be) is replaced by an error record: the same call, without its
+    /// request and response, whose error says why. A trace is therefore always written
+    /// and answered whole, never as `null`.
+    pub fn to_json_vec(&self) -> Vec<u8> {
+        match serde_json::to_vec(self) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                let replaced = CallRecord {
+                    request: crate::body::JsonBody::empty(),
+                    response: None,
+                    error: Some(CallError {
+                        kind: ErrorKind::Internal,
+                        message: format!("the record of this call could not be serialised: {e}"),
+                        status: self.status,
+                    }),
+                    prompt_token_ids: None,
+                    completion_token_ids: None,
+                    completion_logprobs: None,
+                    ..self.clone()
+                };
+                // Every remaining field is plain data and always serialises.
+                serde_json::to_vec(&replaced).unwrap_or_else(|_| b"{}".to_vec())
+            }
+        }
+    }
+
     /// Whether the call succeeded.
     pub fn is_ok(&self) -> bool {
         self.error.is_none()
     }
 
-    /// One JSON line (no trailing newline).
+    /// One JSON line (no trailing newline), as [`CallRecord::to_json_vec`] makes it.
     pub fn to_json_line(&self) -> String {
-        serde_json::to_string(self).unwrap_or_else(|e| {
-            format!("{{\"session\":{:?},\"seq\":{},\"error\":{{\"kind\":\"internal\",\"message\":\"record not serialisable: {e}\",\"status\":500}}}}", self.session, self.seq)
-        })
+        // serde_json writes UTF-8 only.
+        String::from_utf8(self.to_json_vec()).unwrap_or_default()
     }
 }
 

@@ -428,6 +428,41 @@ pub struct Trace {
     pub replays: u64,
 }
 
+impl Trace {
+    /// The trace as one JSON object, each record serialised with
+    /// [`CallRecord::to_json_vec`]: a record that cannot be serialised becomes an error
+    /// record, so the answer is always the whole trace.
+    pub fn to_json_vec(&self) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct Head<'a> {
+            id: &'a str,
+            stop_condition: &'a Option<String>,
+            replays: u64,
+        }
+        let head = Head {
+            id: &self.id,
+            stop_condition: &self.stop_condition,
+            replays: self.replays,
+        };
+        // Plain strings and numbers: serialising them cannot fail.
+        let mut out = serde_json::to_vec(&head).unwrap_or_else(|_| b"{}".to_vec());
+        out.pop(); // the closing brace
+        out.extend_from_slice(if out.len() > 1 {
+            b",\"calls\":["
+        } else {
+            b"\"calls\":["
+        });
+        for (i, call) in self.calls.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(&call.to_json_vec());
+        }
+        out.extend_from_slice(b"]}");
+        out
+    }
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     calls: Vec<CallRecord>,
@@ -631,6 +666,49 @@ impl Session for RolloutSession {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn call(seq: u64) -> CallRecord {
+        serde_json::from_value(serde_json::json!({
+            "session": "r", "seq": seq, "dialect": "chat_completions", "endpoint": "/chat/completions",
+            "model": "m", "stream": false, "sampling": {}, "request": {"messages": []},
+            "response": {"choices": []}, "finish_reason": "stop",
+            "usage": serde_json::to_value(Usage::default()).expect("usage"),
+            "status": 200, "started_at": 1.0, "ended_at": 2.0, "ttfb_ms": null, "error": null,
+        }))
+        .expect("record")
+    }
+
+    #[test]
+    fn a_record_that_cannot_be_serialised_becomes_an_error_record_not_a_null_trace() {
+        let mut broken = call(1);
+        broken.response = Some(crate::body::RawJson::new(bytes::Bytes::from_static(
+            b"{\"a\":",
+        )));
+        assert!(serde_json::to_vec(&broken).is_err());
+        let trace = Trace {
+            id: "r".into(),
+            stop_condition: None,
+            calls: vec![call(0), broken, call(2)],
+            replays: 3,
+        };
+        let v: serde_json::Value = serde_json::from_slice(&trace.to_json_vec()).expect("json");
+        assert_eq!(v["id"], "r");
+        assert_eq!(v["replays"], 3);
+        let calls = v["calls"].as_array().expect("calls");
+        assert_eq!(calls.len(), 3);
+        assert_eq!(calls[0], serde_json::to_value(call(0)).expect("value"));
+        assert_eq!(calls[1]["seq"], 1);
+        assert_eq!(calls[1]["error"]["kind"], "internal");
+        assert!(
+            calls[1]["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("could not be serialised")),
+            "{v}"
+        );
+        // A whole trace reads back as a `Trace`.
+        let back: Trace = serde_json::from_slice(&trace.to_json_vec()).expect("trace");
+        assert_eq!(back.calls.len(), 3);
+    }
 
     #[test]
     fn totals_follow_usage() {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::*;
 use http_body_util::{BodyExt, Full};
+use intercept_core::body::MAX_JSON_DEPTH;
 use intercept_core::{ErrorKind, Interception, Limits, Session, SessionStatus, Upstream};
 use intercept_server::{ServerConfig, GENERATED_HEADER};
 use intercept_test::{Reply, ToolCall};
@@ -912,5 +913,106 @@ async fn slow_first_byte_is_answered_early_and_kept_alive() {
     )
     .await;
     assert_eq!(a.status, 429);
+    guard.close().await;
+}
+
+/// A chat call whose `tools[0].function.parameters` is `depth` nested arrays.
+fn deep_tools_body(depth: usize) -> Vec<u8> {
+    let params = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+    format!(
+        r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"tools":[{{"type":"function","function":{{"name":"f","parameters":{params}}}}}]}}"#
+    )
+    .into_bytes()
+}
+
+#[tokio::test]
+async fn deep_or_broken_json_is_refused_in_the_dialects_shape_and_traces_stay_whole() {
+    let h = Harness::new().await;
+    let (session, _w, guard) = h.session("rollout-deep").await;
+    let base = guard.base_url.clone();
+    let secret = guard.model_secret.expose().to_owned();
+    // tools[0].function.parameters sits 4 levels down: 123 more is the deepest accepted.
+    h.upstream.push(Reply::text("ok"));
+    let a = post(
+        &base,
+        "/v1/chat/completions",
+        Some(&secret),
+        deep_tools_body(MAX_JSON_DEPTH - 4),
+        &[],
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    for depth in [MAX_JSON_DEPTH - 3, 140, 100_000] {
+        let a = post(
+            &base,
+            "/v1/chat/completions",
+            Some(&secret),
+            deep_tools_body(depth),
+            &[],
+        )
+        .await;
+        assert_eq!(a.status, 400, "{}", a.text());
+        let v = a.json();
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("more than 127 levels deep")),
+            "{v}"
+        );
+    }
+    // The Messages dialect answers in its own shape.
+    let deep_array = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    let a = post(
+        &base,
+        "/v1/messages",
+        None,
+        deep_array,
+        &[("x-api-key", &secret)],
+    )
+    .await;
+    assert_eq!(a.status, 400, "{}", a.text());
+    let v = a.json();
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("levels deep")),
+        "{v}"
+    );
+    // Invalid UTF-8 is named as such, not as "not an object".
+    let a = post(
+        &base,
+        "/v1/chat/completions",
+        Some(&secret),
+        b"{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}".to_vec(),
+        &[],
+    )
+    .await;
+    assert_eq!(a.status, 400, "{}", a.text());
+    assert!(
+        a.json()["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("not valid UTF-8")),
+        "{}",
+        a.text()
+    );
+    assert_eq!(
+        h.upstream.request_count(),
+        1,
+        "only the accepted call went up"
+    );
+    // The accepted call's record reads back as a value, tools and all.
+    let trace = session.trace();
+    assert_eq!(trace.calls.len(), 1);
+    let back: intercept_core::session::Trace =
+        serde_json::from_slice(&trace.to_json_vec()).expect("trace json");
+    let request = back.calls[0].request.to_value();
+    assert_ne!(request["tools"], serde_json::Value::Null, "{request}");
+    assert_ne!(
+        serde_json::to_value(&trace).expect("value"),
+        serde_json::Value::Null
+    );
     guard.close().await;
 }
