@@ -20,7 +20,9 @@ See docs/python.md for the whole API.
 
 from __future__ import annotations
 
-from . import tunnels
+import atexit as _atexit
+
+from . import _native, tunnels
 from ._errors import (
     CallCancelledError,
     ClientDisconnectedError,
@@ -93,3 +95,7 @@ __all__ = [
     "InternalError",
     "EpisodeUnavailableError",
 ]
+
+# Before the interpreter finalises, stop every interception still running (calls in flight
+# are cancelled and recorded), so that no server thread is inside Python while it exits.
+_atexit.register(_native.at_exit, 5.0)

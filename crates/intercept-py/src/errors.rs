@@ -11,6 +11,10 @@ static FROM_NATIVE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 /// The Python exception for `e` (takes the GIL briefly).
 pub(crate) fn to_py(e: &Error) -> PyErr {
+    if crate::exiting() {
+        // No call into Python while it exits: a plain (lazily built) RuntimeError.
+        return PyRuntimeError::new_err(e.to_string());
+    }
     Python::attach(|py| {
         exception(
             py,

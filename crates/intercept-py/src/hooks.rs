@@ -74,7 +74,11 @@ impl CancelOnDrop {
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         if let Some(fut) = self.0.take() {
-            // At interpreter shutdown there is nothing left to cancel.
+            if crate::exiting() {
+                // At interpreter exit there is nothing left to cancel (and no Python to call).
+                std::mem::forget(fut);
+                return;
+            }
             let _ = Python::try_attach(|py| {
                 let _ = fut.bind(py).call_method0("cancel");
             });
@@ -102,6 +106,9 @@ pub(crate) async fn run(
                 .into(),
         ));
     };
+    if crate::exiting() {
+        return Err(failed("the Python interpreter is exiting".into()));
+    }
     let (tx, rx) = oneshot::channel::<Report>();
     let scheduled = Python::try_attach(|py| -> PyResult<Py<PyAny>> {
         let run_hook = RUN_HOOK.get_or_try_init(py, || -> PyResult<Py<PyAny>> {

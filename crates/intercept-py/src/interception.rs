@@ -2,7 +2,7 @@
 //! [`Interception`] built from its configuration, and the slots it hands out.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -95,6 +95,26 @@ pub(crate) struct NativeInterception {
     inner: Arc<dyn Interception>,
 }
 
+/// Every interception made in this process and not yet dropped, for [`crate::at_exit`].
+static LIVE: Mutex<Vec<Weak<dyn Interception>>> = Mutex::new(Vec::new());
+
+/// A live interception, as `at_exit` stops it.
+pub(crate) struct Live(Arc<dyn Interception>);
+
+impl Live {
+    /// Stops it, reporting nothing (the interpreter is exiting).
+    pub(crate) async fn stop_now(&self) {
+        let _ = self.0.stop().await;
+    }
+}
+
+/// The interceptions still alive.
+pub(crate) fn live() -> Vec<Live> {
+    let mut all = LIVE.lock();
+    all.retain(|w| w.strong_count() > 0);
+    all.iter().filter_map(Weak::upgrade).map(Live).collect()
+}
+
 fn pause_json(status: intercept_core::PauseStatus) -> String {
     serde_json::to_string(&status).unwrap_or_else(|_| "{}".into())
 }
@@ -112,6 +132,11 @@ impl NativeInterception {
         let server = settings.server_config()?;
         let _rt = runtime().enter();
         let inner = make_interception_with(&config, requires_tunnel, server).map_err(|e| to_py(&e))?;
+        {
+            let mut all = LIVE.lock();
+            all.retain(|w| w.strong_count() > 0);
+            all.push(Arc::downgrade(&inner));
+        }
         Ok(NativeInterception { inner })
     }
 

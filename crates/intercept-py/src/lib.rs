@@ -49,6 +49,41 @@ pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     pyo3_async_runtimes::tokio::get_runtime()
 }
 
+/// Set once the interpreter began to exit: from then on the server's threads do not
+/// call into Python (hooks fail, errors are built without it).
+static EXITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the interpreter is exiting (see [`at_exit`]).
+pub(crate) fn exiting() -> bool {
+    EXITING.load(std::sync::atomic::Ordering::Acquire)
+}
+
+/// Registered with `atexit` by the package: stops every interception still running (its
+/// calls in flight are cancelled and recorded) before the interpreter finalises, so no
+/// server thread is inside Python while it does. Waits at most `timeout` seconds.
+#[pyfunction]
+fn at_exit(py: Python<'_>, timeout: f64) {
+    EXITING.store(true, std::sync::atomic::Ordering::Release);
+    let live = interception::live();
+    if live.is_empty() {
+        return;
+    }
+    let limit = std::time::Duration::try_from_secs_f64(timeout).unwrap_or_default();
+    py.detach(|| {
+        runtime().block_on(async move {
+            let stops = live.iter().map(|ic| ic.stop_now());
+            let _ = tokio::time::timeout(limit, futures_join(stops)).await;
+        })
+    });
+}
+
+/// Runs the futures one after the other.
+async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) {
+    for f in futures {
+        f.await;
+    }
+}
+
 /// Sends the Rust side's logs (`tracing`) to stderr, filtered like `RUST_LOG`
 /// (e.g. `"info"`, `"intercept_server=debug"`). Returns false if logging was already set
 /// up in this process.
@@ -73,6 +108,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<hooks::HookDone>()?;
     m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(enable_logging, m)?)?;
+    m.add_function(wrap_pyfunction!(at_exit, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("TESTING", cfg!(feature = "testing"))?;
     #[cfg(feature = "testing")]

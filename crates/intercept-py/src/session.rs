@@ -38,6 +38,9 @@ impl fmt::Debug for PySession {
 
 impl PySession {
     fn event_loop(&self) -> Option<Py<PyAny>> {
+        if crate::exiting() {
+            return None;
+        }
         let guard = self.event_loop.lock();
         guard
             .as_ref()
