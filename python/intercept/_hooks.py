@@ -105,3 +105,13 @@ def run_hook(
         raise
     fut.add_done_callback(finish)
     return fut
+
+
+def resolve(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    """Resolves an awaitable of the native module (called on its loop's thread)."""
+    if fut.done():
+        return
+    if ok:
+        fut.set_result(value)
+    else:
+        fut.set_exception(value)

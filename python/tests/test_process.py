@@ -81,10 +81,10 @@ def intercept_command() -> list[str]:
     return [os.path.join(os.path.dirname(sys.executable), "intercept")]
 
 
-def test_intercept_command_help_version_and_bad_flags() -> None:
+def test_intercept_command_help_version_and_bad_flags(tmp_path) -> None:
     ok = subprocess.run([*intercept_command(), "--help"], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and "serve" in ok.stdout and "demo" in ok.stdout
-    v = subprocess.run([sys.executable, "-m", "intercept", "--version"], capture_output=True, text=True, timeout=60)
+    v = subprocess.run([sys.executable, "-m", "intercept", "--version"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert v.returncode == 0 and v.stdout.startswith("intercept ")
     bad = subprocess.run([*intercept_command(), "serve", "--multiplex", "zero"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "multiplex" in bad.stderr

@@ -76,32 +76,42 @@ fn init_logs(filter: Option<&str>, format: LogFormat) {
 
 fn serve(config: ServeConfig) -> anyhow::Result<u8> {
     init_logs(config.log.as_deref(), config.log_format);
-    runtime()?.block_on(crate::sidecar::serve(config, shutdown_signal()))?;
+    runtime()?.block_on(async move {
+        // Registered before the sidecar starts (and prints its ready line), so a signal
+        // sent right after the ready line is never missed.
+        let shutdown = shutdown_signal();
+        crate::sidecar::serve(config, shutdown).await
+    })?;
     Ok(0)
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Resolves on SIGINT or SIGTERM; the handlers are installed when this is called (inside
+/// the runtime), not when it is first polled.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
+    let signals = {
+        use tokio::signal::unix::{signal, SignalKind};
+        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    };
+    async move {
+        #[cfg(unix)]
+        match signals {
+            (Ok(mut term), Ok(mut int)) => {
                 tokio::select! {
-                    _ = ctrl_c => {}
                     _ = term.recv() => {}
+                    _ = int.recv() => {}
                 }
             }
-            Err(_) => {
-                let _ = ctrl_c.await;
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
             }
         }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        tracing::info!("shutdown signal received");
     }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
-    tracing::info!("shutdown signal received");
 }
 
 fn demo(options: crate::DemoOptions) -> anyhow::Result<u8> {

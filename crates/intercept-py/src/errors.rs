@@ -11,11 +11,8 @@ static FROM_NATIVE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 /// The Python exception for `e` (takes the GIL briefly).
 pub(crate) fn to_py(e: &Error) -> PyErr {
-    if crate::exiting() {
-        // No call into Python while it exits: a plain (lazily built) RuntimeError.
-        return PyRuntimeError::new_err(e.to_string());
-    }
-    Python::attach(|py| {
+    // Through the gate: while the interpreter exits, a plain (lazily built) RuntimeError.
+    crate::bridge::with_python(|py| {
         exception(
             py,
             e.kind().as_str(),
@@ -25,6 +22,7 @@ pub(crate) fn to_py(e: &Error) -> PyErr {
             e.retryable(),
         )
     })
+    .unwrap_or_else(|| PyRuntimeError::new_err(e.to_string()))
 }
 
 /// An `InterceptError` of kind `invalid_request` (status 400) with `message`.

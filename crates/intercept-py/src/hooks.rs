@@ -74,12 +74,12 @@ impl CancelOnDrop {
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         if let Some(fut) = self.0.take() {
-            if crate::exiting() {
+            if crate::bridge::exiting() {
                 // At interpreter exit there is nothing left to cancel (and no Python to call).
                 std::mem::forget(fut);
                 return;
             }
-            let _ = Python::try_attach(|py| {
+            let _ = crate::bridge::with_python(|py| {
                 let _ = fut.bind(py).call_method0("cancel");
             });
         }
@@ -106,11 +106,11 @@ pub(crate) async fn run(
                 .into(),
         ));
     };
-    if crate::exiting() {
+    if crate::bridge::exiting() {
         return Err(failed("the Python interpreter is exiting".into()));
     }
     let (tx, rx) = oneshot::channel::<Report>();
-    let scheduled = Python::try_attach(|py| -> PyResult<Py<PyAny>> {
+    let scheduled = crate::bridge::with_python(|py| -> PyResult<Py<PyAny>> {
         let run_hook = RUN_HOOK.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
             Ok(py
                 .import("intercept._hooks")?

@@ -143,7 +143,7 @@ impl NativeInterception {
     /// Brings the servers (and tunnels) up.
     fn start<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let inner = self.inner.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::bridge::awaitable(py, async move {
             inner.start().await.map_err(|e| to_py(&e))
         })
     }
@@ -151,7 +151,7 @@ impl NativeInterception {
     /// Tears every server and tunnel down.
     fn stop<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let inner = self.inner.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::bridge::awaitable(py, async move {
             inner.stop().await.map_err(|e| to_py(&e))
         })
     }
@@ -160,7 +160,7 @@ impl NativeInterception {
     fn acquire<'py>(&self, py: Python<'py>, session: &NativeSession) -> PyResult<Bound<'py, PyAny>> {
         let inner = self.inner.clone();
         let session: Arc<dyn intercept_core::Session> = session.inner.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::bridge::awaitable(py, async move {
             let guard = inner.acquire(session).await.map_err(|e| to_py(&e))?;
             Ok(NativeSlot::new(guard))
         })
@@ -179,7 +179,7 @@ impl NativeInterception {
     /// Resolves to the servers as JSON (`[{"base_url", "load", "healthy"}]`).
     fn servers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let inner = self.inner.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::bridge::awaitable(py, async move {
             Ok(serde_json::to_string(&inner.servers().await).unwrap_or_else(|_| "[]".into()))
         })
     }
@@ -198,7 +198,7 @@ impl NativeInterception {
             }
         };
         let inner = self.inner.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::bridge::awaitable(py, async move {
             inner.pause(mode).await.map(pause_json).map_err(|e| to_py(&e))
         })
     }
@@ -206,7 +206,7 @@ impl NativeInterception {
     /// Resumes model calls. Resolves to the pause status as JSON.
     fn resume<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let inner = self.inner.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::bridge::awaitable(py, async move {
             inner.resume().await.map(pause_json).map_err(|e| to_py(&e))
         })
     }
@@ -281,7 +281,7 @@ impl NativeSlot {
         // The release runs as its own task: cancelling the awaiting Python task does not
         // leave a half-released slot behind.
         let release = guard.map(|g| runtime().spawn(g.close()));
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::bridge::awaitable(py, async move {
             if let Some(release) = release {
                 let _ = release.await;
             }

@@ -31,6 +31,7 @@
 
 use pyo3::prelude::*;
 
+mod bridge;
 mod cli;
 mod errors;
 mod hooks;
@@ -49,39 +50,27 @@ pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     pyo3_async_runtimes::tokio::get_runtime()
 }
 
-/// Set once the interpreter began to exit: from then on the server's threads do not
-/// call into Python (hooks fail, errors are built without it).
-static EXITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Whether the interpreter is exiting (see [`at_exit`]).
-pub(crate) fn exiting() -> bool {
-    EXITING.load(std::sync::atomic::Ordering::Acquire)
-}
-
 /// Registered with `atexit` by the package: stops every interception still running (its
-/// calls in flight are cancelled and recorded) before the interpreter finalises, so no
-/// server thread is inside Python while it does. Waits at most `timeout` seconds.
+/// calls in flight are cancelled and recorded), then closes the gate through which server
+/// threads call into Python and waits until none is inside, so that no server thread is
+/// in Python while the interpreter finalises. Waits at most `timeout` seconds for each.
 #[pyfunction]
 fn at_exit(py: Python<'_>, timeout: f64) {
-    EXITING.store(true, std::sync::atomic::Ordering::Release);
-    let live = interception::live();
-    if live.is_empty() {
-        return;
-    }
     let limit = std::time::Duration::try_from_secs_f64(timeout).unwrap_or_default();
-    py.detach(|| {
-        runtime().block_on(async move {
-            let stops = live.iter().map(|ic| ic.stop_now());
-            let _ = tokio::time::timeout(limit, futures_join(stops)).await;
-        })
-    });
-}
-
-/// Runs the futures one after the other.
-async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) {
-    for f in futures {
-        f.await;
+    let live = interception::live();
+    if !live.is_empty() {
+        py.detach(|| {
+            runtime().block_on(async move {
+                let stops = async {
+                    for ic in &live {
+                        ic.stop_now().await;
+                    }
+                };
+                let _ = tokio::time::timeout(limit, stops).await;
+            })
+        });
     }
+    bridge::close_gate(py, limit);
 }
 
 /// Sends the Rust side's logs (`tracing`) to stderr, filtered like `RUST_LOG`
@@ -106,6 +95,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<interception::NativeInterception>()?;
     m.add_class::<interception::NativeSlot>()?;
     m.add_class::<hooks::HookDone>()?;
+    m.add_class::<bridge::AbortOnCancel>()?;
     m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(enable_logging, m)?)?;
     m.add_function(wrap_pyfunction!(at_exit, m)?)?;

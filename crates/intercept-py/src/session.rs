@@ -38,13 +38,10 @@ impl fmt::Debug for PySession {
 
 impl PySession {
     fn event_loop(&self) -> Option<Py<PyAny>> {
-        if crate::exiting() {
-            return None;
-        }
         let guard = self.event_loop.lock();
         guard
             .as_ref()
-            .and_then(|l| Python::try_attach(|py| l.clone_ref(py)))
+            .and_then(|l| crate::bridge::with_python(|py| l.clone_ref(py)))
     }
 }
 

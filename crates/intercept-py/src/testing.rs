@@ -42,7 +42,7 @@ impl NativeMock {
     /// Starts a mock; resolves to it.
     #[staticmethod]
     fn start(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::bridge::awaitable(py, async move {
             let mock = MockUpstream::start()
                 .await
                 .map_err(|e| PyRuntimeError::new_err(format!("mock: {e}")))?;
@@ -101,7 +101,7 @@ impl NativeMock {
     /// Resolves once at least `n` requests arrived.
     fn wait_for_requests<'py>(&self, py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyAny>> {
         let mock = self.mock.lock().clone().ok_or_else(gone)?;
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::bridge::awaitable(py, async move {
             mock.wait_for_requests(n).await;
             Ok(())
         })
@@ -110,7 +110,7 @@ impl NativeMock {
     /// Stops the mock (open connections are closed).
     fn shutdown<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let mock = self.mock.lock().take();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::bridge::awaitable(py, async move {
             if let Some(mock) = mock {
                 match Arc::try_unwrap(mock) {
                     Ok(mock) => mock.shutdown().await,
@@ -135,7 +135,7 @@ impl NativeBoreServer {
     #[staticmethod]
     #[pyo3(signature = (secret = None))]
     fn start(py: Python<'_>, secret: Option<String>) -> PyResult<Bound<'_, PyAny>> {
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::bridge::awaitable(py, async move {
             let server = BoreServer::bind((Ipv4Addr::LOCALHOST, 0).into(), secret.as_deref())
                 .await
                 .map_err(|e| PyRuntimeError::new_err(format!("bore server: {e}")))?;
@@ -156,7 +156,7 @@ impl NativeBoreServer {
     /// Stops it.
     fn shutdown<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let server = self.server.lock().take();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::bridge::awaitable(py, async move {
             if let Some(server) = server {
                 server.shutdown().await;
             }
