@@ -60,9 +60,11 @@ async def test_cancelled_acquire_frees_its_slot_and_release_survives_cancellatio
     assert server.load == 1
     task = asyncio.create_task(slot.release())
     await asyncio.sleep(0)  # let release() begin, then cancel the task awaiting it
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
+    task.cancel()  # a release with nothing in flight may already be done: either way it completes
+    try:
         await task
+    except asyncio.CancelledError:
+        pass
     await until(lambda: server.load == 0 and session.status == "released", "the release to finish")
     # a slot object dropped without release frees its slot too
     other = intercept.Session(id="d", model="m", upstream=mock.base_url)

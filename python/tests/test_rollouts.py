@@ -17,7 +17,7 @@ ROLLOUTS = 200
 
 
 async def chat(env: dict[str, str], marker: str) -> list[str]:
-    client = openai.AsyncOpenAI(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0, timeout=60)
+    client = openai.AsyncOpenAI(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0, timeout=180)
     async with client:
         messages = [{"role": "user", "content": f"{marker} one"}]
         first = await client.chat.completions.create(model="ignored", messages=messages)
@@ -27,7 +27,7 @@ async def chat(env: dict[str, str], marker: str) -> list[str]:
 
 
 async def chat_stream(env: dict[str, str], marker: str) -> list[str]:
-    client = openai.AsyncOpenAI(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0, timeout=60)
+    client = openai.AsyncOpenAI(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0, timeout=180)
     out = []
     async with client:
         for turn in ("one", "two"):
@@ -41,7 +41,7 @@ async def chat_stream(env: dict[str, str], marker: str) -> list[str]:
 
 
 async def responses(env: dict[str, str], marker: str) -> list[str]:
-    client = openai.AsyncOpenAI(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0, timeout=60)
+    client = openai.AsyncOpenAI(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0, timeout=180)
     async with client:
         first = await client.responses.create(model="ignored", input=f"{marker} one")
         text = ""
@@ -53,7 +53,7 @@ async def responses(env: dict[str, str], marker: str) -> list[str]:
 
 
 async def messages(env: dict[str, str], marker: str) -> list[str]:
-    client = anthropic.AsyncAnthropic(base_url=env["ANTHROPIC_BASE_URL"], api_key=env["ANTHROPIC_API_KEY"], max_retries=0, timeout=60)
+    client = anthropic.AsyncAnthropic(base_url=env["ANTHROPIC_BASE_URL"], api_key=env["ANTHROPIC_API_KEY"], max_retries=0, timeout=180)
     async with client:
         first = await client.messages.create(model="ignored", max_tokens=64, messages=[{"role": "user", "content": f"{marker} one"}])
         text = ""

@@ -91,7 +91,10 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     let signals = {
         use tokio::signal::unix::{signal, SignalKind};
-        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+        (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        )
     };
     async move {
         #[cfg(unix)]

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
-use pyo3::IntoPyObjectExt as _;
 use pyo3::sync::PyOnceLock;
+use pyo3::IntoPyObjectExt as _;
 use tokio::task::AbortHandle;
 
 use crate::runtime;
@@ -89,6 +89,21 @@ where
         .clone_ref(py);
     let event_loop = py.import("asyncio")?.call_method0("get_running_loop")?;
     let py_fut = event_loop.call_method0("create_future")?;
+    // Most calls (acquire on a server with room, release with nothing in flight) are
+    // ready at once: poll once here and hand back a finished future, with no thread hop.
+    let mut fut = Box::pin(fut);
+    let first = {
+        let _rt = runtime().enter();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        fut.as_mut().poll(&mut cx)
+    };
+    if let std::task::Poll::Ready(result) = first {
+        match result {
+            Ok(v) => py_fut.call_method1("set_result", (v,))?,
+            Err(e) => py_fut.call_method1("set_exception", (e.into_value(py),))?,
+        };
+        return Ok(py_fut);
+    }
     let target = py_fut.clone().unbind();
     let loop_ref = event_loop.unbind();
     let handle = runtime().spawn(async move {

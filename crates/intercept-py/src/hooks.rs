@@ -112,10 +112,7 @@ pub(crate) async fn run(
     let (tx, rx) = oneshot::channel::<Report>();
     let scheduled = crate::bridge::with_python(|py| -> PyResult<Py<PyAny>> {
         let run_hook = RUN_HOOK.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
-            Ok(py
-                .import("intercept._hooks")?
-                .getattr("run_hook")?
-                .unbind())
+            Ok(py.import("intercept._hooks")?.getattr("run_hook")?.unbind())
         })?;
         let done = Py::new(
             py,

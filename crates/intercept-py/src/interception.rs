@@ -1,6 +1,7 @@
 //! `intercept.Server`, `StaticPool` and `ElasticPool`'s native half: any
 //! [`Interception`] built from its configuration, and the slots it hands out.
 
+use std::future::Future as _;
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -40,24 +41,45 @@ struct Settings {
 }
 
 fn secs(name: &str, v: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(v)
-        .map_err(|_| invalid(format!("{name}: expected a non-negative number of seconds, got {v}")))
+    Duration::try_from_secs_f64(v).map_err(|_| {
+        invalid(format!(
+            "{name}: expected a non-negative number of seconds, got {v}"
+        ))
+    })
 }
 
 impl Settings {
     fn server_config(self) -> PyResult<ServerConfig> {
-        let mut c = ServerConfig::default();
-        c.listen = self.listen;
+        let mut c = ServerConfig {
+            listen: self.listen,
+            ..ServerConfig::default()
+        };
         if let Some(v) = self.body_limit {
             c.body_limit = v;
         }
         let durations = [
             ("keepalive", self.keepalive, &mut c.keepalive),
             ("shutdown_grace", self.shutdown_grace, &mut c.shutdown_grace),
-            ("first_byte_timeout", self.first_byte_timeout, &mut c.first_byte_timeout),
-            ("disconnect_grace", self.disconnect_grace, &mut c.disconnect_grace),
-            ("connect_timeout", self.connect_timeout, &mut c.connect_timeout),
-            ("engine_retry_after", self.engine_retry_after, &mut c.engine_retry_after),
+            (
+                "first_byte_timeout",
+                self.first_byte_timeout,
+                &mut c.first_byte_timeout,
+            ),
+            (
+                "disconnect_grace",
+                self.disconnect_grace,
+                &mut c.disconnect_grace,
+            ),
+            (
+                "connect_timeout",
+                self.connect_timeout,
+                &mut c.connect_timeout,
+            ),
+            (
+                "engine_retry_after",
+                self.engine_retry_after,
+                &mut c.engine_retry_after,
+            ),
         ];
         for (name, value, slot) in durations {
             if let Some(v) = value {
@@ -125,13 +147,14 @@ impl NativeInterception {
     /// "elastic", ...}`); `settings_json`: server settings (see [`Settings`]).
     #[new]
     fn new(config_json: &str, requires_tunnel: bool, settings_json: &str) -> PyResult<Self> {
-        let config: InterceptionConfig<TunnelConfig> = serde_json::from_str(config_json)
-            .map_err(|e| invalid(format!("interception: {e}")))?;
+        let config: InterceptionConfig<TunnelConfig> =
+            serde_json::from_str(config_json).map_err(|e| invalid(format!("interception: {e}")))?;
         let settings: Settings = serde_json::from_str(settings_json)
             .map_err(|e| invalid(format!("server settings: {e}")))?;
         let server = settings.server_config()?;
         let _rt = runtime().enter();
-        let inner = make_interception_with(&config, requires_tunnel, server).map_err(|e| to_py(&e))?;
+        let inner =
+            make_interception_with(&config, requires_tunnel, server).map_err(|e| to_py(&e))?;
         {
             let mut all = LIVE.lock();
             all.retain(|w| w.strong_count() > 0);
@@ -143,21 +166,24 @@ impl NativeInterception {
     /// Brings the servers (and tunnels) up.
     fn start<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let inner = self.inner.clone();
-        crate::bridge::awaitable(py, async move {
-            inner.start().await.map_err(|e| to_py(&e))
-        })
+        crate::bridge::awaitable(
+            py,
+            async move { inner.start().await.map_err(|e| to_py(&e)) },
+        )
     }
 
     /// Tears every server and tunnel down.
     fn stop<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let inner = self.inner.clone();
-        crate::bridge::awaitable(py, async move {
-            inner.stop().await.map_err(|e| to_py(&e))
-        })
+        crate::bridge::awaitable(py, async move { inner.stop().await.map_err(|e| to_py(&e)) })
     }
 
     /// Registers `session` and resolves to its slot.
-    fn acquire<'py>(&self, py: Python<'py>, session: &NativeSession) -> PyResult<Bound<'py, PyAny>> {
+    fn acquire<'py>(
+        &self,
+        py: Python<'py>,
+        session: &NativeSession,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let inner = self.inner.clone();
         let session: Arc<dyn intercept_core::Session> = session.inner.clone();
         crate::bridge::awaitable(py, async move {
@@ -199,7 +225,11 @@ impl NativeInterception {
         };
         let inner = self.inner.clone();
         crate::bridge::awaitable(py, async move {
-            inner.pause(mode).await.map(pause_json).map_err(|e| to_py(&e))
+            inner
+                .pause(mode)
+                .await
+                .map(pause_json)
+                .map_err(|e| to_py(&e))
         })
     }
 
@@ -278,9 +308,17 @@ impl NativeSlot {
     /// sealed. Releasing twice resolves at once.
     fn release<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let guard = self.guard.lock().take();
-        // The release runs as its own task: cancelling the awaiting Python task does not
-        // leave a half-released slot behind.
-        let release = guard.map(|g| runtime().spawn(g.close()));
+        // Usually done at once (nothing in flight); otherwise the rest runs as its own
+        // task, so cancelling the awaiting Python task leaves no half-released slot.
+        let mut close = guard.map(|g| Box::pin(g.close()));
+        if let Some(c) = close.as_mut() {
+            let _rt = runtime().enter();
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            if c.as_mut().poll(&mut cx).is_ready() {
+                close = None;
+            }
+        }
+        let release = close.map(|c| runtime().spawn(c));
         crate::bridge::awaitable(py, async move {
             if let Some(release) = release {
                 let _ = release.await;
@@ -308,4 +346,3 @@ impl Drop for NativeSlot {
         }
     }
 }
-

@@ -187,8 +187,8 @@ impl NativeSession {
         on_response: Option<Py<PyAny>>,
         response_takes_call: bool,
     ) -> PyResult<Self> {
-        let config: SessionConfig = serde_json::from_str(config_json)
-            .map_err(|e| invalid(format!("session: {e}")))?;
+        let config: SessionConfig =
+            serde_json::from_str(config_json).map_err(|e| invalid(format!("session: {e}")))?;
         if config.id.is_empty() {
             return Err(invalid("session: `id` must not be empty"));
         }
