@@ -6,6 +6,8 @@
 //!   [`metrics`] and appends [`jsonl`] trace files.
 //! - [`config::ServeConfig`]: settings layered as file < `INTERCEPT_*` < flags.
 //! - [`demo::run`]: simulated harnesses against an in-process sidecar on the mock model.
+//! - [`run::run`]: the whole command line as a function (what the binary and the Python
+//!   package's `intercept` entry point call).
 //!
 //! ```no_run
 //! use intercept_cli::config::{ServeConfig, UpstreamSetting};
@@ -31,6 +33,7 @@ pub mod demo;
 pub mod jsonl;
 pub mod logs;
 pub mod metrics;
+pub mod run;
 pub mod sidecar;
 mod tunnel;
 

@@ -1,0 +1,130 @@
+//! The `intercept` command as a function: [`run`] parses a command line and runs it,
+//! exactly what the binary does. The binary and the Python package's `intercept`
+//! entry point both call it.
+
+use std::ffi::OsString;
+
+use anyhow::Context as _;
+use clap::Parser as _;
+
+use crate::cli::{Cli, Command};
+use crate::config::{LogFormat, ServeConfig};
+
+/// Runs the `intercept` command line `args` (the program name first) to its end and
+/// returns the process exit status: 0 on success, 1 when the demo saw failed calls, 2
+/// for a bad command line or setting (the message goes to stderr; `--help` and
+/// `--version` print to stdout and return 0).
+///
+/// `serve` returns on SIGINT or SIGTERM after its graceful shutdown. Process-wide
+/// choices (allocator, transparent huge pages) are left to the caller.
+pub fn run<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = e.exit_code();
+            let _ = e.print();
+            return u8::try_from(code).unwrap_or(2);
+        }
+    };
+    let result = match cli.command {
+        Command::Serve(args) => {
+            let env: Vec<(String, String)> = std::env::vars().collect();
+            match args.resolve(&env) {
+                Ok(config) => serve(config),
+                Err(e) => Err(anyhow::Error::new(e)),
+            }
+        }
+        Command::Demo(args) => demo(args.options()),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("intercept: {e:#}");
+            2
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// Installs the stderr log subscriber, unless the process already has one (the Python
+/// package may have installed its own).
+fn init_logs(filter: Option<&str>, format: LogFormat) {
+    let filter = match filter {
+        Some(f) => tracing_subscriber::EnvFilter::new(f),
+        None => tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+    };
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // Every line escaped: no text an event carries can forge another line.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(move || crate::logs::Escaping::new(std::io::stderr(), ansi));
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+fn serve(config: ServeConfig) -> anyhow::Result<u8> {
+    init_logs(config.log.as_deref(), config.log_format);
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
+    runtime()?.block_on(async move {
+        // Registered before the sidecar starts (and prints its ready line), so a signal
+        // sent right after the ready line is never missed.
+        let shutdown = shutdown_signal();
+        crate::sidecar::serve(config, shutdown).await
+    })?;
+    Ok(0)
+}
+
+/// Resolves on SIGINT or SIGTERM; the handlers are installed when this is called (inside
+/// the runtime), not when it is first polled.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    #[cfg(unix)]
+    let signals = {
+        use tokio::signal::unix::{signal, SignalKind};
+        (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        )
+    };
+    async move {
+        #[cfg(unix)]
+        match signals {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        tracing::info!("shutdown signal received");
+    }
+}
+
+fn demo(options: crate::DemoOptions) -> anyhow::Result<u8> {
+    init_logs(Some("warn"), LogFormat::Text);
+    let summary = runtime()?.block_on(crate::demo::run(options))?;
+    println!("{summary}");
+    Ok(if summary.ok() { 0 } else { 1 })
+}

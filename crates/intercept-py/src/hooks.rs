@@ -1,0 +1,165 @@
+//! Python hooks (`on_request`, `on_response`) run from the server's tasks.
+//!
+//! A hook call takes the GIL only to schedule the hook on the event loop that acquired
+//! the session (`asyncio.run_coroutine_threadsafe`, through `intercept._hooks.run_hook`)
+//! and is then awaited without it; the hook's outcome comes back through a one-shot
+//! channel fed by [`HookDone`]. If the call is dropped first (the rollout was released
+//! or the server stopped), the scheduled hook is cancelled.
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyBytes;
+use tokio::sync::oneshot;
+
+use intercept_core::{CallInfo, Error};
+
+static RUN_HOOK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// A Python callable and how to call it.
+pub(crate) struct Hook {
+    /// The callable: `hook(body)` or `hook(body, call)`, sync or async.
+    pub(crate) func: Py<PyAny>,
+    /// Whether it takes the call info as a second argument.
+    pub(crate) with_call: bool,
+}
+
+/// What a hook decided.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// Nothing changed.
+    Unchanged,
+    /// The new document.
+    Replace(serde_json::Value),
+    /// Stop the rollout with this condition.
+    Stop(String),
+}
+
+/// What `intercept._hooks.run_hook` reports: a tag and a text.
+type Report = (u8, Option<String>);
+
+const TAG_DONE: u8 = 0;
+const TAG_STOP: u8 = 1;
+const TAG_ERROR: u8 = 2;
+const TAG_CANCELLED: u8 = 3;
+
+/// Called (with the GIL, on the event loop's thread) once the hook finished.
+#[pyclass(frozen)]
+pub(crate) struct HookDone {
+    tx: Mutex<Option<oneshot::Sender<Report>>>,
+}
+
+#[pymethods]
+impl HookDone {
+    fn __call__(&self, tag: u8, text: Option<String>) {
+        if let Some(tx) = self.tx.lock().take() {
+            let _ = tx.send((tag, text));
+        }
+    }
+}
+
+/// Cancels the scheduled hook (a `concurrent.futures.Future`) unless disarmed.
+struct CancelOnDrop(Option<Py<PyAny>>);
+
+impl CancelOnDrop {
+    fn disarm(mut self) {
+        if let Some(fut) = self.0.take() {
+            // Dropping a Python reference needs no GIL with pyo3 (it is deferred).
+            drop(fut);
+        }
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(fut) = self.0.take() {
+            if crate::bridge::exiting() {
+                // At interpreter exit there is nothing left to cancel (and no Python to call).
+                std::mem::forget(fut);
+                return;
+            }
+            let _ = crate::bridge::with_python(|py| {
+                let _ = fut.bind(py).call_method0("cancel");
+            });
+        }
+    }
+}
+
+/// Runs `hook` on `payload` (a JSON object's bytes) on `event_loop` and waits for it
+/// without holding the GIL. `original` is the document as the server has it, so that a
+/// hook that returned its (unchanged) argument changes nothing.
+pub(crate) async fn run(
+    hook: &Hook,
+    name: &'static str,
+    event_loop: Option<Py<PyAny>>,
+    payload: Bytes,
+    original: &serde_json::Value,
+    call: &CallInfo,
+    session_id: &str,
+) -> Result<Outcome, Error> {
+    let failed = |m: String| Error::HookFailed(format!("{name}: {m}"));
+    let Some(event_loop) = event_loop else {
+        return Err(failed(
+            "no event loop to run it on: acquire the session from async code (or through \
+             intercept.sync)"
+                .into(),
+        ));
+    };
+    if crate::bridge::exiting() {
+        return Err(failed("the Python interpreter is exiting".into()));
+    }
+    let (tx, rx) = oneshot::channel::<Report>();
+    let scheduled = crate::bridge::with_python(|py| -> PyResult<Py<PyAny>> {
+        let run_hook = RUN_HOOK.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
+            Ok(py.import("intercept._hooks")?.getattr("run_hook")?.unbind())
+        })?;
+        let done = Py::new(
+            py,
+            HookDone {
+                tx: Mutex::new(Some(tx)),
+            },
+        )?;
+        let info = (call.dialect.as_str(), call.stream, call.seq, session_id);
+        let fut = run_hook.bind(py).call1((
+            event_loop,
+            hook.func.bind(py),
+            PyBytes::new(py, &payload),
+            hook.with_call,
+            info,
+            done,
+        ))?;
+        Ok(fut.unbind())
+    })
+    .ok_or_else(|| failed("the Python interpreter is shutting down".into()))?
+    .map_err(|e| failed(format!("could not be scheduled: {e}")))?;
+    let cancel = CancelOnDrop(Some(scheduled));
+    let report = rx.await;
+    cancel.disarm();
+    match report {
+        Ok((TAG_DONE, Some(text))) => {
+            let value: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| failed(format!("returned a value that is not JSON: {e}")))?;
+            if !value.is_object() {
+                return Err(failed(
+                    "must return a dict, None or intercept.Stop(reason)".into(),
+                ));
+            }
+            if &value == original {
+                Ok(Outcome::Unchanged)
+            } else {
+                Ok(Outcome::Replace(value))
+            }
+        }
+        Ok((TAG_DONE, None)) => Ok(Outcome::Unchanged),
+        Ok((TAG_STOP, reason)) => Ok(Outcome::Stop(reason.unwrap_or_else(|| name.to_owned()))),
+        Ok((TAG_CANCELLED, _)) => Err(Error::Cancelled(format!("{name} was cancelled"))),
+        Ok((TAG_ERROR, message)) => Err(failed(
+            message.unwrap_or_else(|| "raised an exception".into()),
+        )),
+        Ok((tag, _)) => Err(failed(format!("unknown hook report {tag}"))),
+        Err(_) => Err(failed(
+            "its event loop dropped it (the loop was closed or stopped)".into(),
+        )),
+    }
+}

@@ -1,0 +1,274 @@
+//! `intercept.Session`'s native half: a [`RolloutSession`] plus the Python hooks.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+
+use intercept_core::{
+    CallInfo, CallRecord, Error, HookAction, JsonBody, RolloutSession, Sampling, Session,
+    SessionConfig, SessionStatus, Upstream,
+};
+
+use crate::errors::{invalid, to_py};
+use crate::hooks::{self, Hook, Outcome};
+
+/// The session the server sees: a [`RolloutSession`] whose request and response hooks
+/// are Python callables.
+pub(crate) struct PySession {
+    pub(crate) inner: RolloutSession,
+    on_request: Option<Hook>,
+    on_response: Option<Hook>,
+    /// The event loop hooks run on (the one that acquired the session).
+    event_loop: Mutex<Option<Py<PyAny>>>,
+}
+
+impl fmt::Debug for PySession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PySession")
+            .field("inner", &self.inner)
+            .field("on_request", &self.on_request.is_some())
+            .field("on_response", &self.on_response.is_some())
+            .finish()
+    }
+}
+
+impl PySession {
+    fn event_loop(&self) -> Option<Py<PyAny>> {
+        let guard = self.event_loop.lock();
+        guard
+            .as_ref()
+            .and_then(|l| crate::bridge::with_python(|py| l.clone_ref(py)))
+    }
+}
+
+#[async_trait]
+impl Session for PySession {
+    fn id(&self) -> &str {
+        self.inner.id()
+    }
+
+    fn model(&self) -> &str {
+        self.inner.model()
+    }
+
+    fn sampling(&self) -> Sampling {
+        self.inner.sampling()
+    }
+
+    fn upstream(&self) -> &Upstream {
+        self.inner.upstream()
+    }
+
+    fn capture_tokens(&self) -> bool {
+        self.inner.capture_tokens()
+    }
+
+    fn check(&self) -> Result<(), String> {
+        self.inner.check()
+    }
+
+    async fn on_request(&self, call: &CallInfo, body: &mut JsonBody) -> Result<HookAction, Error> {
+        let Some(hook) = &self.on_request else {
+            return Ok(HookAction::Continue);
+        };
+        let original = body.to_value();
+        let outcome = hooks::run(
+            hook,
+            "on_request",
+            self.event_loop(),
+            body.to_bytes(),
+            &original,
+            call,
+            self.id(),
+        )
+        .await?;
+        match outcome {
+            Outcome::Unchanged => Ok(HookAction::Continue),
+            Outcome::Stop(reason) => Ok(HookAction::Stop(reason)),
+            Outcome::Replace(value) => {
+                let bytes = serde_json::to_vec(&value)
+                    .map_err(|e| Error::HookFailed(format!("on_request: {e}")))?;
+                *body = JsonBody::parse(Bytes::from(bytes))?;
+                Ok(HookAction::Continue)
+            }
+        }
+    }
+
+    fn inspects_responses(&self) -> bool {
+        self.on_response.is_some()
+    }
+
+    async fn on_response(
+        &self,
+        call: &CallInfo,
+        response: &mut serde_json::Value,
+    ) -> Result<HookAction, Error> {
+        let Some(hook) = &self.on_response else {
+            return Ok(HookAction::Continue);
+        };
+        let payload = serde_json::to_vec(response)
+            .map_err(|e| Error::HookFailed(format!("on_response: {e}")))?;
+        let outcome = hooks::run(
+            hook,
+            "on_response",
+            self.event_loop(),
+            Bytes::from(payload),
+            response,
+            call,
+            self.id(),
+        )
+        .await?;
+        match outcome {
+            Outcome::Unchanged => Ok(HookAction::Continue),
+            Outcome::Stop(reason) => Ok(HookAction::Stop(reason)),
+            Outcome::Replace(value) => {
+                *response = value;
+                Ok(HookAction::Continue)
+            }
+        }
+    }
+
+    fn record(&self, record: CallRecord) {
+        self.inner.record(record);
+    }
+
+    fn stop_condition(&self) -> Option<String> {
+        self.inner.stop_condition()
+    }
+
+    fn stop(&self, reason: &str) {
+        self.inner.stop(reason);
+    }
+
+    fn state(&self) -> serde_json::Value {
+        self.inner.state()
+    }
+
+    fn set_state(&self, state: serde_json::Value) -> Result<(), Error> {
+        self.inner.set_state(state)
+    }
+
+    fn task(&self) -> Option<serde_json::Value> {
+        self.inner.task()
+    }
+
+    fn on_replay(&self) {
+        self.inner.on_replay();
+    }
+
+    fn on_release(&self) {
+        self.inner.on_release();
+        // Hooks never run after release: let go of the loop.
+        let released = self.event_loop.lock().take();
+        drop(released);
+    }
+}
+
+/// The native half of `intercept.Session` (see `python/intercept/_session.py`).
+#[pyclass(frozen, module = "intercept._native")]
+pub(crate) struct NativeSession {
+    pub(crate) inner: Arc<PySession>,
+}
+
+#[pymethods]
+impl NativeSession {
+    /// `config_json` is a `SessionConfig` (id, model, sampling, upstream, limits, task).
+    #[new]
+    #[pyo3(signature = (config_json, capture_tokens, on_request, request_takes_call, on_response, response_takes_call))]
+    fn new(
+        config_json: &str,
+        capture_tokens: bool,
+        on_request: Option<Py<PyAny>>,
+        request_takes_call: bool,
+        on_response: Option<Py<PyAny>>,
+        response_takes_call: bool,
+    ) -> PyResult<Self> {
+        let config: SessionConfig =
+            serde_json::from_str(config_json).map_err(|e| invalid(format!("session: {e}")))?;
+        if config.id.is_empty() {
+            return Err(invalid("session: `id` must not be empty"));
+        }
+        if config.model.trim().is_empty() {
+            return Err(invalid("session: `model` must not be empty"));
+        }
+        for url in config.upstream.engines() {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(invalid(format!(
+                    "session: upstream {url:?} must be an http:// or https:// URL such as \
+                     http://127.0.0.1:8000/v1"
+                )));
+            }
+        }
+        let inner = RolloutSession::new(config).with_capture_tokens(capture_tokens);
+        Ok(NativeSession {
+            inner: Arc::new(PySession {
+                inner,
+                on_request: on_request.map(|func| Hook {
+                    func,
+                    with_call: request_takes_call,
+                }),
+                on_response: on_response.map(|func| Hook {
+                    func,
+                    with_call: response_takes_call,
+                }),
+                event_loop: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The rollout id.
+    #[getter]
+    fn id(&self) -> String {
+        self.inner.id().to_owned()
+    }
+
+    /// Sets the event loop hooks run on.
+    fn bind_loop(&self, event_loop: Py<PyAny>) {
+        *self.inner.event_loop.lock() = Some(event_loop);
+    }
+
+    /// The trace as JSON (`{"id", "stop_condition", "calls", "replays"}`).
+    fn trace_json(&self, py: Python<'_>) -> PyResult<String> {
+        let inner = self.inner.clone();
+        py.detach(move || serde_json::to_string(&inner.inner.trace()))
+            .map_err(|e| to_py(&Error::Internal(format!("trace not serialisable: {e}"))))
+    }
+
+    /// Recorded calls.
+    fn calls(&self) -> usize {
+        self.inner.inner.calls()
+    }
+
+    /// `active`, `stopped` or `released`.
+    fn status(&self) -> &'static str {
+        match self.inner.inner.status() {
+            SessionStatus::Active => "active",
+            SessionStatus::Stopped => "stopped",
+            SessionStatus::Released => "released",
+        }
+    }
+
+    /// Why the rollout stopped, if it did.
+    fn stop_condition(&self) -> Option<String> {
+        self.inner.inner.stop_condition()
+    }
+
+    /// Stops the rollout (the first condition wins): later calls get 400.
+    fn stop(&self, reason: &str) {
+        self.inner.inner.stop(reason);
+    }
+
+    /// Turn and token totals as JSON.
+    fn totals_json(&self) -> String {
+        serde_json::to_string(&self.inner.inner.totals()).unwrap_or_else(|_| "{}".into())
+    }
+
+    /// The `/state` document as JSON.
+    fn state_json(&self) -> String {
+        self.inner.inner.state().to_string()
+    }
+}

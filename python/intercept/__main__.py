@@ -1,0 +1,7 @@
+"""`python -m intercept ...` is the `intercept` command."""
+
+import sys
+
+from ._cli import main
+
+sys.exit(main())

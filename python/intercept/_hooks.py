@@ -1,0 +1,117 @@
+"""Request and response hooks: `Stop`, `CallInfo`, and how the native server runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import json
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Union
+
+__all__ = ["Stop", "CallInfo", "RequestHook", "ResponseHook"]
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Returned by a hook: stop the rollout with this condition. The harness gets
+    400 `rollout stopped: <reason>`; later calls are refused the same way."""
+
+    reason: str = "hook"
+
+
+@dataclass(frozen=True, slots=True)
+class CallInfo:
+    """What a hook that takes two arguments learns about the call."""
+
+    dialect: str
+    """`chat_completions`, `responses`, `messages` or `completions`."""
+    stream: bool
+    """Whether the harness asked for a stream."""
+    seq: int
+    """Per-session sequence number of the call (from 0)."""
+    session: str
+    """The rollout id."""
+
+
+HookResult = Union[dict[str, Any], Stop, None]
+RequestHook = Callable[..., Union[HookResult, Awaitable[HookResult]]]
+ResponseHook = RequestHook
+
+_DONE, _STOP, _ERROR, _CANCELLED = 0, 1, 2, 3
+
+
+def takes_call(fn: Callable[..., Any]) -> bool:
+    """Whether `fn` accepts a second positional argument (the `CallInfo`)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return False
+    positional = 0
+    for p in sig.parameters.values():
+        if p.kind == p.VAR_POSITIONAL:
+            return True
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            positional += 1
+    return positional >= 2
+
+
+def run_hook(
+    loop: asyncio.AbstractEventLoop,
+    fn: Callable[..., Any],
+    payload: bytes,
+    with_call: bool,
+    call: tuple[str, bool, int, str],
+    done: Callable[[int, str | None], None],
+) -> concurrent.futures.Future[Any]:
+    """Schedules `fn` on `loop` (called by the native server from its own threads) and
+    reports the outcome through `done(tag, text)` exactly once."""
+    body = json.loads(payload)
+
+    async def runner() -> Any:
+        args = (body, CallInfo(*call)) if with_call else (body,)
+        result = fn(*args)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    def finish(fut: concurrent.futures.Future[Any]) -> None:
+        try:
+            if fut.cancelled():
+                done(_CANCELLED, None)
+                return
+            exc = fut.exception()
+            if exc is not None:
+                done(_ERROR, f"raised {type(exc).__name__}: {exc}")
+                return
+            result = fut.result()
+            if isinstance(result, Stop):
+                done(_STOP, str(result.reason))
+                return
+            if result is None:
+                result = body  # edited in place, or not at all
+            if not isinstance(result, dict):
+                done(_ERROR, f"returned a {type(result).__name__}; return a dict, None or intercept.Stop(reason)")
+                return
+            done(_DONE, json.dumps(result, ensure_ascii=False, allow_nan=False))
+        except BaseException as e:  # noqa: BLE001 - every outcome must be reported
+            done(_ERROR, f"returned a value that cannot be sent: {type(e).__name__}: {e}")
+
+    coro = runner()
+    try:
+        fut = asyncio.run_coroutine_threadsafe(coro, loop)
+    except BaseException:
+        coro.close()
+        raise
+    fut.add_done_callback(finish)
+    return fut
+
+
+def resolve(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    """Resolves an awaitable of the native module (called on its loop's thread)."""
+    if fut.done():
+        return
+    if ok:
+        fut.set_result(value)
+    else:
+        fut.set_exception(value)
