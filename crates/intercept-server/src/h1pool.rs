@@ -59,7 +59,7 @@ const MAX_TRAILERS: u64 = 16 * 1024;
 const READ_MIN: usize = 8 * 1024;
 const READ_MAX: usize = 64 * 1024;
 /// Most buffers handed to one vectored write.
-const MAX_IOV: usize = 64;
+const MAX_IOV: usize = 16;
 
 /// How a pool opens its connections.
 pub(crate) trait Dial: Send + Sync + 'static {
@@ -254,13 +254,19 @@ impl<D: Dial> H1Pool<D> {
             match exchange(&mut conn, &mut out, self.timeouts).await {
                 Ok(head) => {
                     let unsent = (!out.is_done()).then_some(out);
+                    let watch =
+                        (unsent.is_some() || self.timeouts.read_idle.is_some()).then(|| {
+                            Box::new(Watch {
+                                unsent,
+                                read_timer: IdleTimer::new(self.timeouts.read_idle),
+                                write_timer: IdleTimer::new(self.timeouts.write_idle),
+                            })
+                        });
                     let mut resp = Response::new(DrivenBody {
                         conn: Some(conn),
                         decoder: Decoder::new(head.framing),
                         keep_alive: head.keep_alive,
-                        unsent,
-                        read_timer: IdleTimer::new(self.timeouts.read_idle),
-                        write_timer: IdleTimer::new(self.timeouts.write_idle),
+                        watch,
                         pool: self.clone(),
                         key,
                     });
@@ -894,12 +900,19 @@ pub(crate) struct DrivenBody<D: Dial = Tcp> {
     conn: Option<Conn<D::Io>>,
     decoder: Decoder,
     keep_alive: bool,
+    /// Only with a read idle timeout or a request not written whole (kept out of the
+    /// way of the common case).
+    watch: Option<Box<Watch>>,
+    pool: Arc<H1Pool<D>>,
+    key: String,
+}
+
+/// What a body watches besides its reads.
+struct Watch {
     /// The rest of a request the upstream answered before it had all of it.
     unsent: Option<Out>,
     read_timer: IdleTimer,
     write_timer: IdleTimer,
-    pool: Arc<H1Pool<D>>,
-    key: String,
 }
 
 impl<D: Dial> std::fmt::Debug for DrivenBody<D> {
@@ -915,7 +928,8 @@ impl<D: Dial> DrivenBody<D> {
     fn finish(&mut self) {
         self.decoder.state = State::Done;
         if let Some(conn) = self.conn.take() {
-            if self.keep_alive && self.unsent.is_none() {
+            let unsent = self.watch.as_ref().is_some_and(|w| w.unsent.is_some());
+            if self.keep_alive && !unsent {
                 self.pool.checkin(std::mem::take(&mut self.key), conn);
             }
         }
@@ -926,15 +940,18 @@ impl<D: Dial> DrivenBody<D> {
     /// breaks the connection or takes nothing for the write idle timeout: it answered
     /// already.
     fn poll_unsent(&mut self, cx: &mut Context<'_>) {
-        let (Some(out), Some(conn)) = (self.unsent.as_mut(), self.conn.as_mut()) else {
+        let (Some(watch), Some(conn)) = (self.watch.as_deref_mut(), self.conn.as_mut()) else {
             return;
         };
-        match out.poll_write(&mut conn.io, &mut self.write_timer, cx) {
-            Poll::Ready(Ok(())) => self.unsent = None,
-            Poll::Pending if !self.write_timer.poll_expired(cx) => {}
+        let Some(out) = watch.unsent.as_mut() else {
+            return;
+        };
+        match out.poll_write(&mut conn.io, &mut watch.write_timer, cx) {
+            Poll::Ready(Ok(())) => watch.unsent = None,
+            Poll::Pending if !watch.write_timer.poll_expired(cx) => {}
             Poll::Ready(Err(_)) | Poll::Pending => {
                 self.keep_alive = false;
-                self.unsent = None;
+                watch.unsent = None;
             }
         }
     }
@@ -949,7 +966,7 @@ impl<D: Dial> Body for DrivenBody<D> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         let this = &mut *self;
-        if this.unsent.is_some() {
+        if this.watch.is_some() {
             this.poll_unsent(cx);
         }
         loop {
@@ -978,9 +995,16 @@ impl<D: Dial> Body for DrivenBody<D> {
                 conn.buf.reserve(room);
             }
             match tokio_util::io::poll_read_buf(Pin::new(&mut conn.io), cx, &mut conn.buf) {
-                Poll::Pending if this.read_timer.poll_expired(cx) => {
+                Poll::Pending
+                    if this
+                        .watch
+                        .as_deref_mut()
+                        .is_some_and(|w| w.read_timer.poll_expired(cx)) =>
+                {
                     this.conn = None;
-                    return Poll::Ready(Some(Err(read_stalled(this.read_timer.limit))));
+                    return Poll::Ready(Some(Err(read_stalled(
+                        this.watch.as_ref().and_then(|w| w.read_timer.limit),
+                    ))));
                 }
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Ok(0)) => {
@@ -994,7 +1018,11 @@ impl<D: Dial> Body for DrivenBody<D> {
                         "the upstream closed the connection before the response body ended",
                     ))));
                 }
-                Poll::Ready(Ok(_)) => this.read_timer.progress(),
+                Poll::Ready(Ok(_)) => {
+                    if let Some(watch) = this.watch.as_deref_mut() {
+                        watch.read_timer.progress();
+                    }
+                }
                 Poll::Ready(Err(e)) => {
                     this.conn = None;
                     return Poll::Ready(Some(Err(e)));
