@@ -634,8 +634,10 @@ async fn delete(state: &ControlState, id: &str, with_episode: bool) -> Resp {
     if with_episode && answer.last() == Some(&b'}') {
         // The trace is an object: the episode goes in as one more member.
         let episode = serde_json::to_vec(&session.episode()).unwrap_or_else(|e| {
-            serde_json::to_vec(&json!({ "error": format!("the episode cannot be serialised: {e}") }))
-                .unwrap_or_default()
+            serde_json::to_vec(
+                &json!({ "error": format!("the episode cannot be serialised: {e}") }),
+            )
+            .unwrap_or_default()
         });
         answer.pop();
         answer.extend_from_slice(b",\"episode\":");
@@ -765,8 +767,11 @@ mod tests {
         .unwrap();
         assert!(r.capture_tokens);
         assert!(r.network.is_none());
-        let r = parse_create(br#"{"network":{"allow":["*.python.org"],"on_violation":"reject"}}"#)
-            .unwrap();
+        let r = parse_create(
+            br#"{"network":{"allow":["*.python.org"],"on_violation":"reject"}}"#,
+            &[],
+        )
+        .unwrap();
         let network = r.network.unwrap();
         assert!(network.is_restricted() && network.allows_host("docs.python.org"));
         assert_eq!(network.on_violation(), intercept_core::OnViolation::Reject);
@@ -777,6 +782,7 @@ mod tests {
         );
         let r = parse_create(
             br#"{"capture_tokens":true,"upstream":{"base_urls":["http://a:1/v1","http://b:1/v1/"]}}"#,
+            &[],
         )
         .unwrap();
         assert_eq!(

@@ -46,6 +46,8 @@ fn record(
             TokenCapture::Off
         },
         completion_logprobs: c.as_ref().map(|c| c.iter().map(|_| -0.5).collect()),
+        requested_model: None,
+        policy: None,
         prompt_token_ids: p,
         completion_token_ids: c,
         node: None,

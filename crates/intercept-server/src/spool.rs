@@ -99,7 +99,10 @@ mod tests {
         }
         assert!(spool.spilled());
         let (tx, mut rx) = mpsc::channel(64);
-        spool.replay(&tx).await.expect("replay");
+        spool
+            .replay(&tx, &tokio_util::sync::CancellationToken::new())
+            .await
+            .expect("replay");
         drop(tx);
         let mut out = Vec::new();
         while let Some(b) = rx.recv().await {

@@ -265,6 +265,7 @@ async fn tool_loop(stream: bool) {
             upstream: Upstream::new(engine.url.clone()),
             limits: Default::default(),
             task: None,
+            network: Default::default(),
         })
         .with_capture_tokens(true),
     );
