@@ -364,10 +364,16 @@ proptest! {
             want.extend(r.completion_token_ids.clone().expect("completion"));
             prop_assert_eq!(nd.token_ids.clone(), Some(want.clone()));
             prop_assert!(nd.token_start);
-            let has_earlier_turn = path_texts(&e, node).len() > 0
-                && { let mut at = nd.parent; let mut found = false;
-                     while let Some(p) = at { if e.nodes[p as usize].sampled { found = true; break; } at = e.nodes[p as usize].parent; }
-                     found };
+            // A sampled node above this one on its path: an earlier turn to extend.
+            let mut at = nd.parent;
+            let mut has_earlier_turn = false;
+            while let Some(p) = at {
+                if e.nodes[p as usize].sampled {
+                    has_earlier_turn = true;
+                    break;
+                }
+                at = e.nodes[p as usize].parent;
+            }
             if has_earlier_turn {
                 breaks += 1;
                 prop_assert_eq!(nd.token_break, Some(TokenBreak::Rerendered));
