@@ -45,7 +45,16 @@ async fn demo_summary_matches_the_trace_files() {
         .map(|e| e.unwrap().path())
         .collect();
     files.sort();
-    assert_eq!(files.len(), 8);
+    // One trace and one episode per rollout.
+    let named = |suffix: &str| {
+        files
+            .iter()
+            .filter(|f| f.to_string_lossy().ends_with(suffix))
+            .count()
+    };
+    assert_eq!(named(".jsonl"), 8, "{files:?}");
+    assert_eq!(named(".episode.json"), 8, "{files:?}");
+    assert_eq!(files.len(), 16, "{files:?}");
     for (id, calls) in &summary.calls_by_session {
         let trace = read_trace_file(&dir.path().join(format!("{id}.jsonl"))).unwrap();
         assert!(
