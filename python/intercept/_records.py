@@ -40,6 +40,9 @@ _OMITTED_WHEN_DEFAULT = {
     "prompt_token_ids": None,
     "completion_token_ids": None,
     "completion_logprobs": None,
+    "requested_model": None,
+    "node": None,
+    "policy": None,
 }
 
 
@@ -86,6 +89,12 @@ class CallRecord:
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
     completion_logprobs: list[float] | None = None
+    requested_model: str | None = None
+    """The model the harness asked for, before the session's was imposed; None when it named none."""
+    node: int | None = None
+    """The episode node this call produced (its sampled response); None for a failed call."""
+    policy: dict[str, Any] | None = None
+    """What network-policy mediation removed from the request; None when nothing was."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Fields of the record this version of the package does not know."""
 
