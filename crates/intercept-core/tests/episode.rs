@@ -301,6 +301,29 @@ proptest! {
         prop_assert_eq!(trace.episode(), e);
     }
 
+    /// A prompt read from where the previous one ended (its bytes extended) gives the
+    /// same graph as one read message by message: requests re-encoded with other
+    /// whitespace on some calls, and with a message rewritten in place on others, match
+    /// the compact rollout node for node.
+    #[test]
+    fn continued_prompts_match_prompts_read_whole(steps in steps(), pretty in prop::collection::vec(any::<bool>(), 64)) {
+        let calls = play(&steps);
+        prop_assume!(!calls.is_empty());
+        let (_, compact) = build(&calls, None);
+        let mut b = EpisodeBuilder::new();
+        for (seq, (prompt, reply)) in calls.iter().enumerate() {
+            let mut r = record(seq as u64, prompt, reply, None);
+            if pretty[seq % pretty.len()] {
+                let v: Value = serde_json::from_slice(r.request.source()).expect("json");
+                let text = serde_json::to_string_pretty(&v).expect("pretty");
+                r.request = JsonBody::parse(text.into()).expect("request");
+            }
+            r.node = b.commit(&r);
+            prop_assert!(r.node.is_some());
+        }
+        prop_assert_eq!(b.episode("s"), compact);
+    }
+
     /// A prefix-stable engine: every branch's tokens are exactly its leaf call's prompt +
     /// completion ids, the mask covers exactly the completions, logprobs line up, and no
     /// token is held twice along a sequence.

@@ -7,7 +7,9 @@
 //!
 //! `--record count` registers [`CountingSession`]s whose records are only counted, so a
 //! long run measures the proxy and not trace storage; `--record trace` registers the
-//! ready `RolloutSession`, which keeps every call in memory.
+//! ready `RolloutSession`, which keeps every call in memory (and builds its episode);
+//! `--record episode` counts like `count` and also builds each session's episode graph,
+//! so that `episode` against `count` is the graph's cost alone.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -31,6 +33,8 @@ enum Record {
     Count,
     /// Keep them in an in-memory trace (`RolloutSession`).
     Trace,
+    /// Count them and commit each to the session's episode graph.
+    Episode,
 }
 
 /// An interception server with many sessions, for load tests.
@@ -83,6 +87,11 @@ async fn run(args: Args) -> Result<()> {
         let id = format!("bench-{i}");
         let session: Arc<dyn Session> = match args.record {
             Record::Count => Arc::new(CountingSession::new(id, "policy", upstream.clone())),
+            Record::Episode => Arc::new(CountingSession::with_episode(
+                id,
+                "policy",
+                upstream.clone(),
+            )),
             Record::Trace => Arc::new(RolloutSession::new(SessionConfig {
                 id,
                 model: "policy".into(),

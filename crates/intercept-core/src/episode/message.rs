@@ -20,6 +20,7 @@ use blake2::digest::consts::U16;
 use blake2::{Blake2b, Digest as _};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use xxhash_rust::xxh3::Xxh3;
 
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -105,7 +106,9 @@ pub struct Message {
     pub state: Option<String>,
 }
 
-/// A 128-bit content hash (BLAKE2b-128 of the canonical encoding).
+/// A 128-bit content hash (XXH3-128 of the canonical encoding, little-endian). It picks
+/// the candidate node; a match is confirmed by comparing the messages themselves, so two
+/// contents that share a hash are still two nodes.
 pub type Hash = [u8; 16];
 
 /// Lowercase hex.
@@ -180,47 +183,64 @@ impl Message {
     /// arguments), tool-call id and provider state. Equal messages from any dialect
     /// hash equal, in every process.
     pub fn hash(&self) -> Hash {
-        self.hash_with(true)
+        self.hashes().0
     }
 
     /// The hash of the message without its reasoning and provider state: a harness that
     /// sends a sampled turn back without its reasoning still continues that turn.
     pub fn visible_hash(&self) -> Hash {
-        self.hash_with(false)
+        self.hashes().1
     }
 
-    fn hash_with(&self, hidden: bool) -> Hash {
-        let mut h = Blake2b::<U16>::new();
-        let mut field = |tag: u8, bytes: &[u8]| {
-            h.update([tag]);
-            h.update((bytes.len() as u64).to_le_bytes());
+    /// Both hashes in one pass over the message: the visible hash covers role, content,
+    /// tool calls and tool-call id; the content hash is the visible hash when there is
+    /// no reasoning or provider state, else the hash of the visible hash followed by
+    /// them.
+    pub fn hashes(&self) -> (Hash, Hash) {
+        let mut h = Xxh3::new();
+        let field = |h: &mut Xxh3, tag: u8, bytes: &[u8]| {
+            h.update(&[tag]);
+            h.update(&(bytes.len() as u64).to_le_bytes());
             h.update(bytes);
         };
-        field(b'r', &[self.role.tag()]);
+        field(&mut h, b'r', &[self.role.tag()]);
         for part in &self.content {
             match part {
-                Part::Text { text } => field(b't', text.as_bytes()),
-                Part::Image { url } => field(b'i', url.as_bytes()),
-                Part::Data { value } => field(b'd', canonical(value).as_bytes()),
-            }
-        }
-        if hidden {
-            if let Some(r) = &self.reasoning {
-                field(b'R', r.as_bytes());
-            }
-            if let Some(s) = &self.state {
-                field(b'S', s.as_bytes());
+                Part::Text { text } => field(&mut h, b't', text.as_bytes()),
+                Part::Image { url } => field(&mut h, b'i', url.as_bytes()),
+                Part::Data { value } => field(&mut h, b'd', canonical(value).as_bytes()),
             }
         }
         for call in &self.tool_calls {
-            field(b'c', call.id.as_bytes());
-            field(b'n', call.name.as_bytes());
-            field(b'a', canonical(&call.arguments).as_bytes());
+            field(&mut h, b'c', call.id.as_bytes());
+            field(&mut h, b'n', call.name.as_bytes());
+            field(&mut h, b'a', canonical(&call.arguments).as_bytes());
         }
         if let Some(id) = &self.tool_call_id {
-            field(b'T', id.as_bytes());
+            field(&mut h, b'T', id.as_bytes());
         }
-        h.finalize().into()
+        let visible = h.digest128().to_le_bytes();
+        if self.reasoning.is_none() && self.state.is_none() {
+            return (visible, visible);
+        }
+        let mut h = Xxh3::new();
+        field(&mut h, b'v', &visible);
+        if let Some(r) = &self.reasoning {
+            field(&mut h, b'R', r.as_bytes());
+        }
+        if let Some(s) = &self.state {
+            field(&mut h, b'S', s.as_bytes());
+        }
+        (h.digest128().to_le_bytes(), visible)
+    }
+
+    /// Whether `other` has the same visible content (what [`Message::visible_hash`]
+    /// covers: everything but the reasoning and the provider state).
+    pub fn same_visible(&self, other: &Message) -> bool {
+        self.role == other.role
+            && self.content == other.content
+            && self.tool_calls == other.tool_calls
+            && self.tool_call_id == other.tool_call_id
     }
 }
 
@@ -642,7 +662,7 @@ mod tests {
             from_chat(&json!({"role": "assistant", "content": "4", "reasoning_content": "2+2"}));
         let without = from_chat(&json!({"role": "assistant", "content": "4"}));
         assert_ne!(with.hash(), without.hash());
-        assert_eq!(with.visible_hash(), without.hash_with(false));
+        assert_eq!(with.visible_hash(), without.visible_hash());
         assert_eq!(without.hash(), without.visible_hash());
         assert_ne!(
             from_chat(&json!({"role": "user", "content": "4"})).hash(),

@@ -230,7 +230,14 @@ pub struct EpisodeBuilder {
     by_visible: HashMap<(u32, Hash), u32>,
     /// (parent + 1, hash of a Chat message's raw bytes, length) → node: a prompt message
     /// sent again byte for byte is matched without parsing it.
-    by_raw: HashMap<(u32, u64, usize), u32>,
+    by_raw: HashMap<(u32, u128, usize), u32>,
+    /// Seed of the raw-bytes hash, random per builder, so that raw matches cannot be
+    /// aimed at from outside.
+    raw_seed: u64,
+    /// The last Chat prompt committed (its `messages` array, shared with its record)
+    /// and the node of its last message: a prompt that starts with the same bytes
+    /// continues from there, and only its new messages are read.
+    last_chat: Option<LastChat>,
     /// Responses `id` → its sampled node (for `previous_response_id`).
     responses: HashMap<String, u32>,
     summary: EpisodeSummary,
@@ -240,23 +247,55 @@ fn key(parent: Option<u32>) -> u32 {
     parent.map_or(0, |p| p + 1)
 }
 
-fn raw_hash(bytes: &[u8]) -> u64 {
-    use std::hash::{BuildHasher, BuildHasherDefault};
-    BuildHasherDefault::<rustc_hash::FxHasher>::default().hash_one(bytes)
+fn raw_hash(seed: u64, bytes: &[u8]) -> u128 {
+    xxhash_rust::xxh3::xxh3_128_with_seed(bytes, seed)
 }
 
-/// A prompt, read from a request.
-enum Prompt<'a> {
-    /// Chat messages as raw JSON, matched byte for byte first.
-    Chat(Vec<&'a RawValue>),
-    /// Messages already mapped.
-    Messages(Vec<Message>),
+#[derive(Debug)]
+struct LastChat {
+    /// The `messages` array as the request sent it.
+    raw: bytes::Bytes,
+    /// Its number of messages.
+    count: usize,
+    /// The node of its last message.
+    end: Option<u32>,
+}
+
+/// If `new` is the array `prev` with zero or more elements appended (byte for byte,
+/// `prev` having at least one), the bytes of the appended elements (`e, e]`, or empty
+/// when there are none).
+fn appended<'a>(prev: &[u8], new: &'a [u8]) -> Option<&'a [u8]> {
+    let body = prev.strip_suffix(b"]")?.trim_ascii_end();
+    let rest = new.strip_prefix(body)?.trim_ascii_start();
+    match rest.first()? {
+        b']' => Some(&[]),
+        b',' => Some(&rest[1..]),
+        _ => None,
+    }
+}
+
+/// A Chat response's first choice's message, read without building the rest.
+#[derive(Deserialize)]
+struct ChatResponse {
+    choices: Vec<ChatChoice>,
+}
+
+#[derive(Deserialize)]
+struct ChatChoice {
+    message: Option<Value>,
 }
 
 impl EpisodeBuilder {
     /// An empty graph.
     pub fn new() -> Self {
         EpisodeBuilder::default()
+    }
+
+    fn ensure_seed(&mut self) {
+        if self.raw_seed == 0 {
+            use std::hash::{BuildHasher as _, RandomState};
+            self.raw_seed = RandomState::new().hash_one(0x9e37_79b9_u64) | 1;
+        }
     }
 
     /// Commits one call: matches its prompt, adds the unmatched tail and one sampled node
@@ -276,34 +315,19 @@ impl EpisodeBuilder {
     }
 
     fn try_commit(&mut self, record: &CallRecord) -> Option<u32> {
-        let response: Value = serde_json::from_slice(record.response.as_ref()?.bytes()).ok()?;
-        let sampled = response_message(record.dialect, &response)?;
-        let (start, prompt) = self.prompt_of(record)?;
-        let mut parent = start;
-        match prompt {
-            Prompt::Chat(raw) => {
-                for m in raw {
-                    let bytes = m.get().as_bytes();
-                    let rk = (key(parent), raw_hash(bytes), bytes.len());
-                    if let Some(&n) = self.by_raw.get(&rk) {
-                        parent = Some(n);
-                        continue;
-                    }
-                    let value: Value = serde_json::from_str(m.get()).ok()?;
-                    let n = self.match_or_add(parent, message::from_chat(&value));
-                    self.by_raw.insert(rk, n);
-                    parent = Some(n);
-                }
+        let (sampled, response) = self.sampled_of(record)?;
+        let parent = if record.dialect == DialectKind::ChatCompletions {
+            self.chat_prompt(record)?
+        } else {
+            let (start, messages) = self.prompt_of(record)?;
+            let mut parent = start;
+            for m in messages {
+                parent = Some(self.match_or_add(parent, m));
             }
-            Prompt::Messages(messages) => {
-                for m in messages {
-                    parent = Some(self.match_or_add(parent, m));
-                }
-            }
-        }
+            parent
+        };
         let tokens = self.tokens_for(parent, record);
-        let hash = sampled.hash();
-        let visible = sampled.visible_hash();
+        let (hash, visible) = sampled.hashes();
         let id = self.push(NodeData {
             parent,
             hash,
@@ -315,24 +339,82 @@ impl EpisodeBuilder {
         });
         self.by_hash.insert((key(parent), hash), id);
         self.by_visible.insert((key(parent), visible), id);
-        if record.dialect == DialectKind::Responses {
-            if let Some(rid) = response.get("id").and_then(Value::as_str) {
-                self.responses.insert(rid.to_owned(), id);
-            }
+        if let Some(rid) = response.as_ref().and_then(|r| r.get("id")?.as_str()) {
+            self.responses.insert(rid.to_owned(), id);
         }
         self.summary.sampled += 1;
         Some(id)
     }
 
-    fn prompt_of<'a>(&self, record: &'a CallRecord) -> Option<(Option<u32>, Prompt<'a>)> {
+    /// The call's sampled message, and for Responses the response itself (its `id`).
+    fn sampled_of(&self, record: &CallRecord) -> Option<(Message, Option<Value>)> {
+        let bytes = record.response.as_ref()?.bytes();
+        if record.dialect == DialectKind::ChatCompletions {
+            let response: ChatResponse = serde_json::from_slice(bytes).ok()?;
+            let mut msg = message::from_chat(response.choices.first()?.message.as_ref()?);
+            msg.role = Role::Assistant;
+            return Some((msg, None));
+        }
+        let response: Value = serde_json::from_slice(bytes).ok()?;
+        let sampled = response_message(record.dialect, &response)?;
+        let keep = record.dialect == DialectKind::Responses;
+        Some((sampled, keep.then_some(response)))
+    }
+
+    /// Matches a Chat prompt and returns the node of its last message. A prompt that
+    /// extends the previous one byte for byte continues from that one's last node and
+    /// reads only the messages it appends; any other is read message by message, each
+    /// matched first by its raw bytes.
+    fn chat_prompt(&mut self, record: &CallRecord) -> Option<Option<u32>> {
+        self.ensure_seed();
+        let raw = record.request.raw_bytes("messages")?;
+        let continued = self
+            .last_chat
+            .as_ref()
+            .filter(|last| last.count > 0)
+            .and_then(|last| Some((last.end, last.count, appended(&last.raw, &raw)?)));
+        let (mut parent, mut count, tail) = match continued {
+            Some((end, count, tail)) => {
+                let tail: Option<Vec<u8>> = (!tail.is_empty()).then(|| {
+                    let mut array = Vec::with_capacity(tail.len() + 1);
+                    array.push(b'[');
+                    array.extend_from_slice(tail);
+                    array
+                });
+                (end, count, tail)
+            }
+            None => (None, 0, Some(raw.to_vec())),
+        };
+        if let Some(array) = tail {
+            let messages: Vec<&RawValue> = serde_json::from_slice(&array).ok()?;
+            for m in messages {
+                let bytes = m.get().as_bytes();
+                let rk = (key(parent), raw_hash(self.raw_seed, bytes), bytes.len());
+                count += 1;
+                if let Some(&n) = self.by_raw.get(&rk) {
+                    parent = Some(n);
+                    continue;
+                }
+                let value: Value = serde_json::from_str(m.get()).ok()?;
+                let n = self.match_or_add(parent, message::from_chat(&value));
+                self.by_raw.insert(rk, n);
+                parent = Some(n);
+            }
+        }
+        self.last_chat = Some(LastChat {
+            raw,
+            count,
+            end: parent,
+        });
+        Some(parent)
+    }
+
+    fn prompt_of(&self, record: &CallRecord) -> Option<(Option<u32>, Vec<Message>)> {
         let body = &record.request;
-        let raw = |key: &str| -> Option<&'a [u8]> { body.raw(key) };
+        let raw = |key: &str| -> Option<&[u8]> { body.raw(key) };
         let parse = |key: &str| -> Option<Value> { serde_json::from_slice(raw(key)?).ok() };
         match record.dialect {
-            DialectKind::ChatCompletions => {
-                let messages: Vec<&'a RawValue> = serde_json::from_slice(raw("messages")?).ok()?;
-                Some((None, Prompt::Chat(messages)))
-            }
+            DialectKind::ChatCompletions => None,
             DialectKind::Messages => {
                 let mut out = Vec::new();
                 if let Some(system) = parse("system").as_ref().and_then(message::anthropic_system) {
@@ -342,7 +424,7 @@ impl EpisodeBuilder {
                 for m in messages.as_array()? {
                     message::from_anthropic(m, &mut out);
                 }
-                Some((None, Prompt::Messages(out)))
+                Some((None, out))
             }
             DialectKind::Responses => {
                 let mut out = Vec::new();
@@ -359,17 +441,14 @@ impl EpisodeBuilder {
                 if let Some(input) = parse("input") {
                     message::from_responses(&input, &mut out);
                 }
-                Some((start, Prompt::Messages(out)))
+                Some((start, out))
             }
             DialectKind::Completions => {
                 let prompt = match parse("prompt")? {
                     Value::String(s) => s,
                     other => message::canonical(&other),
                 };
-                Some((
-                    None,
-                    Prompt::Messages(vec![Message::text(Role::User, prompt)]),
-                ))
+                Some((None, vec![Message::text(Role::User, prompt)]))
             }
         }
     }
@@ -386,13 +465,17 @@ impl EpisodeBuilder {
     /// The node for `message` after `parent`: an existing one with the same content (or
     /// a sampled one the harness sent back without its reasoning), else a new one.
     fn match_or_add(&mut self, parent: Option<u32>, message: Message) -> u32 {
-        let hash = message.hash();
+        let (hash, visible) = message.hashes();
         if let Some(&n) = self.by_hash.get(&(key(parent), hash)) {
-            return n;
+            if self.nodes[n as usize].message == message {
+                return n;
+            }
         }
         if message.role == Role::Assistant && message.reasoning.is_none() {
-            if let Some(&n) = self.by_visible.get(&(key(parent), message.visible_hash())) {
-                return n;
+            if let Some(&n) = self.by_visible.get(&(key(parent), visible)) {
+                if self.nodes[n as usize].message.same_visible(&message) {
+                    return n;
+                }
             }
         }
         let id = self.push(NodeData {
@@ -631,7 +714,7 @@ impl EpisodeBuilder {
         }
         let entry = size_of::<(u32, Hash)>() + size_of::<u32>() + 1;
         total += (self.by_hash.capacity() + self.by_visible.capacity()) * entry;
-        total += self.by_raw.capacity() * (size_of::<(u32, u64, usize)>() + size_of::<u32>() + 1);
+        total += self.by_raw.capacity() * (size_of::<(u32, u128, usize)>() + size_of::<u32>() + 1);
         total
     }
 }
@@ -713,5 +796,29 @@ impl Trace {
             builder.commit(call);
         }
         builder.episode(&self.id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::appended;
+
+    #[test]
+    fn appended_finds_the_elements_added_to_an_array() {
+        assert_eq!(appended(b"[{\"a\":1}]", b"[{\"a\":1}]"), Some(&b""[..]));
+        assert_eq!(
+            appended(b"[{\"a\":1}]", b"[{\"a\":1},{\"b\":2}]"),
+            Some(&b"{\"b\":2}]"[..])
+        );
+        assert_eq!(
+            appended(b"[{\"a\":1} ]", b"[{\"a\":1} , {\"b\":2}]"),
+            Some(&b" {\"b\":2}]"[..])
+        );
+        // Not an extension: another element, a longer last element, another array.
+        assert_eq!(appended(b"[{\"a\":1}]", b"[{\"a\":2}]"), None);
+        assert_eq!(appended(b"[1,2]", b"[1,23]"), None);
+        assert_eq!(appended(b"[\"ab\"]", b"[\"abc\"]"), None);
+        assert_eq!(appended(b"[{\"a\":1},{\"b\":2}]", b"[{\"a\":1}]"), None);
+        assert_eq!(appended(b"not an array", b"[]"), None);
     }
 }
