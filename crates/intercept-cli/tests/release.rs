@@ -228,7 +228,12 @@ async fn concurrent_deletes_both_answer_the_final_trace() {
         .await
         .expect("the cancelled call is answered")
         .unwrap();
-    assert_ne!(caller.status, StatusCode::OK);
+    // One truth: the harness got 409, the record says 409 twice.
+    assert_eq!(caller.status, StatusCode::CONFLICT);
+    let record = &a["calls"][0];
+    assert_eq!(record["status"], 409, "{record}");
+    assert_eq!(record["error"]["status"], 409, "{record}");
+    assert_eq!(record["error"]["kind"], "cancelled", "{record}");
     sidecar.shutdown().await.unwrap();
     mock.shutdown().await;
 }
