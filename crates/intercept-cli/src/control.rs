@@ -464,7 +464,7 @@ async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
             // Shut down while acquiring: the guard drops here and frees the slot.
             _ => {
                 if let Some(held) = sessions.remove(&id) {
-                    held.done.cancel();
+                    held.done.token.cancel();
                 }
                 return error(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -746,7 +746,10 @@ async fn delete(state: &Arc<ControlState>, id: &str, with_episode: bool) -> Resp
         tokio::spawn(async move { state.finish_release(&id, session, guard).await });
     }
     let wait = state.config.shutdown_grace + RELEASE_WAIT_MARGIN;
-    if tokio::time::timeout(wait, done.cancelled()).await.is_err() {
+    if tokio::time::timeout(wait, done.token.cancelled())
+        .await
+        .is_err()
+    {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
@@ -756,7 +759,7 @@ async fn delete(state: &Arc<ControlState>, id: &str, with_episode: bool) -> Resp
             ),
         );
     }
-    let Some(View::Released(last)) = view_of(state, id) else {
+    let Some(last) = done.last.get().cloned() else {
         return unknown(id);
     };
     let mut answer = match final_trace(state, id, &last).await {

@@ -47,9 +47,9 @@ pub(crate) struct Held {
     pub(crate) guard: Option<SlotGuard>,
     pub(crate) sink: Option<Arc<JsonlSink>>,
     pub(crate) released: bool,
-    /// Cancelled once the release finished and [`Held::last`] is set: every `DELETE`
-    /// waits for it, so each answers the final trace.
-    pub(crate) done: CancellationToken,
+    /// Set once the release finished: every `DELETE` waits for it, so each answers the
+    /// final trace (also when `released_retention` forgets the session at once).
+    pub(crate) done: Arc<Done>,
     pub(crate) last: Option<Arc<Last>>,
 }
 
@@ -60,7 +60,7 @@ impl Held {
             guard: None,
             sink,
             released: false,
-            done: CancellationToken::new(),
+            done: Arc::default(),
             last: None,
         }
     }
@@ -99,6 +99,14 @@ impl Held {
             (None, None) => Totals::default(),
         }
     }
+}
+
+/// The end of a release, for the `DELETE`s waiting on it.
+#[derive(Debug, Default)]
+pub(crate) struct Done {
+    /// Cancelled once `last` is set (or the session was dropped without a release).
+    pub(crate) token: CancellationToken,
+    pub(crate) last: std::sync::OnceLock<Arc<Last>>,
 }
 
 /// What stays of a released session once its release finished.
@@ -265,8 +273,9 @@ impl ControlState {
             match sessions.get_mut(id) {
                 Some(held) => {
                     held.session = None;
+                    let _ = held.done.last.set(last.clone());
                     held.last = Some(last);
-                    held.done.cancel();
+                    held.done.token.cancel();
                     held.sink.take()
                 }
                 None => None,

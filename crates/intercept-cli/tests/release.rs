@@ -376,3 +376,27 @@ async fn released_traces_are_bounded_in_bytes_and_read_back_from_files() {
     assert!(msg.contains("f-0.jsonl"), "{msg}");
     sidecar.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_answers_the_final_trace_even_with_no_retention() {
+    let sidecar = mock_sidecar(ServeConfig {
+        released_retention: 0,
+        ..ServeConfig::default()
+    })
+    .await;
+    let api = Api::new(&sidecar);
+    let session = api.create(Some(json!({"id": "once"}))).await;
+    assert_eq!(api.chat(&session, "hi").await.status, StatusCode::OK);
+    let answer = api.req(Method::DELETE, "/v1/sessions/once", None).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.json().unwrap()["calls"].as_array().unwrap().len(), 1);
+    // Forgotten at once: the id is unknown now, and nothing is held.
+    let _ = error_of(
+        &api.req(Method::GET, "/v1/sessions/once", None).await,
+        StatusCode::NOT_FOUND,
+        "not_found_error",
+    );
+    assert_eq!(api.metric("intercept_released_sessions").await, 0);
+    assert_eq!(api.metric("intercept_released_trace_bytes").await, 0);
+    sidecar.shutdown().await.unwrap();
+}
