@@ -743,7 +743,9 @@ async fn delete(state: &Arc<ControlState>, id: &str, with_episode: bool) -> Resp
     if let Some((session, guard)) = start {
         let state = state.clone();
         let id = id.to_owned();
-        tokio::spawn(async move { state.finish_release(&id, session, guard).await });
+        let task = state.clone();
+        task.releases
+            .spawn(async move { state.finish_release(&id, session, guard).await });
     }
     let wait = state.config.shutdown_grace + RELEASE_WAIT_MARGIN;
     if tokio::time::timeout(wait, done.token.cancelled())

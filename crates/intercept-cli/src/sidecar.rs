@@ -143,6 +143,8 @@ pub(crate) struct ControlState {
     pub(crate) tunnels: Arc<TunnelCounters>,
     pub(crate) sessions: Mutex<HashMap<String, Held>>,
     pub(crate) retired: Mutex<Retired>,
+    /// Releases begun by `DELETE`, each in a task of its own; shutdown waits for them.
+    pub(crate) releases: TaskTracker,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) token: Secret,
     pub(crate) accepting: AtomicBool,
@@ -401,6 +403,7 @@ impl Sidecar {
             tunnels,
             sessions: Mutex::new(HashMap::new()),
             retired: Mutex::new(Retired::default()),
+            releases: TaskTracker::new(),
             metrics: Arc::new(Metrics::default()),
             token,
             accepting: AtomicBool::new(true),
@@ -487,6 +490,15 @@ impl Sidecar {
         };
         for (id, session, guard) in releases {
             self.state.finish_release(&id, session, guard).await;
+        }
+        // Releases begun by a DELETE just before: their episodes and file syncs too.
+        self.state.releases.close();
+        let grace = self.state.config.shutdown_grace + crate::control::RELEASE_WAIT_MARGIN;
+        if tokio::time::timeout(grace, self.state.releases.wait())
+            .await
+            .is_err()
+        {
+            warn!("releases begun by DELETE did not finish in time; their trace files may not be synced");
         }
         self.control_stop.cancel();
         self.control_tasks.wait().await;

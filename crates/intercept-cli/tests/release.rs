@@ -400,3 +400,55 @@ async fn delete_answers_the_final_trace_even_with_no_retention() {
     assert_eq!(api.metric("intercept_released_trace_bytes").await, 0);
     sidecar.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_whose_client_hangs_up_leaves_a_whole_release() {
+    let mock = MockUpstream::start().await.unwrap();
+    mock.push(Reply::hang());
+    let dir = tempfile::tempdir().unwrap();
+    let sidecar = Sidecar::start(ServeConfig {
+        upstream: Some(UpstreamSetting::Url(mock.base_url())),
+        model: Some("policy".into()),
+        trace_dir: Some(dir.path().to_owned()),
+        shutdown_grace: Duration::from_secs(2),
+        ..ServeConfig::default()
+    })
+    .await
+    .unwrap();
+    let api = Api::new(&sidecar);
+    let session = api.create(Some(json!({"id": "gone"}))).await;
+    let caller = {
+        let api = api.clone();
+        let session = session.clone();
+        tokio::spawn(async move { api.chat(&session, "in flight").await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while mock.request_count() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the call never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The client hangs up at once (the release is quick, so this may or may not cut
+    // into it); either way the release ends whole: trace, episode, the next answer.
+    let _ = tokio::time::timeout(
+        Duration::from_millis(1),
+        api.req(Method::DELETE, "/v1/sessions/gone", None),
+    )
+    .await;
+    let answer = tokio::time::timeout(
+        Duration::from_secs(10),
+        api.req(Method::DELETE, "/v1/sessions/gone", None),
+    )
+    .await
+    .expect("the DELETE answers");
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.json().unwrap()["calls"].as_array().unwrap().len(), 1);
+    let _ = tokio::time::timeout(Duration::from_secs(10), caller).await;
+    sidecar.shutdown().await.unwrap();
+    assert!(dir.path().join("gone.episode.json").exists());
+    let t = read_trace_file(&dir.path().join("gone.jsonl")).unwrap();
+    assert_eq!(t.records.len(), 1);
+    mock.shutdown().await;
+}
