@@ -1109,6 +1109,7 @@ mod tests {
             ("shutdown_grace_secs", "-1"),
             ("shutdown_grace_secs", "soon"),
             ("released_retention", "-5"),
+            ("released_trace_bytes", "256MiB"),
             ("upstream_write_idle_secs", "-1"),
             ("upstream_write_idle_secs", "never"),
             ("upstream_read_idle_secs", "1e400"),
@@ -1283,6 +1284,7 @@ mod tests {
             ("control", "[::1]:7700".to_string()),
             ("log", "intercept_server=debug,info".to_string()),
             ("released_retention", "0".to_string()),
+            ("released_trace_bytes", "1048576".to_string()),
             ("network_allow", "*.python.org, files.test".to_string()),
             ("network_block", "evil.python.org".to_string()),
             ("network_on_violation", "reject".to_string()),
@@ -1301,6 +1303,7 @@ mod tests {
         assert_eq!(c.control.port(), 7700);
         assert!(c.control.is_ipv6());
         assert_eq!(c.released_retention, 0);
+        assert_eq!(c.released_trace_bytes, 1 << 20);
         assert!(c.network.is_restricted());
         assert!(c.network.allows_host("docs.python.org"));
         assert!(!c.network.allows_host("evil.python.org"));
