@@ -108,6 +108,10 @@ pub struct ServeArgs {
     /// Released sessions whose traces stay readable [default: 4096].
     #[arg(long, value_name = "N")]
     pub released_retention: Option<String>,
+    /// Bytes of released traces held in memory without --trace-dir; the oldest are
+    /// dropped first [default: 268435456].
+    #[arg(long, value_name = "BYTES")]
+    pub released_trace_bytes: Option<String>,
     /// Seconds a plain-HTTP upstream may take no byte of a request before the call
     /// fails; 0 turns it off [default: 30].
     #[arg(long, value_name = "SECS")]
@@ -156,6 +160,7 @@ impl ServeArgs {
             ("shutdown_grace_secs", &self.shutdown_grace_secs),
             ("header_read_timeout_secs", &self.header_read_timeout_secs),
             ("released_retention", &self.released_retention),
+            ("released_trace_bytes", &self.released_trace_bytes),
             ("upstream_write_idle_secs", &self.upstream_write_idle_secs),
             ("upstream_read_idle_secs", &self.upstream_read_idle_secs),
             ("network_allow", &self.network_allow),

@@ -63,6 +63,7 @@ pub const KEYS: &[&str] = &[
     "shutdown_grace_secs",
     "header_read_timeout_secs",
     "released_retention",
+    "released_trace_bytes",
     "upstream_write_idle_secs",
     "upstream_read_idle_secs",
     "network_allow",
@@ -293,6 +294,9 @@ pub struct ServeConfig {
     pub header_read_timeout: Option<Duration>,
     /// Released sessions whose traces stay readable through the control API.
     pub released_retention: usize,
+    /// Bytes of released traces (and their episodes) held in memory when there is no
+    /// trace directory; the oldest are dropped first (their ids stay remembered).
+    pub released_trace_bytes: usize,
     /// A plain-HTTP upstream that takes no byte of a request for this long fails the
     /// call (default 30 s; `None`: no limit).
     pub upstream_write_idle: Option<Duration>,
@@ -333,6 +337,7 @@ impl fmt::Debug for ServeConfig {
             .field("shutdown_grace", &self.shutdown_grace)
             .field("header_read_timeout", &self.header_read_timeout)
             .field("released_retention", &self.released_retention)
+            .field("released_trace_bytes", &self.released_trace_bytes)
             .field("upstream_write_idle", &self.upstream_write_idle)
             .field("upstream_read_idle", &self.upstream_read_idle)
             .field("warnings", &self.warnings)
@@ -369,6 +374,7 @@ impl Default for ServeConfig {
             shutdown_grace: Duration::from_secs(30),
             header_read_timeout: Some(Duration::from_secs(30)),
             released_retention: 4096,
+            released_trace_bytes: 256 << 20,
             upstream_write_idle: Some(Duration::from_secs(30)),
             upstream_read_idle: None,
             network: NetworkPolicy::default(),
@@ -830,6 +836,11 @@ impl ServeConfig {
                     .parse::<usize>()
                     .map_err(|_| bad(format!("{raw_trimmed:?} is not a non-negative integer")))?;
             }
+            "released_trace_bytes" => {
+                self.released_trace_bytes = raw_trimmed
+                    .parse::<usize>()
+                    .map_err(|_| bad(format!("{raw_trimmed:?} is not a number of bytes")))?;
+            }
             "upstream_write_idle_secs" | "upstream_read_idle_secs" => {
                 let limit = raw_trimmed
                     .parse::<f64>()
@@ -1098,6 +1109,7 @@ mod tests {
             ("shutdown_grace_secs", "-1"),
             ("shutdown_grace_secs", "soon"),
             ("released_retention", "-5"),
+            ("released_trace_bytes", "256MiB"),
             ("upstream_write_idle_secs", "-1"),
             ("upstream_write_idle_secs", "never"),
             ("upstream_read_idle_secs", "1e400"),
@@ -1272,6 +1284,7 @@ mod tests {
             ("control", "[::1]:7700".to_string()),
             ("log", "intercept_server=debug,info".to_string()),
             ("released_retention", "0".to_string()),
+            ("released_trace_bytes", "1048576".to_string()),
             ("network_allow", "*.python.org, files.test".to_string()),
             ("network_block", "evil.python.org".to_string()),
             ("network_on_violation", "reject".to_string()),
@@ -1290,6 +1303,7 @@ mod tests {
         assert_eq!(c.control.port(), 7700);
         assert!(c.control.is_ipv6());
         assert_eq!(c.released_retention, 0);
+        assert_eq!(c.released_trace_bytes, 1 << 20);
         assert!(c.network.is_restricted());
         assert!(c.network.allows_host("docs.python.org"));
         assert!(!c.network.allows_host("evil.python.org"));

@@ -8,9 +8,9 @@
 //! | `POST /v1/sessions` | `201` `{id, base_url, model_secret, state_secret, env}` |
 //! | `GET /v1/sessions` | `{"sessions": [{id, status, calls}]}` |
 //! | `GET /v1/sessions/{id}` | `{id, status, stop_condition, calls, usage, endpoint_lost}` |
-//! | `GET /v1/sessions/{id}/trace` | `{id, stop_condition, calls: [CallRecord]}` |
+//! | `GET /v1/sessions/{id}/trace` | `{id, stop_condition, calls: [CallRecord]}`; of a released session read back from its trace file, or held in memory up to `released_trace_bytes` (410 once dropped) |
 //! | `GET /v1/sessions/{id}/episode` | the session's episode: `{session, nodes, branches, summary}` (see `intercept_core::episode`) |
-//! | `DELETE /v1/sessions/{id}` | releases the slot, returns the final trace; with `?episode=true` also `episode`; with a trace folder, writes `<id>.episode.json` |
+//! | `DELETE /v1/sessions/{id}` | releases the slot, returns the final trace (every `DELETE`, concurrent ones too, waits for the release to finish); with `?episode=true` also `episode`; with a trace folder, writes `<id>.episode.json` |
 //! | `GET /v1/interception` | `{shape, tunnel, load, servers: [{base_url, load, healthy}], pause: {paused, mode, epoch, inflight, held}}` |
 //! | `POST /v1/pause` | `{"mode": "hold"\|"reject", "timeout_secs", "retry_after_secs"}` → the pause status |
 //! | `POST /v1/resume` | the pause status (epoch + 1 if it was paused) |
@@ -33,7 +33,7 @@ use tracing::{info, warn};
 
 use crate::config::check_base_url;
 use crate::jsonl::JsonlSink;
-use crate::sidecar::{ControlState, Held};
+use crate::sidecar::{ControlState, Held, Last};
 
 /// Largest control request body accepted (16 MiB).
 pub const BODY_LIMIT: usize = 16 << 20;
@@ -69,6 +69,7 @@ fn error(status: StatusCode, message: impl Into<String>) -> Resp {
         StatusCode::NOT_FOUND => "not_found_error",
         StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed_error",
         StatusCode::CONFLICT => "conflict_error",
+        StatusCode::GONE => "gone_error",
         StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large_error",
         StatusCode::SERVICE_UNAVAILABLE => "unavailable_error",
         _ => "internal_error",
@@ -107,14 +108,8 @@ pub(crate) async fn handle(state: Arc<ControlState>, req: Request<Incoming>) -> 
             Ok(with_episode) => delete(&state, id, with_episode).await,
             Err(message) => bad(message),
         },
-        (["v1", "sessions", id, "trace"], &Method::GET) => trace(&state, id),
-        (["v1", "sessions", id, "episode"], &Method::GET) => match session_of(&state, id) {
-            Some((session, _)) => ok_json(
-                StatusCode::OK,
-                &serde_json::to_value(session.episode()).unwrap_or(Value::Null),
-            ),
-            None => unknown(id),
-        },
+        (["v1", "sessions", id, "trace"], &Method::GET) => trace(&state, id).await,
+        (["v1", "sessions", id, "episode"], &Method::GET) => episode(&state, id).await,
         (["v1", "interception"], &Method::GET) => interception(&state).await,
         (["v1", "pause"], &Method::POST) => pause(&state, req).await,
         (["v1", "resume"], &Method::POST) => pause_answer(state.server.resume().await),
@@ -381,8 +376,8 @@ async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
             Some(id) => id,
             None => {
                 return error(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "could not generate a free id",
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "could not generate a free session id; retry, or give an explicit id",
                 )
             }
         },
@@ -392,16 +387,31 @@ async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
             if state.sessions.lock().contains_key(&id) {
                 return duplicate(&id);
             }
-            match JsonlSink::open(dir.join(format!("{id}.jsonl"))) {
+            let path = dir.join(format!("{id}.jsonl"));
+            match JsonlSink::create_new(&path) {
                 Ok(s) => Some(Arc::new(s)),
-                Err(e) => {
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     return error(
-                        StatusCode::INTERNAL_SERVER_ERROR,
+                        StatusCode::CONFLICT,
                         format!(
-                            "cannot open the trace file of {id:?} in {}: {e}",
-                            dir.display()
+                            "the trace file {} already exists (a rollout of an earlier run, or \
+                             of a session released and forgotten, has this id); a session never \
+                             appends to another rollout's file: choose another id, or move the \
+                             file away",
+                            path.display()
                         ),
                     )
+                }
+                Err(e) => {
+                    warn!(session = %id, path = %path.display(), error = %e, "cannot create the trace file");
+                    return error(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "cannot create the trace file {} of session {id:?}: {e}; retry once \
+                             the sidecar has resources again (open files, disk space)",
+                            path.display()
+                        ),
+                    );
                 }
             }
         }
@@ -429,15 +439,7 @@ async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
         if sessions.contains_key(&id) {
             return duplicate(&id);
         }
-        sessions.insert(
-            id.clone(),
-            Held {
-                session: session.clone(),
-                guard: None,
-                sink,
-                released: false,
-            },
-        );
+        sessions.insert(id.clone(), Held::new(session.clone(), sink));
     }
     let guard = match state
         .server
@@ -461,10 +463,13 @@ async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
             Some(held) if !held.released => held.guard = Some(guard),
             // Shut down while acquiring: the guard drops here and frees the slot.
             _ => {
+                if let Some(held) = sessions.remove(&id) {
+                    held.done.token.cancel();
+                }
                 return error(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "the sidecar is shutting down; no new sessions",
-                )
+                );
             }
         }
     }
@@ -494,11 +499,13 @@ fn duplicate(id: &str) -> Resp {
     )
 }
 
+/// A generated id: `session-<run>-<n>`, `<run>` the 8 hex digits drawn at start (see
+/// [`ControlState::run_id`]), so ids of two runs never collide.
 fn generate_id(state: &ControlState) -> Option<String> {
     let sessions = state.sessions.lock();
     (0..1024).find_map(|_| {
         let n = state.next_id.fetch_add(1, Ordering::Relaxed);
-        let id = format!("session-{n}");
+        let id = format!("session-{}-{n}", state.run_id);
         (!sessions.contains_key(&id)).then_some(id)
     })
 }
@@ -518,12 +525,20 @@ fn status_name(s: SessionStatus) -> &'static str {
     }
 }
 
-fn session_of(state: &ControlState, id: &str) -> Option<(Arc<RolloutSession>, bool)> {
-    state
-        .sessions
-        .lock()
-        .get(id)
-        .map(|h| (h.session.clone(), h.released))
+/// The live session, or what stays of it once released.
+enum View {
+    Live(Arc<RolloutSession>),
+    Released(Arc<Last>),
+}
+
+fn view_of(state: &ControlState, id: &str) -> Option<View> {
+    let sessions = state.sessions.lock();
+    let held = sessions.get(id)?;
+    match (&held.session, &held.last) {
+        (Some(s), _) => Some(View::Live(s.clone())),
+        (None, Some(l)) => Some(View::Released(l.clone())),
+        (None, None) => None,
+    }
 }
 
 fn list(state: &ControlState) -> Resp {
@@ -531,54 +546,145 @@ fn list(state: &ControlState) -> Resp {
         .sessions
         .lock()
         .iter()
-        .map(|(id, h)| {
-            let status = if h.released {
-                SessionStatus::Released
-            } else {
-                h.session.status()
-            };
-            json!({"id": id, "status": status_name(status), "calls": h.session.calls()})
-        })
+        .map(|(id, h)| json!({"id": id, "status": status_name(h.status()), "calls": h.calls()}))
         .collect();
     sessions.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
     ok_json(StatusCode::OK, &json!({ "sessions": sessions }))
 }
 
 fn status(state: &ControlState, id: &str) -> Resp {
-    let Some((session, released)) = session_of(state, id) else {
-        return unknown(id);
-    };
-    let endpoint_lost = state
-        .sessions
-        .lock()
-        .get(id)
-        .and_then(|h| h.guard.as_ref())
-        .is_some_and(SlotGuard::endpoint_lost);
-    let status = if released {
-        SessionStatus::Released
-    } else {
-        session.status()
-    };
-    ok_json(
-        StatusCode::OK,
-        &json!({
+    let answer = {
+        let sessions = state.sessions.lock();
+        let Some(held) = sessions.get(id) else {
+            return unknown(id);
+        };
+        json!({
             "id": id,
-            "status": status_name(status),
-            "stop_condition": session.stop_condition(),
-            "calls": session.calls(),
-            "usage": session.totals(),
-            "endpoint_lost": endpoint_lost,
-        }),
+            "status": status_name(held.status()),
+            "stop_condition": held.stop_condition(),
+            "calls": held.calls(),
+            "usage": held.totals(),
+            "endpoint_lost": held.guard.as_ref().is_some_and(SlotGuard::endpoint_lost),
+        })
+    };
+    ok_json(StatusCode::OK, &answer)
+}
+
+/// 410: a released session is remembered but its trace is no longer held.
+fn gone(id: &str, what: &str, why: String) -> Resp {
+    error(
+        StatusCode::GONE,
+        format!("the {what} of released session {id:?} is no longer available: {why}"),
     )
 }
 
-fn trace(state: &ControlState, id: &str) -> Resp {
-    match session_of(state, id) {
-        Some((session, _)) => respond(
+fn evicted(state: &ControlState) -> String {
+    format!(
+        "released traces are held in memory up to released_trace_bytes ({} bytes), oldest \
+         dropped first; read the DELETE answer, or run with --trace-dir to read released \
+         traces back from their files",
+        state.config.released_trace_bytes
+    )
+}
+
+/// The final trace of a released session: held in memory, or (with a trace directory)
+/// read back from its JSONL file, each complete line spliced in as it was written.
+async fn final_trace(state: &ControlState, id: &str, last: &Last) -> Result<Vec<u8>, Resp> {
+    let Some(dir) = &state.config.trace_dir else {
+        return match &*last.kept.lock() {
+            Some((trace, _)) => Ok(trace.to_vec()),
+            None => Err(gone(id, "trace", evicted(state))),
+        };
+    };
+    let path = dir.join(format!("{id}.jsonl"));
+    let text = tokio::fs::read(&path).await.map_err(|e| {
+        gone(
+            id,
+            "trace",
+            format!("its trace file {} cannot be read: {e}", path.display()),
+        )
+    })?;
+    let mut out = intercept_core::Trace {
+        id: id.to_owned(),
+        stop_condition: last.stop_condition.clone(),
+        calls: Vec::new(),
+        replays: last.replays,
+    }
+    .to_json_vec();
+    // `{..., "calls":[]}`: the records go between the brackets.
+    out.truncate(out.len().saturating_sub(2));
+    let mut first = true;
+    let complete = text
+        .split_inclusive(|b| *b == b'\n')
+        .filter(|l| l.ends_with(b"\n"));
+    for line in complete {
+        let line = line.trim_ascii();
+        if line.is_empty() || serde_json::from_slice::<serde::de::IgnoredAny>(line).is_err() {
+            continue;
+        }
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        out.extend_from_slice(line);
+    }
+    out.extend_from_slice(b"]}");
+    Ok(out)
+}
+
+/// The episode of a released session: held in memory, or read back from
+/// `<id>.episode.json`.
+async fn final_episode(state: &ControlState, id: &str, last: &Last) -> Result<Vec<u8>, Resp> {
+    let Some(dir) = &state.config.trace_dir else {
+        return match &*last.kept.lock() {
+            Some((_, episode)) => Ok(episode.to_vec()),
+            None => Err(gone(id, "episode", evicted(state))),
+        };
+    };
+    let path = dir.join(format!("{id}.episode.json"));
+    let mut text = tokio::fs::read(&path).await.map_err(|e| {
+        gone(
+            id,
+            "episode",
+            format!("its episode file {} cannot be read: {e}", path.display()),
+        )
+    })?;
+    let trimmed = text.trim_ascii_end().len();
+    text.truncate(trimmed);
+    Ok(text)
+}
+
+async fn trace(state: &ControlState, id: &str) -> Resp {
+    match view_of(state, id) {
+        Some(View::Live(session)) => respond(
             StatusCode::OK,
             "application/json",
             session.trace().to_json_vec(),
         ),
+        Some(View::Released(last)) => match final_trace(state, id, &last).await {
+            Ok(body) => respond(StatusCode::OK, "application/json", body),
+            Err(resp) => resp,
+        },
+        None => unknown(id),
+    }
+}
+
+async fn episode(state: &ControlState, id: &str) -> Resp {
+    match view_of(state, id) {
+        Some(View::Live(session)) => respond(
+            StatusCode::OK,
+            "application/json",
+            serde_json::to_vec(&session.episode()).unwrap_or_else(|e| {
+                serde_json::to_vec(
+                    &json!({ "error": format!("the episode cannot be serialised: {e}") }),
+                )
+                .unwrap_or_default()
+            }),
+        ),
+        Some(View::Released(last)) => match final_episode(state, id, &last).await {
+            Ok(body) => respond(StatusCode::OK, "application/json", body),
+            Err(resp) => resp,
+        },
         None => unknown(id),
     }
 }
@@ -608,8 +714,15 @@ fn episode_flag(query: Option<&str>) -> Result<bool, String> {
     Ok(with)
 }
 
-async fn delete(state: &ControlState, id: &str, with_episode: bool) -> Resp {
-    let (session, guard) = {
+/// Extra time a `DELETE` waits for a release beyond `shutdown_grace` (the grace of the
+/// calls it cancels).
+pub const RELEASE_WAIT_MARGIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// `DELETE /v1/sessions/{id}`: the first one starts the release (in a task of its own,
+/// so a client that goes away cannot cut it short); every one, first or not, waits until
+/// the release finished and answers the final trace.
+async fn delete(state: &Arc<ControlState>, id: &str, with_episode: bool) -> Resp {
+    let (done, start) = {
         let mut sessions = state.sessions.lock();
         let Some(held) = sessions.get_mut(id) else {
             return unknown(id);
@@ -621,24 +734,46 @@ async fn delete(state: &ControlState, id: &str, with_episode: bool) -> Resp {
             );
         }
         held.released = true;
-        (held.session.clone(), held.guard.take())
+        let start = held
+            .guard
+            .take()
+            .and_then(|g| Some((held.session.clone()?, g)));
+        (held.done.clone(), start)
     };
-    if let Some(guard) = guard {
-        guard.close().await;
-        state.metrics.session_released();
-        crate::jsonl::save_episode(state.config.trace_dir.as_deref(), &session);
-        state.retire(id);
-        info!(session = %id, calls = session.calls(), "session released");
+    if let Some((session, guard)) = start {
+        let state = state.clone();
+        let id = id.to_owned();
+        let task = state.clone();
+        task.releases
+            .spawn(async move { state.finish_release(&id, session, guard).await });
     }
-    let mut answer = session.trace().to_json_vec();
+    let wait = state.config.shutdown_grace + RELEASE_WAIT_MARGIN;
+    if tokio::time::timeout(wait, done.token.cancelled())
+        .await
+        .is_err()
+    {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the release of session {id:?} has not finished after {:.0} s (a call in flight \
+                 has not ended yet); retry the DELETE for the final trace",
+                wait.as_secs_f64()
+            ),
+        );
+    }
+    let Some(last) = done.last.get().cloned() else {
+        return unknown(id);
+    };
+    let mut answer = match final_trace(state, id, &last).await {
+        Ok(a) => a,
+        Err(resp) => return resp,
+    };
     if with_episode && answer.last() == Some(&b'}') {
         // The trace is an object: the episode goes in as one more member.
-        let episode = serde_json::to_vec(&session.episode()).unwrap_or_else(|e| {
-            serde_json::to_vec(
-                &json!({ "error": format!("the episode cannot be serialised: {e}") }),
-            )
-            .unwrap_or_default()
-        });
+        let episode = match final_episode(state, id, &last).await {
+            Ok(e) => e,
+            Err(resp) => return resp,
+        };
         answer.pop();
         answer.extend_from_slice(b",\"episode\":");
         answer.extend_from_slice(&episode);

@@ -77,6 +77,22 @@ impl JsonlSink {
         })
     }
 
+    /// Creates `path` for appending; fails with [`std::io::ErrorKind::AlreadyExists`] if
+    /// it exists (atomically: of two creators of one path, exactly one succeeds), so a
+    /// session never appends to the trace file of an earlier rollout.
+    pub fn create_new(path: impl Into<PathBuf>) -> std::io::Result<Self> {
+        let path = path.into();
+        let file = OpenOptions::new()
+            .create_new(true)
+            .read(true)
+            .append(true)
+            .open(&path)?;
+        Ok(JsonlSink {
+            path,
+            file: Mutex::new(file),
+        })
+    }
+
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path

@@ -70,6 +70,10 @@ pub struct Gauges {
     pub tunnel_failures: u64,
     /// Sessions whose URL died with a tunnel that moved to a new URL.
     pub endpoint_lost_sessions: usize,
+    /// Released sessions still remembered (bounded by `released_retention`).
+    pub released_sessions: usize,
+    /// Bytes of released traces held in memory (bounded by `released_trace_bytes`).
+    pub released_trace_bytes: usize,
 }
 
 /// The sidecar's counters and histograms.
@@ -190,6 +194,18 @@ impl Metrics {
             "intercept_sessions_endpoint_lost",
             "Sessions holding a slot whose URL is no longer served (their tunnel moved to a new URL).",
             gauges.endpoint_lost_sessions,
+        );
+        gauge(
+            &mut out,
+            "intercept_released_sessions",
+            "Released sessions still remembered (their ids answer stragglers 409, their status and trace stay readable).",
+            gauges.released_sessions,
+        );
+        gauge(
+            &mut out,
+            "intercept_released_trace_bytes",
+            "Bytes of released sessions' traces and episodes held in memory (without a trace directory).",
+            gauges.released_trace_bytes,
         );
         out
     }

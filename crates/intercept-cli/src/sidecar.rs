@@ -16,8 +16,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use bytes::Bytes;
 use hyper::service::service_fn;
-use intercept_core::{Interception, RolloutSession, Secret, ServerStatus, SlotGuard, Upstream};
+use intercept_core::{
+    Interception, RolloutSession, Secret, ServerStatus, SessionStatus, SlotGuard, Totals, Upstream,
+};
 use intercept_server::ServerConfig;
 use intercept_test::{MockConfig, MockUpstream};
 use parking_lot::Mutex;
@@ -37,11 +40,97 @@ pub const MOCK_MODEL: &str = "mock-model";
 /// One session the control API created.
 #[derive(Debug)]
 pub(crate) struct Held {
-    pub(crate) session: Arc<RolloutSession>,
+    /// The live session; `None` once its release finished (then [`Held::last`] keeps
+    /// what stays readable), so a released session's records do not stay in memory.
+    pub(crate) session: Option<Arc<RolloutSession>>,
     /// `None` while the slot is being acquired and after release.
     pub(crate) guard: Option<SlotGuard>,
     pub(crate) sink: Option<Arc<JsonlSink>>,
     pub(crate) released: bool,
+    /// Set once the release finished: every `DELETE` waits for it, so each answers the
+    /// final trace (also when `released_retention` forgets the session at once).
+    pub(crate) done: Arc<Done>,
+    pub(crate) last: Option<Arc<Last>>,
+}
+
+impl Held {
+    pub(crate) fn new(session: Arc<RolloutSession>, sink: Option<Arc<JsonlSink>>) -> Self {
+        Held {
+            session: Some(session),
+            guard: None,
+            sink,
+            released: false,
+            done: Arc::default(),
+            last: None,
+        }
+    }
+
+    /// The number of recorded calls.
+    pub(crate) fn calls(&self) -> usize {
+        match (&self.session, &self.last) {
+            (Some(s), _) => s.calls(),
+            (None, Some(l)) => l.calls,
+            (None, None) => 0,
+        }
+    }
+
+    /// The session's status (`Released` once `DELETE` began).
+    pub(crate) fn status(&self) -> SessionStatus {
+        match &self.session {
+            Some(s) if !self.released => s.status(),
+            _ => SessionStatus::Released,
+        }
+    }
+
+    /// Why the rollout stopped, if it did.
+    pub(crate) fn stop_condition(&self) -> Option<String> {
+        match (&self.session, &self.last) {
+            (Some(s), _) => intercept_core::Session::stop_condition(&**s),
+            (None, Some(l)) => l.stop_condition.clone(),
+            (None, None) => None,
+        }
+    }
+
+    /// Turn and token totals.
+    pub(crate) fn totals(&self) -> Totals {
+        match (&self.session, &self.last) {
+            (Some(s), _) => s.totals(),
+            (None, Some(l)) => l.totals,
+            (None, None) => Totals::default(),
+        }
+    }
+}
+
+/// The end of a release, for the `DELETE`s waiting on it.
+#[derive(Debug, Default)]
+pub(crate) struct Done {
+    /// Cancelled once `last` is set (or the session was dropped without a release).
+    pub(crate) token: CancellationToken,
+    pub(crate) last: std::sync::OnceLock<Arc<Last>>,
+}
+
+/// What stays of a released session once its release finished.
+#[derive(Debug)]
+pub(crate) struct Last {
+    pub(crate) calls: usize,
+    pub(crate) stop_condition: Option<String>,
+    pub(crate) totals: Totals,
+    pub(crate) replays: u64,
+    /// Without a trace directory: the final trace and the episode as JSON, until the
+    /// bound on retained bytes evicts them (`None` then). With one, both are read back
+    /// from their files instead.
+    pub(crate) kept: Mutex<Option<(Bytes, Bytes)>>,
+}
+
+/// The released sessions still remembered, oldest first.
+#[derive(Debug, Default)]
+pub(crate) struct Retired {
+    /// Every remembered released session (bounded by `released_retention`).
+    order: VecDeque<String>,
+    /// Those whose trace is held in memory, with its bytes (bounded by
+    /// `released_trace_bytes`); a subsequence of `order`.
+    in_memory: VecDeque<(String, usize)>,
+    bytes: usize,
 }
 
 /// State shared by the control API's handlers.
@@ -53,11 +142,16 @@ pub(crate) struct ControlState {
     pub(crate) server: Arc<dyn Interception>,
     pub(crate) tunnels: Arc<TunnelCounters>,
     pub(crate) sessions: Mutex<HashMap<String, Held>>,
-    pub(crate) released_order: Mutex<VecDeque<String>>,
+    pub(crate) retired: Mutex<Retired>,
+    /// Releases begun by `DELETE`, each in a task of its own; shutdown waits for them.
+    pub(crate) releases: TaskTracker,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) token: Secret,
     pub(crate) accepting: AtomicBool,
     pub(crate) next_id: AtomicU64,
+    /// 8 hex digits drawn at start: generated ids are `session-<run_id>-<n>`, unique
+    /// across runs sharing a trace directory.
+    pub(crate) run_id: String,
 }
 
 impl fmt::Debug for ControlState {
@@ -77,6 +171,8 @@ impl ControlState {
             servers: self.server.servers().await.len(),
             tunnel_starts: self.tunnels.starts(),
             tunnel_failures: self.tunnels.failures(),
+            released_sessions: self.retained().0,
+            released_trace_bytes: self.retained().1,
             endpoint_lost_sessions: self
                 .sessions
                 .lock()
@@ -86,19 +182,115 @@ impl ControlState {
         }
     }
 
-    /// Remembers a released session, forgetting the oldest beyond the retention.
-    pub(crate) fn retire(&self, id: &str) {
-        let mut order = self.released_order.lock();
-        order.push_back(id.to_owned());
-        while order.len() > self.config.released_retention {
-            let Some(old) = order.pop_front() else {
-                break;
-            };
-            let mut sessions = self.sessions.lock();
+    /// Released sessions remembered, and the bytes of their traces held in memory.
+    pub(crate) fn retained(&self) -> (usize, usize) {
+        let retired = self.retired.lock();
+        (retired.order.len(), retired.bytes)
+    }
+
+    /// Remembers a released session whose kept trace takes `bytes` in memory: forgets
+    /// the oldest beyond `released_retention`, and drops the oldest kept traces beyond
+    /// `released_trace_bytes` (their ids stay remembered).
+    pub(crate) fn retire(&self, id: &str, bytes: usize) {
+        let mut forget = Vec::new();
+        let mut evict = Vec::new();
+        {
+            let mut retired = self.retired.lock();
+            retired.order.push_back(id.to_owned());
+            if bytes > 0 {
+                retired.in_memory.push_back((id.to_owned(), bytes));
+                retired.bytes += bytes;
+            }
+            // The newest trace stays, even alone over the bound: its DELETEs answer it.
+            while retired.bytes > self.config.released_trace_bytes && retired.in_memory.len() > 1 {
+                let Some((old, b)) = retired.in_memory.pop_front() else {
+                    break;
+                };
+                retired.bytes -= b;
+                evict.push(old);
+            }
+            while retired.order.len() > self.config.released_retention {
+                let Some(old) = retired.order.pop_front() else {
+                    break;
+                };
+                // Both queues are in release order: the oldest remembered session is
+                // the oldest kept trace, if its trace is still kept.
+                if retired.in_memory.front().is_some_and(|(i, _)| *i == old) {
+                    if let Some((_, b)) = retired.in_memory.pop_front() {
+                        retired.bytes -= b;
+                    }
+                }
+                forget.push(old);
+            }
+        }
+        let mut sessions = self.sessions.lock();
+        for old in evict {
+            if let Some(last) = sessions.get(&old).and_then(|h| h.last.clone()) {
+                *last.kept.lock() = None;
+            }
+        }
+        for old in forget {
             if sessions.get(&old).is_some_and(|h| h.released) {
                 sessions.remove(&old);
             }
         }
+    }
+
+    /// Finishes a release begun by taking `guard` (`DELETE` or shutdown): frees the slot
+    /// (in-flight calls are cancelled and record), writes the episode, syncs and closes
+    /// the trace file, keeps what stays readable and wakes every `DELETE` waiting.
+    pub(crate) async fn finish_release(
+        &self,
+        id: &str,
+        session: Arc<RolloutSession>,
+        guard: SlotGuard,
+    ) {
+        guard.close().await;
+        self.metrics.session_released();
+        let dir = self.config.trace_dir.as_deref();
+        crate::jsonl::save_episode(dir, &session);
+        let trace = session.trace();
+        let kept = if dir.is_none() {
+            let episode = serde_json::to_vec(&session.episode()).unwrap_or_else(|e| {
+                serde_json::to_vec(
+                    &serde_json::json!({ "error": format!("the episode cannot be serialised: {e}") }),
+                )
+                .unwrap_or_default()
+            });
+            Some((Bytes::from(trace.to_json_vec()), Bytes::from(episode)))
+        } else {
+            None
+        };
+        let bytes = kept.as_ref().map_or(0, |(t, e)| t.len() + e.len());
+        let last = Arc::new(Last {
+            calls: trace.calls.len(),
+            stop_condition: trace.stop_condition.clone(),
+            totals: session.totals(),
+            replays: trace.replays,
+            kept: Mutex::new(kept),
+        });
+        drop(trace);
+        let sink = {
+            let mut sessions = self.sessions.lock();
+            match sessions.get_mut(id) {
+                Some(held) => {
+                    held.session = None;
+                    let _ = held.done.last.set(last.clone());
+                    held.last = Some(last);
+                    held.done.token.cancel();
+                    held.sink.take()
+                }
+                None => None,
+            }
+        };
+        if let Some(sink) = sink {
+            if let Err(e) = sink.sync() {
+                warn!(path = %sink.path().display(), error = %e, "could not sync a trace file");
+            }
+        }
+        info!(session = %id, calls = session.calls(), "session released");
+        drop(session);
+        self.retire(id, bytes);
     }
 }
 
@@ -210,11 +402,13 @@ impl Sidecar {
             server,
             tunnels,
             sessions: Mutex::new(HashMap::new()),
-            released_order: Mutex::new(VecDeque::new()),
+            retired: Mutex::new(Retired::default()),
+            releases: TaskTracker::new(),
             metrics: Arc::new(Metrics::default()),
             token,
             accepting: AtomicBool::new(true),
             next_id: AtomicU64::new(1),
+            run_id: run_id(),
         });
         let control_stop = CancellationToken::new();
         let control_tasks = TaskTracker::new();
@@ -283,27 +477,28 @@ impl Sidecar {
         info!("shutting down: no new sessions; waiting for calls in flight");
         self.state.accepting.store(false, Ordering::SeqCst);
         let stopped = self.state.server.stop().await;
-        let (guards, sinks): (Vec<_>, Vec<_>) = {
+        let releases: Vec<_> = {
             let mut sessions = self.state.sessions.lock();
             sessions
-                .values_mut()
-                .map(|h| {
+                .iter_mut()
+                .filter_map(|(id, h)| {
                     h.released = true;
-                    (
-                        h.guard.take().map(|g| (g, h.session.clone())),
-                        h.sink.clone(),
-                    )
+                    let guard = h.guard.take()?;
+                    Some((id.clone(), h.session.clone()?, guard))
                 })
-                .unzip()
+                .collect()
         };
-        for (guard, session) in guards.into_iter().flatten() {
-            guard.close().await;
-            crate::jsonl::save_episode(self.state.config.trace_dir.as_deref(), &session);
+        for (id, session, guard) in releases {
+            self.state.finish_release(&id, session, guard).await;
         }
-        for sink in sinks.into_iter().flatten() {
-            if let Err(e) = sink.sync() {
-                warn!(path = %sink.path().display(), error = %e, "could not sync a trace file");
-            }
+        // Releases begun by a DELETE just before: their episodes and file syncs too.
+        self.state.releases.close();
+        let grace = self.state.config.shutdown_grace + crate::control::RELEASE_WAIT_MARGIN;
+        if tokio::time::timeout(grace, self.state.releases.wait())
+            .await
+            .is_err()
+        {
+            warn!("releases begun by DELETE did not finish in time; their trace files may not be synced");
         }
         self.control_stop.cancel();
         self.control_tasks.wait().await;
@@ -313,6 +508,15 @@ impl Sidecar {
         info!("sidecar down");
         stopped.context("the interception did not stop cleanly")
     }
+}
+
+/// 8 random hex digits (from the operating system's generator, through
+/// [`Secret::generate`]).
+fn run_id() -> String {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    Secret::generate().expose().hash(&mut hasher);
+    format!("{:08x}", hasher.finish() as u32)
 }
 
 /// Runs the sidecar until `shutdown` resolves: prints the ready line on stdout once

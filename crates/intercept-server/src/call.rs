@@ -182,6 +182,18 @@ impl Outcome {
             tokens: None,
         }
     }
+
+    /// A failed call answered with `answered`'s HTTP error: the record's `status` and
+    /// its `error.status` are both the status the harness got (a call cancelled by
+    /// release is 409 in both, not 409 and 503).
+    fn answered(recorded: &Error, answered: &Error) -> Self {
+        let mut outcome = Outcome::failed(recorded);
+        outcome.status = answered.status();
+        if let Some(e) = &mut outcome.error {
+            e.status = outcome.status;
+        }
+        outcome
+    }
 }
 
 impl Call {
@@ -447,14 +459,12 @@ impl Call {
                 }
                 Err(e) => {
                     let answered = self.stop_on_context_length(&e);
-                    let mut outcome = Outcome::failed(&e);
-                    outcome.status = answered.status();
+                    let outcome = Outcome::answered(&e, &answered);
                     (outcome, error_response(&*self.dialect, &answered))
                 }
             },
             Ok(Err((recorded, answered))) => {
-                let mut outcome = Outcome::failed(&recorded);
-                outcome.status = answered.status();
+                let outcome = Outcome::answered(&recorded, &answered);
                 (outcome, error_response(&*self.dialect, &answered))
             }
             Err(e) => {
@@ -463,8 +473,7 @@ impl Call {
                 } else {
                     e.clone()
                 };
-                let mut outcome = Outcome::failed(&e);
-                outcome.status = answered.status();
+                let outcome = Outcome::answered(&e, &answered);
                 (outcome, error_response(&*self.dialect, &answered))
             }
         };
@@ -488,7 +497,7 @@ impl Call {
         let mut outcome = Outcome::failed(recorded);
         match head {
             Head::Pending(reply) => {
-                outcome.status = answered.status();
+                outcome = Outcome::answered(recorded, &answered);
                 outcome.client_disconnected = reply.is_closed();
                 self.record(outcome);
                 let _ = reply.send(error_response(&*self.dialect, &answered));
