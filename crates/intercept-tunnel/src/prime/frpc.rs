@@ -228,9 +228,39 @@ impl Drop for Frpc {
     }
 }
 
+/// Makes the child get SIGKILL when its parent dies (`PR_SET_PDEATHSIG`), so that no
+/// frpc outlives this process, even when a supervisor kills it with SIGKILL and no
+/// teardown runs.
+///
+/// Linux ties the signal to the *thread* that forked the child, not to the process:
+/// frpc is spawned from async code, on a runtime thread, and the runtime's threads live
+/// until it shuts down (by which time every tunnel was torn down). A parent that died
+/// between the fork and the `prctl` would be missed, so the child checks that its
+/// parent is still the process that spawned it, and fails the spawn otherwise.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn die_with_parent(cmd: &mut Command) {
+    use rustix::process::{getpid, getppid, set_parent_process_death_signal, Signal};
+    let parent = getpid();
+    // SAFETY: the closure runs in the forked child before `exec`. It makes only the
+    // `prctl` and `getppid` system calls, which are async-signal-safe, allocates nothing,
+    // and touches no lock or state shared with the parent.
+    unsafe {
+        cmd.pre_exec(move || {
+            set_parent_process_death_signal(Some(Signal::KILL))?;
+            if getppid() != Some(parent) {
+                return Err(rustix::io::Errno::SRCH.into());
+            }
+            Ok(())
+        });
+    }
+}
+
 impl Frpc {
     /// Starts `frpc -c <config>` with piped output, a minimal environment and
-    /// `kill_on_drop`. This is the one place a frpc process is created.
+    /// `kill_on_drop`; on Linux it also dies with this process, even one killed with
+    /// SIGKILL (see [`die_with_parent`]). This is the one place a frpc process is
+    /// created.
     pub(crate) fn spawn(
         binary: &Path,
         config: &Path,
@@ -244,6 +274,8 @@ impl Frpc {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
+        #[cfg(target_os = "linux")]
+        die_with_parent(&mut cmd);
         for key in ["PATH", "HOME", "TZ", "LANG"] {
             if let Some(v) = std::env::var_os(key) {
                 cmd.env(key, v);

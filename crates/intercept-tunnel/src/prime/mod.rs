@@ -8,7 +8,8 @@
 //! everything (kill frpc, `DELETE` the registration, remove the file); retryable
 //! failures are retried 3 times with jittered exponential backoff.
 //!
-//! The [`PrimeEndpoint`] owns the frpc process (killed when the endpoint is dropped) and
+//! The [`PrimeEndpoint`] owns the frpc process (killed when the endpoint is dropped, and on
+//! Linux when this process dies, even by SIGKILL) and
 //! the registration (deleted on [`Endpoint::teardown`], or in the background when the
 //! endpoint is dropped). Its health is "frpc runs, frpc did not report the tunnel gone, and
 //! the registration is not expired/terminated" — the API is asked at most once per
