@@ -98,6 +98,22 @@ pub struct ServeArgs {
     /// Log format on stderr: text or json [default: text].
     #[arg(long, value_name = "text|json")]
     pub log_format: Option<String>,
+    /// Prime: the SHA-256 of the frp release tarball for this platform, so frpc may be
+    /// downloaded when it is not installed [default: none].
+    #[arg(long, value_name = "HEX")]
+    pub frpc_sha256: Option<String>,
+    /// Elastic: seconds session creation waits for a seat before failing with 503
+    /// [default: 300].
+    #[arg(long, value_name = "SECS")]
+    pub wait_timeout_secs: Option<String>,
+    /// Elastic: seconds an unhealthy server's sessions may finish before it is torn down
+    /// [default: 120].
+    #[arg(long, value_name = "SECS")]
+    pub drain_timeout_secs: Option<String>,
+    /// Elastic: seconds a server may stay empty (beyond min_servers) before it is
+    /// stopped [default: 300].
+    #[arg(long, value_name = "SECS")]
+    pub server_idle_timeout_secs: Option<String>,
     /// Seconds in-flight calls may take to finish on shutdown [default: 30].
     #[arg(long, value_name = "SECS")]
     pub shutdown_grace_secs: Option<String>,
@@ -154,6 +170,10 @@ impl ServeArgs {
             ("bore_server", &self.bore_server),
             ("bore_port", &self.bore_port),
             ("bore_secret_env", &self.bore_secret_env),
+            ("frpc_sha256", &self.frpc_sha256),
+            ("wait_timeout_secs", &self.wait_timeout_secs),
+            ("drain_timeout_secs", &self.drain_timeout_secs),
+            ("server_idle_timeout_secs", &self.server_idle_timeout_secs),
             ("trace_dir", &self.trace_dir),
             ("log", &self.log),
             ("log_format", &self.log_format),

@@ -33,7 +33,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use intercept_core::{NetworkPolicy, OnViolation, Secret};
-use intercept_pool::{ElasticConfig, ElasticEntry, InterceptionConfig, ServerEntry, StaticEntry};
+use intercept_pool::{
+    ElasticConfig, ElasticEntry, InterceptionConfig, ServerEntry, SettingNames, StaticEntry,
+};
 use intercept_tunnel::TunnelConfig;
 
 /// Every setting key, as written in the config file (the environment variable is
@@ -49,6 +51,9 @@ pub const KEYS: &[&str] = &[
     "multiplex",
     "min_servers",
     "max_servers",
+    "wait_timeout_secs",
+    "drain_timeout_secs",
+    "server_idle_timeout_secs",
     "static_servers",
     "tunnel",
     "tunnel_url",
@@ -57,6 +62,7 @@ pub const KEYS: &[&str] = &[
     "bore_server",
     "bore_port",
     "bore_secret_env",
+    "frpc_sha256",
     "trace_dir",
     "log",
     "log_format",
@@ -264,6 +270,14 @@ pub struct ServeConfig {
     pub min_servers: Option<usize>,
     /// Cap on an elastic pool's servers (default 256).
     pub max_servers: usize,
+    /// Elastic: how long session creation waits for a seat before it fails with 503
+    /// (default 300 s).
+    pub wait_timeout: Duration,
+    /// Elastic: how long an unhealthy server's sessions may finish before it is torn
+    /// down anyway (default 120 s).
+    pub drain_timeout: Duration,
+    /// Elastic: servers empty this long beyond `min_servers` are stopped (default 300 s).
+    pub server_idle_timeout: Duration,
     /// Servers of a static pool (default 1).
     pub static_servers: usize,
     /// The tunnel (default [`TunnelSetting::None`]).
@@ -280,6 +294,9 @@ pub struct ServeConfig {
     pub bore_port: Option<u16>,
     /// `bore`: the environment variable holding the bore server's secret, if it has one.
     pub bore_secret_env: Option<String>,
+    /// `prime`: the pinned SHA-256 (hex) of the frp release tarball for this platform,
+    /// which allows frpc to be downloaded when it is not installed.
+    pub frpc_sha256: Option<String>,
     /// Directory of the JSONL trace files (`<dir>/<session id>.jsonl`).
     pub trace_dir: Option<PathBuf>,
     /// Log filter (`RUST_LOG` syntax); `None` uses `RUST_LOG`, else `info`.
@@ -323,6 +340,9 @@ impl fmt::Debug for ServeConfig {
             .field("multiplex", &self.multiplex)
             .field("min_servers", &self.min_servers)
             .field("max_servers", &self.max_servers)
+            .field("wait_timeout", &self.wait_timeout)
+            .field("drain_timeout", &self.drain_timeout)
+            .field("server_idle_timeout", &self.server_idle_timeout)
             .field("static_servers", &self.static_servers)
             .field("tunnel", &self.tunnel)
             .field("tunnel_url", &self.tunnel_url)
@@ -331,6 +351,7 @@ impl fmt::Debug for ServeConfig {
             .field("bore_server", &self.bore_server)
             .field("bore_port", &self.bore_port)
             .field("bore_secret_env", &self.bore_secret_env)
+            .field("frpc_sha256", &self.frpc_sha256)
             .field("trace_dir", &self.trace_dir)
             .field("log", &self.log)
             .field("log_format", &self.log_format)
@@ -360,6 +381,9 @@ impl Default for ServeConfig {
             multiplex: 32,
             min_servers: None,
             max_servers: 256,
+            wait_timeout: Duration::from_secs(300),
+            drain_timeout: Duration::from_secs(120),
+            server_idle_timeout: Duration::from_secs(300),
             static_servers: 1,
             tunnel: TunnelSetting::None,
             tunnel_url: None,
@@ -368,6 +392,7 @@ impl Default for ServeConfig {
             bore_server: None,
             bore_port: None,
             bore_secret_env: None,
+            frpc_sha256: None,
             trace_dir: None,
             log: None,
             log_format: LogFormat::Text,
@@ -457,7 +482,7 @@ impl ServeConfig {
             message,
         };
         let tunnel = self.tunnel.as_str();
-        let given: [(&str, bool, TunnelSetting); 6] = [
+        let given: [(&str, bool, TunnelSetting); 7] = [
             (
                 "tunnel_url",
                 self.tunnel_url.is_some(),
@@ -483,6 +508,11 @@ impl ServeConfig {
                 "bore_secret_env",
                 self.bore_secret_env.is_some(),
                 TunnelSetting::Bore,
+            ),
+            (
+                "frpc_sha256",
+                self.frpc_sha256.is_some(),
+                TunnelSetting::Prime,
             ),
         ];
         for (key, set, owner) in given {
@@ -579,13 +609,35 @@ impl ServeConfig {
                 "secret": bore_secret,
             }),
         };
-        serde_json::from_value(value).map_err(|e| ConfigError::Inconsistent {
-            key: "tunnel".into(),
-            message: format!(
-                "the {} tunnel's settings are incomplete: {e}",
-                self.tunnel.as_str()
-            ),
-        })
+        let mut config: TunnelConfig =
+            serde_json::from_value(value).map_err(|e| ConfigError::Inconsistent {
+                key: "tunnel".into(),
+                message: format!(
+                    "the {} tunnel's settings are incomplete: {e}",
+                    self.tunnel.as_str()
+                ),
+            })?;
+        // Messages that ask for a setting name the sidecar's own.
+        match &mut config {
+            TunnelConfig::Bore(bore) => {
+                bore.secret_hint = Some(
+                    "bore_secret_env (--bore-secret-env) to the name of the environment \
+                     variable that holds it"
+                        .into(),
+                );
+            }
+            TunnelConfig::Prime(prime) => {
+                if let (Some(hex), Some(platform)) = (
+                    &self.frpc_sha256,
+                    intercept_tunnel::prime::install::platform(),
+                ) {
+                    prime.frpc.sha256.insert(platform.to_owned(), hex.clone());
+                }
+                prime.frpc.pin_hint = Some("with frpc_sha256 (--frpc-sha256)".into());
+            }
+            _ => {}
+        }
+        Ok(config)
     }
 
     /// The interception configuration these settings describe, with tunnels of
@@ -611,6 +663,14 @@ impl ServeConfig {
                     multiplex: self.multiplex,
                     min_servers: self.min_servers,
                     max_servers: self.max_servers,
+                    wait_timeout: self.wait_timeout,
+                    drain_timeout: self.drain_timeout,
+                    idle_timeout: self.server_idle_timeout,
+                    setting_names: SettingNames {
+                        max_servers: "max_servers",
+                        multiplex: "multiplex",
+                        wait_timeout: "wait_timeout_secs",
+                    },
                     ..ElasticConfig::default()
                 },
                 unknown: serde_json::Map::new(),
@@ -773,6 +833,31 @@ impl ServeConfig {
                     )));
                 }
                 self.bore_server = Some(raw_trimmed.to_owned());
+            }
+            "wait_timeout_secs" | "drain_timeout_secs" | "server_idle_timeout_secs" => {
+                let secs = raw_trimmed
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                    .filter(|d| !d.is_zero())
+                    .ok_or_else(|| {
+                        bad(format!("{raw_trimmed:?} is not a number of seconds (> 0)"))
+                    })?;
+                match key {
+                    "wait_timeout_secs" => self.wait_timeout = secs,
+                    "drain_timeout_secs" => self.drain_timeout = secs,
+                    _ => self.server_idle_timeout = secs,
+                }
+            }
+            "frpc_sha256" => {
+                let hex = raw_trimmed.to_ascii_lowercase();
+                if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(bad(format!(
+                        "{raw_trimmed:?} is not a SHA-256 (64 hex digits) of the frp release \
+                         tarball for this platform"
+                    )));
+                }
+                self.frpc_sha256 = Some(hex);
             }
             "bore_secret_env" => {
                 if !is_env_name(raw_trimmed) {
@@ -1084,6 +1169,12 @@ mod tests {
             ("min_servers", "some"),
             ("max_servers", "0"),
             ("max_servers", "1.5"),
+            ("wait_timeout_secs", "0"),
+            ("wait_timeout_secs", "soon"),
+            ("drain_timeout_secs", "-1"),
+            ("server_idle_timeout_secs", "x"),
+            ("frpc_sha256", "abc"),
+            ("frpc_sha256", &"g".repeat(64)),
             ("static_servers", "0"),
             ("static_servers", "two"),
             ("tunnel", "ngrok"),
@@ -1173,6 +1264,10 @@ mod tests {
                 "bore_secret_env",
             ),
             (&[("min_servers", "5"), ("max_servers", "4")], "min_servers"),
+            (
+                &[("tunnel", "bore"), ("frpc_sha256", &"a".repeat(64))],
+                "frpc_sha256",
+            ),
         ];
         for (flags, key) in cases {
             let e = err(None, &[], flags);
@@ -1341,5 +1436,45 @@ mod tests {
         })
         .unwrap();
         assert_eq!(c.upstream_write_idle, Some(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn pool_timeouts_and_the_frpc_checksum_reach_the_pool_and_the_tunnel() {
+        let c = ServeConfig::default();
+        assert_eq!(c.wait_timeout, Duration::from_secs(300));
+        assert_eq!(c.drain_timeout, Duration::from_secs(120));
+        assert_eq!(c.server_idle_timeout, Duration::from_secs(300));
+        let sha = "AB".repeat(32);
+        let file = "interception = \"elastic\"\ntunnel = \"prime\"\nwait_timeout_secs = 2.5\n";
+        let e = env(&[
+            ("INTERCEPT_DRAIN_TIMEOUT_SECS", "7"),
+            ("INTERCEPT_FRPC_SHA256", &sha),
+        ]);
+        let flags = [("server_idle_timeout_secs", "9".to_string())];
+        let c = ServeConfig::from_layers(Layers {
+            file: Some((Path::new("i.toml"), file)),
+            env: &e,
+            flags: &flags,
+        })
+        .unwrap();
+        match c.interception_config(()) {
+            InterceptionConfig::Elastic(e) => {
+                assert_eq!(e.pool.wait_timeout, Duration::from_millis(2500));
+                assert_eq!(e.pool.drain_timeout, Duration::from_secs(7));
+                assert_eq!(e.pool.idle_timeout, Duration::from_secs(9));
+                assert_eq!(e.pool.setting_names.wait_timeout, "wait_timeout_secs");
+            }
+            other => panic!("not elastic: {other:?}"),
+        }
+        match c.tunnel_config(None).unwrap() {
+            TunnelConfig::Prime(p) => {
+                let platform = intercept_tunnel::prime::install::platform();
+                if let Some(platform) = platform {
+                    assert_eq!(p.frpc.sha256.get(platform), Some(&sha.to_ascii_lowercase()));
+                }
+                assert!(p.frpc.pin_hint.unwrap().contains("frpc_sha256"));
+            }
+            other => panic!("not prime: {other:?}"),
+        }
     }
 }

@@ -341,3 +341,68 @@ async fn elastic_pool_behind_bore_tunnels_with_a_secret() {
     sidecar.shutdown().await.unwrap();
     bore.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_elastic_pool_answers_503_naming_the_sidecar_settings() {
+    let sidecar = Sidecar::start(config(&[
+        ("upstream", "mock"),
+        ("interception", "elastic"),
+        ("multiplex", "1"),
+        ("max_servers", "1"),
+        ("wait_timeout_secs", "0.3"),
+    ]))
+    .await
+    .unwrap();
+    let api = Api::new(&sidecar);
+    let first = api
+        .req(Method::POST, "/v1/sessions", Some(json!({"id": "seated"})))
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let started = std::time::Instant::now();
+    let second = api
+        .req(Method::POST, "/v1/sessions", Some(json!({"id": "waits"})))
+        .await;
+    let waited = started.elapsed();
+    assert_eq!(second.status, StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = second.json().unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("max_servers = 1"), "{message}");
+    assert!(message.contains("wait_timeout_secs"), "{message}");
+    assert!(!message.contains("wait_timeout,"), "{message}");
+    // It waited for the configured 0.3 s, not the default 300 s.
+    assert!(waited < std::time::Duration::from_secs(30), "{waited:?}");
+    // The seat frees: the same request then succeeds.
+    let released = api.req(Method::DELETE, "/v1/sessions/seated", None).await;
+    assert_eq!(released.status, StatusCode::OK);
+    let third = api
+        .req(Method::POST, "/v1/sessions", Some(json!({"id": "waits"})))
+        .await;
+    assert_eq!(
+        third.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&third.body)
+    );
+    sidecar.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bore_server_that_wants_a_secret_names_bore_secret_env() {
+    let bore = BoreServer::bind("127.0.0.1:0".parse().unwrap(), Some("wanted"))
+        .await
+        .unwrap();
+    let port = bore.control_addr().port().to_string();
+    let err = Sidecar::start(config(&[
+        ("upstream", "mock"),
+        ("tunnel", "bore"),
+        ("bore_server", "127.0.0.1"),
+        ("bore_port", &port),
+    ]))
+    .await
+    .unwrap_err();
+    let message = format!("{err:#}");
+    assert!(message.contains("requires a secret"), "{message}");
+    assert!(message.contains("bore_secret_env"), "{message}");
+    assert!(message.contains("--bore-secret-env"), "{message}");
+    bore.shutdown().await;
+}

@@ -64,6 +64,32 @@ pub struct ElasticConfig {
     /// Largest delay between start attempts (default 30 s).
     #[serde(with = "secs")]
     pub backoff_max: Duration,
+    /// How the pool's error messages name the settings they suggest raising; the
+    /// defaults are this struct's field names. A front end with its own spelling (the
+    /// sidecar's `--wait-timeout-secs`) sets its own. Not part of config files.
+    #[serde(skip)]
+    pub setting_names: SettingNames,
+}
+
+/// How an [`ElasticPool`]'s error messages name the settings a user can change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettingNames {
+    /// [`ElasticConfig::max_servers`].
+    pub max_servers: &'static str,
+    /// [`ElasticConfig::multiplex`].
+    pub multiplex: &'static str,
+    /// [`ElasticConfig::wait_timeout`].
+    pub wait_timeout: &'static str,
+}
+
+impl Default for SettingNames {
+    fn default() -> Self {
+        SettingNames {
+            max_servers: "max_servers",
+            multiplex: "multiplex",
+            wait_timeout: "wait_timeout",
+        }
+    }
 }
 
 impl Default for ElasticConfig {
@@ -80,6 +106,7 @@ impl Default for ElasticConfig {
             start_attempts: 4,
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
+            setting_names: SettingNames::default(),
         }
     }
 }
@@ -759,19 +786,28 @@ impl Inner {
 
     fn cap_error(&self, state: &State) -> Error {
         let c = &self.config;
+        let n = &c.setting_names;
         if state.servers.len() >= c.max_servers {
             Error::Unavailable(format!(
-                "elastic pool is at max_servers = {} ({} sessions per server, all taken): \
-                 no seat freed within {:?}; raise max_servers or multiplex, or wait_timeout",
-                c.max_servers, c.multiplex, c.wait_timeout
+                "elastic pool is at {} = {} ({} sessions per server, all taken): \
+                 no seat freed within {:?}; raise {} or {}, or {}",
+                n.max_servers,
+                c.max_servers,
+                c.multiplex,
+                c.wait_timeout,
+                n.max_servers,
+                n.multiplex,
+                n.wait_timeout
             ))
         } else {
             Error::Unavailable(format!(
-                "elastic pool: no server came up within {:?} ({} server(s), max_servers = {}); \
-                 check the tunnel backend or raise wait_timeout",
+                "elastic pool: no server came up within {:?} ({} server(s), {} = {}); \
+                 check the tunnel backend or raise {}",
                 c.wait_timeout,
                 state.servers.len(),
-                c.max_servers
+                n.max_servers,
+                c.max_servers,
+                n.wait_timeout
             ))
         }
     }

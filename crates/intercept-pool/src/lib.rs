@@ -41,7 +41,9 @@ pub use config::{
     Runtime, ServerEntry, SharedToolServer, StaticEntry, ToolServerConfig, TunnelInputs,
     TunnelSpec,
 };
-pub use elastic::{ElasticConfig, ElasticPool, ServerInfo, ServerPhase, STOP_TIMEOUT};
+pub use elastic::{
+    ElasticConfig, ElasticPool, ServerInfo, ServerPhase, SettingNames, STOP_TIMEOUT,
+};
 pub use member::{InterceptionServerFactory, PoolMember, ServerFactory, TunnelMaker, TunnelSource};
 pub use static_pool::StaticPool;
 

@@ -79,6 +79,11 @@ pub struct BoreConfig {
     /// Creation rate limit (off by default: a self-hosted server has no cap).
     #[serde(default = "RateLimit::off")]
     pub rate_limit: RateLimit,
+    /// How error messages tell the user to give the secret (default: "the tunnel's
+    /// `secret`"); a front end names its own setting (the sidecar: `bore_secret_env`).
+    /// Not part of config files.
+    #[serde(skip)]
+    pub secret_hint: Option<String>,
 }
 
 fn bore_control_port() -> u16 {
@@ -97,6 +102,7 @@ impl fmt::Debug for BoreConfig {
             .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
             .field("heartbeat_timeout_secs", &self.heartbeat_timeout_secs)
             .field("rate_limit", &self.rate_limit)
+            .field("secret_hint", &self.secret_hint)
             .finish()
     }
 }
@@ -140,13 +146,15 @@ pub fn make_tunnel(config: &TunnelConfig) -> Result<Option<Arc<dyn Tunnel>>, Tun
                     )
                 })?;
             let limiter = RateLimiter::new(&c.rate_limit, &format!("bore-{}", c.server));
-            Some(Arc::new(
-                BoreTunnel::new(&c.server)
-                    .with_control_port(c.control_port)
-                    .with_secret(c.secret.clone())
-                    .with_heartbeat_timeout(heartbeat)
-                    .with_limiter(limiter),
-            ))
+            let mut tunnel = BoreTunnel::new(&c.server)
+                .with_control_port(c.control_port)
+                .with_secret(c.secret.clone())
+                .with_heartbeat_timeout(heartbeat)
+                .with_limiter(limiter);
+            if let Some(hint) = &c.secret_hint {
+                tunnel = tunnel.with_secret_source(hint);
+            }
+            Some(Arc::new(tunnel))
         }
     })
 }
@@ -223,6 +231,7 @@ mod tests {
                 secret: None,
                 heartbeat_timeout_secs: 1.0,
                 rate_limit: RateLimit::off(),
+                secret_hint: None,
             }),
             TunnelConfig::Bore(BoreConfig {
                 server: "h".into(),
@@ -230,6 +239,7 @@ mod tests {
                 secret: None,
                 heartbeat_timeout_secs: -1.0,
                 rate_limit: RateLimit::off(),
+                secret_hint: None,
             }),
         ];
         for c in bad {

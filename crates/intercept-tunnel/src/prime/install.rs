@@ -38,6 +38,11 @@ pub struct FrpcInstall {
     /// Pinned SHA-256 (hex) of the tarball per platform. A platform without a checksum is
     /// never downloaded: install frpc yourself and set `FRPC_PATH`, or pin one here.
     pub sha256: BTreeMap<String, String>,
+    /// How error messages tell the user to pin a checksum (default: "in the tunnel
+    /// config (frpc.sha256.<platform>)"); a front end names its own setting (the sidecar:
+    /// `frpc_sha256`). Not part of config files.
+    #[serde(skip)]
+    pub pin_hint: Option<String>,
 }
 
 impl Default for FrpcInstall {
@@ -48,6 +53,7 @@ impl Default for FrpcInstall {
                 "https://github.com/fatedier/frp/releases/download/v{version}/frp_{version}_{platform}.tar.gz"
                     .into(),
             sha256: BTreeMap::new(),
+            pin_hint: None,
         }
     }
 }
@@ -114,9 +120,13 @@ pub(crate) async fn download(
         .get(platform)
         .map(|s| s.trim().to_ascii_lowercase())
         .ok_or_else(|| {
+            let hint = install
+                .pin_hint
+                .clone()
+                .unwrap_or_else(|| format!("in the tunnel config (frpc.sha256.{platform})"));
             TunnelError::Download(format!(
                 "no pinned SHA-256 for frp {} on {platform}; install frpc and set FRPC_PATH, \
-                 or pin the checksum in the tunnel config (frpc.sha256.{platform})",
+                 or pin the checksum {hint}",
                 install.version
             ))
         })?;
@@ -239,4 +249,36 @@ fn install_tarball(tarball: &[u8], bin_dir: &Path, version: &str) -> Result<(), 
     Err(TunnelError::Download(
         "the frpc tarball has no `frpc` member".into(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_unpinned_platform_is_never_downloaded_and_the_message_names_the_pin() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut install = FrpcInstall {
+            // Never reached: the checksum is missing, so nothing is fetched.
+            release_url: "http://127.0.0.1:9/{version}/{platform}".into(),
+            ..FrpcInstall::default()
+        };
+        let e = download(&install, "linux_amd64", dir.path())
+            .await
+            .expect_err("no checksum");
+        assert!(
+            e.to_string()
+                .contains("in the tunnel config (frpc.sha256.linux_amd64)"),
+            "{e}"
+        );
+        install.pin_hint = Some("with frpc_sha256 (--frpc-sha256)".into());
+        let e = download(&install, "linux_amd64", dir.path())
+            .await
+            .expect_err("no checksum");
+        assert!(
+            e.to_string().contains("pin the checksum with frpc_sha256"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0);
+    }
 }
