@@ -43,6 +43,7 @@ _OMITTED_WHEN_DEFAULT = {
     "requested_model": None,
     "node": None,
     "policy": None,
+    "truncated": False,
 }
 
 
@@ -95,6 +96,8 @@ class CallRecord:
     """The episode node this call produced (its sampled response); None for a failed call."""
     policy: dict[str, Any] | None = None
     """What network-policy mediation removed from the request; None when nothing was."""
+    truncated: bool = False
+    """The upstream's answer passed `max_response_bytes` and was cut off (the call failed)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Fields of the record this version of the package does not know."""
 

@@ -128,6 +128,10 @@ pub struct ServeArgs {
     /// dropped first [default: 268435456].
     #[arg(long, value_name = "BYTES")]
     pub released_trace_bytes: Option<String>,
+    /// Largest upstream answer read for one call, in bytes; past it the call fails with
+    /// 502 [default: 268435456].
+    #[arg(long, value_name = "BYTES")]
+    pub max_response_bytes: Option<String>,
     /// Seconds a plain-HTTP upstream may take no byte of a request before the call
     /// fails; 0 turns it off [default: 30].
     #[arg(long, value_name = "SECS")]
@@ -181,6 +185,7 @@ impl ServeArgs {
             ("header_read_timeout_secs", &self.header_read_timeout_secs),
             ("released_retention", &self.released_retention),
             ("released_trace_bytes", &self.released_trace_bytes),
+            ("max_response_bytes", &self.max_response_bytes),
             ("upstream_write_idle_secs", &self.upstream_write_idle_secs),
             ("upstream_read_idle_secs", &self.upstream_read_idle_secs),
             ("network_allow", &self.network_allow),

@@ -70,6 +70,7 @@ pub const KEYS: &[&str] = &[
     "header_read_timeout_secs",
     "released_retention",
     "released_trace_bytes",
+    "max_response_bytes",
     "upstream_write_idle_secs",
     "upstream_read_idle_secs",
     "network_allow",
@@ -314,6 +315,9 @@ pub struct ServeConfig {
     /// Bytes of released traces (and their episodes) held in memory when there is no
     /// trace directory; the oldest are dropped first (their ids stay remembered).
     pub released_trace_bytes: usize,
+    /// Largest upstream answer read for one call (default 256 MiB); past it the call
+    /// fails with 502 and its record is marked `truncated`.
+    pub max_response_bytes: u64,
     /// A plain-HTTP upstream that takes no byte of a request for this long fails the
     /// call (default 30 s; `None`: no limit).
     pub upstream_write_idle: Option<Duration>,
@@ -359,6 +363,7 @@ impl fmt::Debug for ServeConfig {
             .field("header_read_timeout", &self.header_read_timeout)
             .field("released_retention", &self.released_retention)
             .field("released_trace_bytes", &self.released_trace_bytes)
+            .field("max_response_bytes", &self.max_response_bytes)
             .field("upstream_write_idle", &self.upstream_write_idle)
             .field("upstream_read_idle", &self.upstream_read_idle)
             .field("warnings", &self.warnings)
@@ -400,6 +405,7 @@ impl Default for ServeConfig {
             header_read_timeout: Some(Duration::from_secs(30)),
             released_retention: 4096,
             released_trace_bytes: 256 << 20,
+            max_response_bytes: 256 << 20,
             upstream_write_idle: Some(Duration::from_secs(30)),
             upstream_read_idle: None,
             network: NetworkPolicy::default(),
@@ -926,6 +932,17 @@ impl ServeConfig {
                     .parse::<usize>()
                     .map_err(|_| bad(format!("{raw_trimmed:?} is not a number of bytes")))?;
             }
+            "max_response_bytes" => {
+                self.max_response_bytes = raw_trimmed
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "{raw_trimmed:?} is not a number of bytes (an integer > 0)"
+                        ))
+                    })?;
+            }
             "upstream_write_idle_secs" | "upstream_read_idle_secs" => {
                 let limit = raw_trimmed
                     .parse::<f64>()
@@ -1201,6 +1218,8 @@ mod tests {
             ("shutdown_grace_secs", "soon"),
             ("released_retention", "-5"),
             ("released_trace_bytes", "256MiB"),
+            ("max_response_bytes", "0"),
+            ("max_response_bytes", "1GB"),
             ("upstream_write_idle_secs", "-1"),
             ("upstream_write_idle_secs", "never"),
             ("upstream_read_idle_secs", "1e400"),
@@ -1380,6 +1399,7 @@ mod tests {
             ("log", "intercept_server=debug,info".to_string()),
             ("released_retention", "0".to_string()),
             ("released_trace_bytes", "1048576".to_string()),
+            ("max_response_bytes", "2097152".to_string()),
             ("network_allow", "*.python.org, files.test".to_string()),
             ("network_block", "evil.python.org".to_string()),
             ("network_on_violation", "reject".to_string()),
@@ -1399,6 +1419,7 @@ mod tests {
         assert!(c.control.is_ipv6());
         assert_eq!(c.released_retention, 0);
         assert_eq!(c.released_trace_bytes, 1 << 20);
+        assert_eq!(c.max_response_bytes, 2 << 20);
         assert!(c.network.is_restricted());
         assert!(c.network.allows_host("docs.python.org"));
         assert!(!c.network.allows_host("evil.python.org"));

@@ -364,6 +364,7 @@ impl Sidecar {
                 upstream_write_idle: config.upstream_write_idle,
                 upstream_read_idle: config.upstream_read_idle,
                 header_read_timeout: config.header_read_timeout,
+                max_response_bytes: config.max_response_bytes,
                 ..ServerConfig::default()
             },
         )

@@ -48,6 +48,7 @@ fn record(
         completion_logprobs: c.as_ref().map(|c| c.iter().map(|_| -0.5).collect()),
         requested_model: None,
         policy: None,
+        truncated: false,
         prompt_token_ids: p,
         completion_token_ids: c,
         node: None,

@@ -132,6 +132,11 @@ pub struct CallRecord {
     /// mediated body); absent when nothing was removed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<crate::network::PolicyEvent>,
+    /// The upstream's answer passed the server's `max_response_bytes` and was cut off:
+    /// the call failed (`error` says how many bytes arrived) and `response` is `None`.
+    /// Absent (false) otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
 }
 
 fn is_off(c: &TokenCapture) -> bool {

@@ -125,6 +125,7 @@ fn record(seq: u64, prompt: &[Msg], reply: &Msg, engine: Option<Engine>) -> Call
         completion_logprobs: l,
         requested_model: None,
         policy: None,
+        truncated: false,
         node: None,
     }
 }

@@ -168,6 +168,24 @@ struct Outcome {
     error: Option<CallError>,
     /// `None`: capture off.
     tokens: Option<CapturedTokens>,
+    /// The upstream's answer passed `max_response_bytes` and was cut off.
+    truncated: bool,
+}
+
+/// The error of an upstream answer cut off at `limit` bytes (`max_response_bytes`).
+fn too_large(limit: u64, received: u64, declared: Option<u64>) -> Error {
+    Error::UpstreamMalformed(match declared {
+        Some(declared) => format!(
+            "the upstream declared a {declared}-byte answer, over max_response_bytes \
+             ({limit} bytes); nothing of it was read. Raise max_response_bytes if answers \
+             this large are expected"
+        ),
+        None => format!(
+            "the upstream's answer passed max_response_bytes ({limit} bytes) at {received} \
+             bytes received and was cut off. Raise max_response_bytes if answers this large \
+             are expected"
+        ),
+    })
 }
 
 impl Outcome {
@@ -180,6 +198,7 @@ impl Outcome {
             client_disconnected: false,
             error: Some(CallError::from(error)),
             tokens: None,
+            truncated: false,
         }
     }
 
@@ -373,6 +392,7 @@ impl Call {
     async fn run_json(mut self, reply: Reply) {
         let cancel = self.entry.cancel.clone();
         let mut capture = self.capture.take();
+        let cut_off = std::sync::atomic::AtomicBool::new(false);
         let work = async {
             let (resp, head_at) = self.open().await?;
             if !resp.status().is_success() {
@@ -384,10 +404,14 @@ impl Call {
                 .get(http::header::CONTENT_TYPE)
                 .filter(|v| !redactor.is_active() || v.to_str().is_ok_and(|t| redactor.str(t) == t))
                 .cloned();
-            let body = read_all(resp.into_body(), u64::MAX)
+            let limit = self.shared.config.max_response_bytes;
+            let body = read_all(resp.into_body(), limit)
                 .await
                 .map_err(|e| match e {
-                    ReadError::TooLarge => Error::UpstreamMalformed("response too large".into()),
+                    ReadError::TooLarge { received, declared } => {
+                        cut_off.store(true, Ordering::Relaxed);
+                        too_large(limit, received, declared)
+                    }
                     ReadError::Body(e) => Error::UpstreamUnavailable(format!(
                         "the upstream connection broke mid-response: {e}"
                     )),
@@ -434,6 +458,7 @@ impl Call {
                         client_disconnected: false,
                         error: None,
                         tokens: None,
+                        truncated: false,
                     };
                     if let Some(e) = hook_error {
                         outcome.error = Some(CallError::from(&e));
@@ -473,7 +498,8 @@ impl Call {
                 } else {
                     e.clone()
                 };
-                let outcome = Outcome::answered(&e, &answered);
+                let mut outcome = Outcome::answered(&e, &answered);
+                outcome.truncated = cut_off.load(Ordering::Relaxed);
                 (outcome, error_response(&*self.dialect, &answered))
             }
         };
@@ -615,6 +641,11 @@ impl Call {
         // Forwarded events of one read, sent to the harness as one piece.
         let mut batch = bytes::BytesMut::new();
         let mut upstream_done = false;
+        // Every byte of the stream counts against max_response_bytes: the events and
+        // the assembled record grow with it, and so would an endless line.
+        let limit = self.shared.config.max_response_bytes;
+        let mut received: u64 = 0;
+        let mut truncated = false;
         let inspect = self.entry.session.inspects_responses();
         let mut spool = crate::spool::Spool::new(self.shared.config.inspect_memory);
 
@@ -679,6 +710,12 @@ impl Call {
                                 first = true;
                             }
                             taken += data.len();
+                            received += data.len() as u64;
+                            if received > limit {
+                                truncated = true;
+                                failure = Some(too_large(limit, received, None));
+                                break;
+                            }
                             splitter.push_bytes(data);
                             while let Some(ev) = splitter.next_event() {
                                 events.push(ev);
@@ -782,9 +819,11 @@ impl Call {
                 client_disconnected: client_gone,
                 error: None,
                 tokens: None,
+                truncated: false,
             },
             Err(e) => {
                 let mut o = Outcome::failed(e);
+                o.truncated = truncated;
                 o.status = 200;
                 o.ttfb_ms = ttfb;
                 o.client_disconnected = client_gone;
@@ -919,6 +958,7 @@ impl Call {
             completion_logprobs: tokens.completion_logprobs,
             node: None,
             policy: self.policy.clone(),
+            truncated: outcome.truncated,
         };
         session.record(record);
     }
@@ -968,7 +1008,7 @@ pub(crate) async fn aux_call(
     };
     let bytes = match read {
         Ok(b) => b,
-        Err(ReadError::TooLarge) => return fail(Error::PayloadTooLarge { limit }),
+        Err(ReadError::TooLarge { .. }) => return fail(Error::PayloadTooLarge { limit }),
         Err(ReadError::Body(e)) => {
             return fail(Error::invalid(format!(
                 "could not read the request body: {e}"

@@ -13,6 +13,11 @@ use intercept_core::Tunnel;
 pub struct ServerConfig {
     /// Largest request body accepted, in bytes (default 1 GiB). Larger bodies get 413.
     pub body_limit: u64,
+    /// Largest upstream answer read for one call, in bytes (default 256 MiB): a JSON
+    /// body (declared or received), or all the bytes of a stream. Past it the call fails
+    /// with 502, the upstream connection is closed, and the record is marked
+    /// `truncated`; a stream already under way ends with the dialect's error event.
+    pub max_response_bytes: u64,
     /// While a stream's upstream is silent, a `: keepalive` comment line is sent this
     /// often (default 3 s).
     pub keepalive: Duration,
@@ -76,6 +81,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             body_limit: 1 << 30,
+            max_response_bytes: 256 << 20,
             keepalive: Duration::from_secs(3),
             shutdown_grace: Duration::from_secs(30),
             first_byte_timeout: Duration::from_secs(10),
@@ -109,6 +115,7 @@ impl fmt::Debug for ServerConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ServerConfig")
             .field("body_limit", &self.body_limit)
+            .field("max_response_bytes", &self.max_response_bytes)
             .field("keepalive", &self.keepalive)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("first_byte_timeout", &self.first_byte_timeout)

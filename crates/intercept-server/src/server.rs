@@ -585,7 +585,9 @@ async fn state_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Re
             let limit = shared.config.body_limit;
             let bytes = match read_all(req.into_body(), limit).await {
                 Ok(b) => b,
-                Err(ReadError::TooLarge) => return flat_error(&Error::PayloadTooLarge { limit }),
+                Err(ReadError::TooLarge { .. }) => {
+                    return flat_error(&Error::PayloadTooLarge { limit })
+                }
                 Err(ReadError::Body(e)) => {
                     return flat_error(&Error::invalid(format!("could not read the body: {e}")))
                 }
@@ -632,7 +634,7 @@ async fn tool_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Res
     }
     let bytes = match read_all(req.into_body(), shared.config.body_limit).await {
         Ok(b) => b,
-        Err(ReadError::TooLarge) => {
+        Err(ReadError::TooLarge { .. }) => {
             return flat_error(&Error::PayloadTooLarge {
                 limit: shared.config.body_limit,
             })
@@ -729,7 +731,7 @@ async fn model_call(
     };
     let bytes = match read {
         Ok(b) => b,
-        Err(ReadError::TooLarge) => return fail(Error::PayloadTooLarge { limit }),
+        Err(ReadError::TooLarge { .. }) => return fail(Error::PayloadTooLarge { limit }),
         Err(ReadError::Body(e)) => {
             return fail(Error::invalid(format!(
                 "could not read the request body: {e}"

@@ -298,7 +298,10 @@ where
     use http_body_util::BodyExt;
     let hint = http_body::Body::size_hint(&body);
     if hint.lower() > limit {
-        return Err(ReadError::TooLarge);
+        return Err(ReadError::TooLarge {
+            received: 0,
+            declared: Some(hint.lower()),
+        });
     }
     let mut body = body;
     let mut first: Option<Bytes> = None;
@@ -311,7 +314,10 @@ where
         let total =
             first.as_ref().map_or(0, Bytes::len) + buf.as_ref().map_or(0, |b| b.len()) + data.len();
         if total as u64 > limit {
-            return Err(ReadError::TooLarge);
+            return Err(ReadError::TooLarge {
+                received: total as u64,
+                declared: None,
+            });
         }
         match (&mut first, &mut buf) {
             (None, None) => first = Some(data),
@@ -344,7 +350,12 @@ const SMALL_BODY: usize = 64 * 1024;
 /// Why a body could not be read.
 #[derive(Debug)]
 pub(crate) enum ReadError<E> {
-    TooLarge,
+    /// Over the limit: `declared` by the length the body announced (nothing was read),
+    /// or after `received` bytes.
+    TooLarge {
+        received: u64,
+        declared: Option<u64>,
+    },
     Body(E),
 }
 

@@ -34,7 +34,7 @@
 //! #         ended_at: 0.0, ttfb_ms: None, client_disconnected: false, error: None, epoch: 0,
 //! #         engine: None, token_capture: Default::default(), prompt_token_ids: None,
 //! #         completion_token_ids: None, completion_logprobs: None, node: None,
-//! #         requested_model: None, policy: None,
+//! #         requested_model: None, policy: None, truncated: false,
 //! #     }
 //! # }
 //!
