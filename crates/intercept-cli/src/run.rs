@@ -15,8 +15,9 @@ use crate::config::{LogFormat, ServeConfig};
 /// for a bad command line or setting (the message goes to stderr; `--help` and
 /// `--version` print to stdout and return 0).
 ///
-/// `serve` returns on SIGINT or SIGTERM after its graceful shutdown. Process-wide
-/// choices (allocator, transparent huge pages) are left to the caller.
+/// `serve` returns on SIGINT or SIGTERM after its graceful shutdown; it first raises the
+/// process's soft open-file limit to the hard one. The other process-wide choices
+/// (allocator, transparent huge pages) are left to the caller.
 pub fn run<I, T>(args: I) -> u8
 where
     I: IntoIterator<Item = T>,
@@ -78,6 +79,7 @@ fn init_logs(filter: Option<&str>, format: LogFormat) {
 
 fn serve(config: ServeConfig) -> anyhow::Result<u8> {
     init_logs(config.log.as_deref(), config.log_format);
+    raise_open_file_limit();
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
@@ -88,6 +90,41 @@ fn serve(config: ServeConfig) -> anyhow::Result<u8> {
         crate::sidecar::serve(config, shutdown).await
     })?;
     Ok(0)
+}
+
+/// The most open files the soft limit is raised to when the hard limit is unlimited
+/// (Linux's default `fs.nr_open`).
+const OPEN_FILES_CEILING: u64 = 1 << 20;
+
+/// Raises the soft open-file limit (`RLIMIT_NOFILE`) to the hard one. A sidecar holds a
+/// descriptor per harness connection, upstream connection and trace file, and the
+/// common default soft limit of 1024 runs out at a few hundred rollouts while the hard
+/// limit (often 512 Ki or more) allows far more. Failing to raise it is not an error:
+/// the limit stays as it was, and a server at its limit answers 503 rather than 500.
+fn raise_open_file_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let Some(soft) = limit.current else {
+        return; // Already unlimited.
+    };
+    let target = limit.maximum.unwrap_or(OPEN_FILES_CEILING);
+    if target <= soft {
+        tracing::debug!(soft, "open-file limit already at its hard limit");
+        return;
+    }
+    let raised = Rlimit {
+        current: Some(target),
+        maximum: limit.maximum,
+    };
+    match setrlimit(Resource::Nofile, raised) {
+        Ok(()) => tracing::info!(from = soft, to = target, "raised the open-file limit"),
+        Err(e) => tracing::warn!(
+            soft,
+            hard = target,
+            error = %e,
+            "cannot raise the open-file limit; it stays at {soft}"
+        ),
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM; the handlers are installed when this is called (inside

@@ -18,11 +18,15 @@ use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tokio_util::task::TaskTracker;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
-/// How long the loop backs off after a failed `accept` (out of file descriptors and
-/// the like) before accepting again.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
+/// How long the loop backs off after a first failed `accept` (out of file descriptors
+/// and the like) before accepting again; doubled on each failure in a row, up to
+/// [`ACCEPT_BACKOFF_MAX`], and reset by the next success.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(5);
+
+/// The longest back-off between failed `accept`s.
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// Once the work a [`Busy`] mark stands for is cancelled, its answer may still reach
 /// the peer for this long; then the connection is dropped.
@@ -121,8 +125,9 @@ impl Drop for Busy {
 ///
 /// - Each connection speaks HTTP/1.1 or HTTP/2 (prior knowledge), whichever the client
 ///   opens with, and has `TCP_NODELAY` set.
-/// - A failed `accept` (out of file descriptors and the like) is logged; the loop backs
-///   off for 20 ms and keeps serving.
+/// - A failed `accept` (out of file descriptors and the like) backs off: 5 ms, doubled
+///   per failure in a row up to 1 s, reset by the next success; one warning when the
+///   failures start and one line when they end, not one per failure.
 /// - An HTTP/1 request head must be complete within `options.header_read_timeout`,
 ///   counted from the connection's start or the previous answer, else the connection
 ///   is closed: neither a dribbled head nor a silent connection holds it.
@@ -198,15 +203,38 @@ pub async fn serve_connections<S, B>(
     let connections = TaskTracker::new();
     let closing = CancellationToken::new();
     tokio::pin!(shutdown);
+    // Failed accepts in a row (out of file descriptors): one warning when they start,
+    // one line when they end, and a growing pause between attempts, never a spin.
+    let mut failures: u64 = 0;
+    let mut backoff = ACCEPT_BACKOFF;
     loop {
         let (stream, peer) = tokio::select! {
             biased;
             _ = &mut shutdown => break,
             r = listener.accept() => match r {
-                Ok(c) => c,
+                Ok(c) => {
+                    if failures > 0 {
+                        info!(failures, "accepting connections again");
+                        failures = 0;
+                        backoff = ACCEPT_BACKOFF;
+                    }
+                    c
+                }
                 Err(e) => {
-                    warn!(error = %e, "accept failed");
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    if failures == 0 {
+                        warn!(
+                            error = %e,
+                            "cannot accept connections (out of file descriptors?); \
+                             retrying with back-off until one succeeds"
+                        );
+                    }
+                    failures += 1;
+                    tokio::select! {
+                        biased;
+                        _ = &mut shutdown => break,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
                     continue;
                 }
             },
