@@ -135,3 +135,59 @@ async fn a_dribbled_request_head_is_cut_off_by_the_header_timeout() {
     assert_eq!(answer.status, 401, "{}", answer.text());
     guard.close().await;
 }
+
+/// The header-read timeout is also the keep-alive idle timeout: a kept-alive connection
+/// that sends no next request within it is closed, while the answer to a request that
+/// came in time is not cut, however long it takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_alive_connection_left_idle_is_closed_but_a_slow_answer_is_not() {
+    let h = Harness::with_config(ServerConfig {
+        header_read_timeout: Some(Duration::from_millis(300)),
+        ..ServerConfig::default()
+    })
+    .await;
+    let (_session, _w, guard) = h.session("rollout-idle").await;
+    let addr = authority(&guard.base_url);
+    let secret = guard.model_secret.expose().to_owned();
+    let body = serde_json::to_vec(&chat_body("x", false)).expect("json");
+    let request = |body: &[u8]| {
+        let mut r = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {secret}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        r.extend_from_slice(body);
+        r
+    };
+    // An answer that takes 1 s, three times the timeout: served whole.
+    h.upstream
+        .push(Reply::text("slow but whole").with_header_delay(Duration::from_secs(1)));
+    let mut tcp = TcpStream::connect(&addr).await.expect("connect");
+    tcp.write_all(&request(&body)).await.expect("write");
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    tokio::time::timeout(BOUND, async {
+        while !String::from_utf8_lossy(&got).contains("slow but whole") {
+            let n = tcp.read(&mut buf).await.expect("read");
+            assert!(
+                n > 0,
+                "closed before the answer: {:?}",
+                String::from_utf8_lossy(&got)
+            );
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .expect("the slow answer arrives");
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    // Then nothing: the idle kept-alive connection is closed after the timeout.
+    let idle_since = tokio::time::Instant::now();
+    expect_closed(&mut tcp).await;
+    assert!(
+        idle_since.elapsed() >= Duration::from_millis(250),
+        "closed before the timeout: {:?}",
+        idle_since.elapsed()
+    );
+    guard.close().await;
+}
