@@ -709,24 +709,17 @@ async fn futures_join3(tunnel: &PrimeTunnel, port: u16) -> Vec<PrimeEndpoint> {
     vec![a.unwrap(), b.unwrap(), c.unwrap()]
 }
 
-/// Where [`frpc_of_a_process_killed_with_sigkill`] asks its child process to write the
-/// pid of the frpc it started.
-const PDEATH_PID_FILE: &str = "INTERCEPT_TEST_FRPC_PID_FILE";
-
-/// The child process of [`a_sigkilled_process_leaves_no_frpc_behind`] (run by it, with
-/// `--ignored`): opens a tunnel, writes its frpc's pid, then waits to be killed.
-#[tokio::test]
-#[ignore = "run as a child process by a_sigkilled_process_leaves_no_frpc_behind"]
-async fn frpc_of_a_process_killed_with_sigkill() {
-    let out = PathBuf::from(std::env::var_os(PDEATH_PID_FILE).expect(PDEATH_PID_FILE));
-    let f = Fixture::new().await;
-    let tunnel = f.tunnel(f.config());
-    let endpoint = tunnel.open(f.app.port).await.unwrap();
-    let pid = endpoint.frpc_pid().await.unwrap();
-    std::fs::write(out.with_extension("tmp"), pid.to_string()).unwrap();
-    std::fs::rename(out.with_extension("tmp"), &out).unwrap();
-    // Killed long before this ends; the bound keeps a lost child from lingering.
-    tokio::time::sleep(Duration::from_secs(60)).await;
+/// The `frpc_parent` example: opens a tunnel, writes its frpc's pid, waits to be killed.
+fn frpc_parent() -> PathBuf {
+    common::helper_binary(
+        "examples",
+        "frpc_parent",
+        &["-p", "intercept-tunnel", "--example", "frpc_parent"],
+        &[
+            "crates/intercept-tunnel/examples/frpc_parent.rs",
+            "crates/intercept-tunnel/src/prime/frpc.rs",
+        ],
+    )
 }
 
 #[cfg(target_os = "linux")]
@@ -734,15 +727,10 @@ async fn frpc_of_a_process_killed_with_sigkill() {
 async fn a_sigkilled_process_leaves_no_frpc_behind() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("frpc.pid");
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "frpc_of_a_process_killed_with_sigkill",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env(PDEATH_PID_FILE, &out)
-        .env("INTERCEPT_FAKE_FRPC", fake_frpc())
+    let mut child = std::process::Command::new(frpc_parent())
+        .arg(fake_frpc())
+        .arg(dir.path())
+        .arg(&out)
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
