@@ -8,8 +8,9 @@ Each round runs the bench's JSON case (`loadgen`, closed loop, 2 KiB chat reques
 against the same upstream (`bench-upstream`):
 - `in-process`: an `intercept.Server` in this interpreter, one session, while a Python
   thread keeps the interpreter busy (a pure-Python loop that holds the GIL whenever it
-  can). The CPU counted is that of the server's runtime threads (`intercept-rt`), read
-  from /proc/self/task, so the busy thread is not counted.
+  can). The CPU counted is that of every thread of the process but the busy one (read
+  from /proc/self/task); the share of the server's runtime threads (`intercept-rt`) is
+  printed beside it.
 - `binary`: `intercept serve`, one session created through its control API; the CPU
   counted is the whole process's.
 Prints one line per run: requests per second and CPU microseconds per request.
@@ -37,18 +38,23 @@ def _ticks(stat_path: str) -> int:
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
-def runtime_threads_cpu() -> float:
-    """Seconds of CPU used by this process's `intercept-rt` threads."""
-    total = 0
+def threads_cpu(skip: int) -> tuple[float, float]:
+    """Seconds of CPU of this process's threads but `skip` (the busy thread), and of its
+    `intercept-rt` threads alone."""
+    total = runtime = 0
     for tid in os.listdir("/proc/self/task"):
+        if int(tid) == skip:
+            continue
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
                 name = f.read().strip()
-            if name.startswith("intercept-rt"):
-                total += _ticks(f"/proc/self/task/{tid}/stat")
+            ticks = _ticks(f"/proc/self/task/{tid}/stat")
         except OSError:
-            pass
-    return total / TICK
+            continue
+        total += ticks
+        if name.startswith("intercept-rt"):
+            runtime += ticks
+    return total / TICK, runtime / TICK
 
 
 def process_cpu(pid: int) -> float:
@@ -85,34 +91,39 @@ def _requests(report: dict) -> int:
     return int(report["ok"])
 
 
-async def in_process(args: argparse.Namespace) -> tuple[float, float]:
+async def in_process(args: argparse.Namespace) -> tuple[float, float, float]:
     stop = threading.Event()
+    busy_tid: list[int] = []
 
     def busy() -> None:
+        busy_tid.append(threading.get_native_id())
         x = 0
         while not stop.is_set():
             x = (x * 31 + 7) % 1_000_003
 
     t = threading.Thread(target=busy, daemon=True)
     t.start()
+    while not busy_tid:
+        time.sleep(0.001)
     try:
         async with intercept.Server() as ic:
             session = intercept.Session(id="cpu", model="policy", upstream=args.upstream)
             async with ic.acquire(session) as slot:
                 env = slot.env
                 loop = asyncio.get_running_loop()
-                before = runtime_threads_cpu()
+                before = threads_cpu(busy_tid[0])
                 t0 = time.monotonic()
                 report = await loop.run_in_executor(
                     None, run_loadgen, args, env["OPENAI_BASE_URL"], env["OPENAI_API_KEY"]
                 )
                 wall = time.monotonic() - t0
-                cpu = runtime_threads_cpu() - before
+                after = threads_cpu(busy_tid[0])
+                cpu, rt = after[0] - before[0], after[1] - before[1]
     finally:
         stop.set()
         t.join()
     n = _requests(report) or 1
-    return report.get("rps", n / wall), cpu / n * 1e6
+    return report.get("rps", n / wall), cpu / n * 1e6, rt / n * 1e6
 
 
 def binary(args: argparse.Namespace) -> tuple[float, float]:
@@ -156,8 +167,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
     for r in range(args.rounds):
-        rps, us = asyncio.run(in_process(args))
-        print(f"round {r}: in-process  {rps:9.0f} req/s  {us:6.1f} us CPU/req", flush=True)
+        rps, us, rt = asyncio.run(in_process(args))
+        print(
+            f"round {r}: in-process  {rps:9.0f} req/s  {us:6.1f} us CPU/req "
+            f"({rt:.1f} in intercept-rt threads)",
+            flush=True,
+        )
         rps, us = binary(args)
         print(f"round {r}: binary      {rps:9.0f} req/s  {us:6.1f} us CPU/req", flush=True)
 
