@@ -132,6 +132,10 @@ pub struct ServeArgs {
     /// 502 [default: 268435456].
     #[arg(long, value_name = "BYTES")]
     pub max_response_bytes: Option<String>,
+    /// Connections served at once per harness port and by the control API; one beyond
+    /// is answered 503 with Retry-After: 1; 0: no cap [default: 16384].
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<String>,
     /// Seconds a plain-HTTP upstream may take no byte of a request before the call
     /// fails; 0 turns it off [default: 30].
     #[arg(long, value_name = "SECS")]
@@ -186,6 +190,7 @@ impl ServeArgs {
             ("released_retention", &self.released_retention),
             ("released_trace_bytes", &self.released_trace_bytes),
             ("max_response_bytes", &self.max_response_bytes),
+            ("max_connections", &self.max_connections),
             ("upstream_write_idle_secs", &self.upstream_write_idle_secs),
             ("upstream_read_idle_secs", &self.upstream_read_idle_secs),
             ("network_allow", &self.network_allow),

@@ -71,6 +71,7 @@ pub const KEYS: &[&str] = &[
     "released_retention",
     "released_trace_bytes",
     "max_response_bytes",
+    "max_connections",
     "upstream_write_idle_secs",
     "upstream_read_idle_secs",
     "network_allow",
@@ -318,6 +319,9 @@ pub struct ServeConfig {
     /// Largest upstream answer read for one call (default 256 MiB); past it the call
     /// fails with 502 and its record is marked `truncated`.
     pub max_response_bytes: u64,
+    /// Connections served at once by each harness port and by the control API (default
+    /// 16,384; `None`, `0` in the settings: no cap).
+    pub max_connections: Option<usize>,
     /// A plain-HTTP upstream that takes no byte of a request for this long fails the
     /// call (default 30 s; `None`: no limit).
     pub upstream_write_idle: Option<Duration>,
@@ -364,6 +368,7 @@ impl fmt::Debug for ServeConfig {
             .field("released_retention", &self.released_retention)
             .field("released_trace_bytes", &self.released_trace_bytes)
             .field("max_response_bytes", &self.max_response_bytes)
+            .field("max_connections", &self.max_connections)
             .field("upstream_write_idle", &self.upstream_write_idle)
             .field("upstream_read_idle", &self.upstream_read_idle)
             .field("warnings", &self.warnings)
@@ -406,6 +411,7 @@ impl Default for ServeConfig {
             released_retention: 4096,
             released_trace_bytes: 256 << 20,
             max_response_bytes: 256 << 20,
+            max_connections: Some(intercept_server::DEFAULT_MAX_CONNECTIONS),
             upstream_write_idle: Some(Duration::from_secs(30)),
             upstream_read_idle: None,
             network: NetworkPolicy::default(),
@@ -932,6 +938,14 @@ impl ServeConfig {
                     .parse::<usize>()
                     .map_err(|_| bad(format!("{raw_trimmed:?} is not a number of bytes")))?;
             }
+            "max_connections" => {
+                let n = raw_trimmed.parse::<usize>().map_err(|_| {
+                    bad(format!(
+                        "{raw_trimmed:?} is not a number of connections (an integer; 0: no cap)"
+                    ))
+                })?;
+                self.max_connections = (n > 0).then_some(n);
+            }
             "max_response_bytes" => {
                 self.max_response_bytes = raw_trimmed
                     .parse::<u64>()
@@ -1219,6 +1233,8 @@ mod tests {
             ("released_retention", "-5"),
             ("released_trace_bytes", "256MiB"),
             ("max_response_bytes", "0"),
+            ("max_connections", "-1"),
+            ("max_connections", "many"),
             ("max_response_bytes", "1GB"),
             ("upstream_write_idle_secs", "-1"),
             ("upstream_write_idle_secs", "never"),
@@ -1400,6 +1416,7 @@ mod tests {
             ("released_retention", "0".to_string()),
             ("released_trace_bytes", "1048576".to_string()),
             ("max_response_bytes", "2097152".to_string()),
+            ("max_connections", "0".to_string()),
             ("network_allow", "*.python.org, files.test".to_string()),
             ("network_block", "evil.python.org".to_string()),
             ("network_on_violation", "reject".to_string()),
@@ -1420,6 +1437,7 @@ mod tests {
         assert_eq!(c.released_retention, 0);
         assert_eq!(c.released_trace_bytes, 1 << 20);
         assert_eq!(c.max_response_bytes, 2 << 20);
+        assert_eq!(c.max_connections, None);
         assert!(c.network.is_restricted());
         assert!(c.network.allows_host("docs.python.org"));
         assert!(!c.network.allows_host("evil.python.org"));

@@ -365,6 +365,7 @@ impl Sidecar {
                 upstream_read_idle: config.upstream_read_idle,
                 header_read_timeout: config.header_read_timeout,
                 max_response_bytes: config.max_response_bytes,
+                max_connections: config.max_connections,
                 ..ServerConfig::default()
             },
         )
@@ -540,6 +541,7 @@ pub async fn serve(
 async fn accept(listener: TcpListener, state: Arc<ControlState>, stop: CancellationToken) {
     let options = intercept_server::ServeOptions {
         header_read_timeout: state.config.header_read_timeout,
+        max_connections: state.config.max_connections,
     };
     let service = service_fn(move |req| {
         let state = state.clone();

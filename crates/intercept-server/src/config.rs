@@ -18,6 +18,9 @@ pub struct ServerConfig {
     /// with 502, the upstream connection is closed, and the record is marked
     /// `truncated`; a stream already under way ends with the dialect's error event.
     pub max_response_bytes: u64,
+    /// Harness connections served at once (default 16,384); one beyond it is answered
+    /// 503 with `Retry-After: 1` and closed. `None`: no cap.
+    pub max_connections: Option<usize>,
     /// While a stream's upstream is silent, a `: keepalive` comment line is sent this
     /// often (default 3 s).
     pub keepalive: Duration,
@@ -82,6 +85,7 @@ impl Default for ServerConfig {
         ServerConfig {
             body_limit: 1 << 30,
             max_response_bytes: 256 << 20,
+            max_connections: Some(crate::serve::DEFAULT_MAX_CONNECTIONS),
             keepalive: Duration::from_secs(3),
             shutdown_grace: Duration::from_secs(30),
             first_byte_timeout: Duration::from_secs(10),
@@ -116,6 +120,7 @@ impl fmt::Debug for ServerConfig {
         f.debug_struct("ServerConfig")
             .field("body_limit", &self.body_limit)
             .field("max_response_bytes", &self.max_response_bytes)
+            .field("max_connections", &self.max_connections)
             .field("keepalive", &self.keepalive)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("first_byte_timeout", &self.first_byte_timeout)

@@ -71,5 +71,7 @@ mod upstream;
 pub use config::ServerConfig;
 pub use http_body::ResponseBody;
 pub use respond::{GENERATED_HEADER, SHOULD_RETRY_HEADER};
-pub use serve::{serve_connections, Busy, Connection, ServeOptions, CANCEL_DRAIN};
+pub use serve::{
+    serve_connections, Busy, Connection, ServeOptions, CANCEL_DRAIN, DEFAULT_MAX_CONNECTIONS,
+};
 pub use server::{InterceptionServer, Stats, STATE_ROUTE_HEADER};

@@ -39,14 +39,66 @@ pub struct ServeOptions {
     /// connection opened (or after the previous answer, on a kept-alive connection) is
     /// closed (default 30 s). `None`: no limit.
     pub header_read_timeout: Option<Duration>,
+    /// Connections served at once (default 16,384). One beyond it has its request head
+    /// read, is answered `503` with `Retry-After: 1` and closed, all within 1 s; it is
+    /// never served. `None`: no cap.
+    pub max_connections: Option<usize>,
 }
+
+/// The default of [`ServeOptions::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
 
 impl Default for ServeOptions {
     fn default() -> Self {
         ServeOptions {
             header_read_timeout: Some(Duration::from_secs(30)),
+            max_connections: Some(DEFAULT_MAX_CONNECTIONS),
         }
     }
+}
+
+/// Connections over [`ServeOptions::max_connections`] being turned away at once; past
+/// this many, further ones are closed without an answer.
+const MAX_REFUSING: usize = 1024;
+
+/// How long a turned-away connection may take to send its request head and read its 503.
+const REFUSE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The answer of a connection over the cap.
+fn over_capacity(limit: usize) -> Vec<u8> {
+    let body = format!(
+        "{{\"error\":{{\"message\":\"the server is at max_connections ({limit} connections \
+         at once); retry shortly\",\"type\":\"overloaded\",\"param\":null,\"code\":null}}}}"
+    );
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         retry-after: 1\r\nx-should-retry: true\r\nconnection: close\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Answers a connection over the cap with `answer` and closes it, bounded in time: the
+/// request head is read first (so that clients, which expect no answer before their
+/// request, take it), then the answer goes out and the connection is closed.
+async fn refuse(mut stream: tokio::net::TcpStream, answer: Arc<Vec<u8>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = tokio::time::timeout(REFUSE_TIMEOUT, async {
+        let mut head = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        stream.write_all(&answer).await?;
+        stream.shutdown().await?;
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
 }
 
 /// The connection a request came on: every request served by [`serve_connections`]
@@ -131,6 +183,8 @@ impl Drop for Busy {
 /// - An HTTP/1 request head must be complete within `options.header_read_timeout`,
 ///   counted from the connection's start or the previous answer, else the connection
 ///   is closed: neither a dribbled head nor a silent connection holds it.
+/// - At most `options.max_connections` connections are served at once; one beyond it
+///   is answered `503 Service Unavailable` with `Retry-After: 1` and closed at once.
 /// - Each request carries the [`Connection`] it came on in its extensions. A
 ///   connection whose [busy](Connection::busy) work is cancelled is dropped
 ///   [`CANCEL_DRAIN`] later if its answer has not gone out by then, so a peer that
@@ -201,6 +255,8 @@ pub async fn serve_connections<S, B>(
         .header_read_timeout(options.header_read_timeout);
     // Every connection task is owned here and awaited before the loop returns.
     let connections = TaskTracker::new();
+    let refusing = TaskTracker::new();
+    let refusal = Arc::new(over_capacity(options.max_connections.unwrap_or(0)));
     let closing = CancellationToken::new();
     tokio::pin!(shutdown);
     // Failed accepts in a row (out of file descriptors): one warning when they start,
@@ -239,6 +295,16 @@ pub async fn serve_connections<S, B>(
                 }
             },
         };
+        if options
+            .max_connections
+            .is_some_and(|max| connections.len() >= max)
+        {
+            if refusing.len() < MAX_REFUSING {
+                refusing.spawn(refuse(stream, refusal.clone()));
+            }
+            debug!(%peer, "connection refused: max_connections reached");
+            continue;
+        }
         let _ = stream.set_nodelay(true);
         let control = Connection(Arc::default());
         let marked = control.clone();
@@ -275,7 +341,9 @@ pub async fn serve_connections<S, B>(
     // Idle and partial connections close now; busy ones finish their work.
     closing.cancel();
     connections.close();
+    refusing.close();
     connections.wait().await;
+    refusing.wait().await;
 }
 
 /// How a connection task ended.

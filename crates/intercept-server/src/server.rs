@@ -436,6 +436,7 @@ impl SlotRelease for Release {
 async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
     let options = crate::serve::ServeOptions {
         header_read_timeout: shared.config.header_read_timeout,
+        max_connections: shared.config.max_connections,
     };
     let service = service_fn(move |req| {
         let shared = shared.clone();

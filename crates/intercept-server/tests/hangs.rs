@@ -191,3 +191,51 @@ async fn a_kept_alive_connection_left_idle_is_closed_but_a_slow_answer_is_not() 
     );
     guard.close().await;
 }
+
+/// Connections beyond `max_connections` are answered 503 with `Retry-After` and closed,
+/// never left hanging; once one closes, a new one is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_max_connections_get_a_503_and_are_closed() {
+    let h = Harness::with_config(ServerConfig {
+        max_connections: Some(2),
+        ..ServerConfig::default()
+    })
+    .await;
+    let (_session, _w, guard) = h.session("rollout-crowded").await;
+    let addr = authority(&guard.base_url);
+    let first = TcpStream::connect(&addr).await.expect("connect");
+    let second = TcpStream::connect(&addr).await.expect("connect");
+    // Let the server accept both before the third arrives.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut third = TcpStream::connect(&addr).await.expect("connect");
+    third
+        .write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut answer = Vec::new();
+    tokio::time::timeout(BOUND, third.read_to_end(&mut answer))
+        .await
+        .expect("the third connection is answered and closed")
+        .expect("read");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(
+        text.to_ascii_lowercase().contains("retry-after: 1"),
+        "{text}"
+    );
+    assert!(text.contains("max_connections (2"), "{text}");
+    // One of the two closes: a new connection is served again.
+    drop(first);
+    let deadline = tokio::time::Instant::now() + BOUND;
+    loop {
+        let answer = post_json(&guard.base_url, None, &chat_body("x", false)).await;
+        if answer.status == 401 {
+            break;
+        }
+        assert_eq!(answer.status, 503, "{}", answer.text());
+        assert!(tokio::time::Instant::now() < deadline, "never served again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(second);
+    guard.close().await;
+}
