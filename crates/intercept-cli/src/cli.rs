@@ -102,6 +102,13 @@ pub struct ServeArgs {
     /// downloaded when it is not installed [default: none].
     #[arg(long, value_name = "HEX")]
     pub frpc_sha256: Option<String>,
+    /// Prime and bore: where the tunnel start rate limiter keeps its window: file (this
+    /// host) or redis (a fleet of hosts sharing --rate-limit-url) [default: file].
+    #[arg(long, value_name = "file|redis")]
+    pub rate_limit_backend: Option<String>,
+    /// The Redis server of --rate-limit-backend redis (redis://host:port/db).
+    #[arg(long, value_name = "URL")]
+    pub rate_limit_url: Option<String>,
     /// Elastic: seconds session creation waits for a seat before failing with 503
     /// [default: 300].
     #[arg(long, value_name = "SECS")]
@@ -179,6 +186,8 @@ impl ServeArgs {
             ("bore_port", &self.bore_port),
             ("bore_secret_env", &self.bore_secret_env),
             ("frpc_sha256", &self.frpc_sha256),
+            ("rate_limit_backend", &self.rate_limit_backend),
+            ("rate_limit_url", &self.rate_limit_url),
             ("wait_timeout_secs", &self.wait_timeout_secs),
             ("drain_timeout_secs", &self.drain_timeout_secs),
             ("server_idle_timeout_secs", &self.server_idle_timeout_secs),

@@ -36,7 +36,7 @@ use intercept_core::{NetworkPolicy, OnViolation, Secret};
 use intercept_pool::{
     ElasticConfig, ElasticEntry, InterceptionConfig, ServerEntry, SettingNames, StaticEntry,
 };
-use intercept_tunnel::TunnelConfig;
+use intercept_tunnel::{redact_url, LimiterBackend, TunnelConfig};
 
 /// Every setting key, as written in the config file (the environment variable is
 /// `INTERCEPT_` + the key in upper case, the flag is `--` + the key with `-` for `_`).
@@ -63,6 +63,8 @@ pub const KEYS: &[&str] = &[
     "bore_port",
     "bore_secret_env",
     "frpc_sha256",
+    "rate_limit_backend",
+    "rate_limit_url",
     "trace_dir",
     "log",
     "log_format",
@@ -299,6 +301,11 @@ pub struct ServeConfig {
     /// `prime`: the pinned SHA-256 (hex) of the frp release tarball for this platform,
     /// which allows frpc to be downloaded when it is not installed.
     pub frpc_sha256: Option<String>,
+    /// `prime` and `bore`: where the tunnel start rate limiter keeps its window: a
+    /// host-wide file (the default) or a Redis server shared by a fleet of hosts.
+    pub rate_limit_backend: LimiterBackend,
+    /// The Redis server of `rate_limit_backend = redis` (`redis://host:port/db`).
+    pub rate_limit_url: Option<String>,
     /// Directory of the JSONL trace files (`<dir>/<session id>.jsonl`).
     pub trace_dir: Option<PathBuf>,
     /// Log filter (`RUST_LOG` syntax); `None` uses `RUST_LOG`, else `info`.
@@ -360,6 +367,11 @@ impl fmt::Debug for ServeConfig {
             .field("bore_port", &self.bore_port)
             .field("bore_secret_env", &self.bore_secret_env)
             .field("frpc_sha256", &self.frpc_sha256)
+            .field("rate_limit_backend", &self.rate_limit_backend)
+            .field(
+                "rate_limit_url",
+                &self.rate_limit_url.as_deref().map(redact_url),
+            )
             .field("trace_dir", &self.trace_dir)
             .field("log", &self.log)
             .field("log_format", &self.log_format)
@@ -403,6 +415,8 @@ impl Default for ServeConfig {
             bore_port: None,
             bore_secret_env: None,
             frpc_sha256: None,
+            rate_limit_backend: LimiterBackend::File,
+            rate_limit_url: None,
             trace_dir: None,
             log: None,
             log_format: LogFormat::Text,
@@ -586,6 +600,36 @@ impl ServeConfig {
             }
             _ => {}
         }
+        match (self.rate_limit_backend, &self.rate_limit_url) {
+            (LimiterBackend::Redis, None) => {
+                return Err(inconsistent(
+                    "rate_limit_url",
+                    "required with rate_limit_backend = redis: the Redis server the fleet \
+                     shares, e.g. redis://10.0.0.5:6379/"
+                        .into(),
+                ))
+            }
+            (LimiterBackend::File, Some(_)) => {
+                return Err(inconsistent(
+                    "rate_limit_url",
+                    "is only used with rate_limit_backend = redis; set it, or remove \
+                     rate_limit_url"
+                        .into(),
+                ))
+            }
+            (LimiterBackend::Redis, Some(_))
+                if !matches!(self.tunnel, TunnelSetting::Prime | TunnelSetting::Bore) =>
+            {
+                return Err(inconsistent(
+                    "rate_limit_backend",
+                    format!(
+                        "limits tunnel starts, but tunnel = {tunnel} starts none; use tunnel = \
+                         prime or bore, or remove it"
+                    ),
+                ))
+            }
+            _ => {}
+        }
         if let Some(min) = self.min_servers {
             if min > self.max_servers {
                 return Err(inconsistent(
@@ -629,6 +673,20 @@ impl ServeConfig {
                     self.tunnel.as_str()
                 ),
             })?;
+        // A fleet-wide limiter: Prime's (on by default) moves to Redis; bore's (off by
+        // default, the server has no cap of its own) is turned on.
+        if self.rate_limit_backend == LimiterBackend::Redis {
+            let limit = match &mut config {
+                TunnelConfig::Prime(prime) => Some(&mut prime.rate_limit),
+                TunnelConfig::Bore(bore) => Some(&mut bore.rate_limit),
+                _ => None,
+            };
+            if let Some(limit) = limit {
+                limit.enabled = true;
+                limit.backend = LimiterBackend::Redis;
+                limit.url.clone_from(&self.rate_limit_url);
+            }
+        }
         // Messages that ask for a setting name the sidecar's own.
         match &mut config {
             TunnelConfig::Bore(bore) => {
@@ -870,6 +928,30 @@ impl ServeConfig {
                     )));
                 }
                 self.frpc_sha256 = Some(hex);
+            }
+            "rate_limit_backend" => {
+                self.rate_limit_backend = match raw_trimmed {
+                    "file" => LimiterBackend::File,
+                    "redis" => LimiterBackend::Redis,
+                    other => {
+                        return Err(bad(format!(
+                            "{other:?} is not a rate limiter backend; expected file (one \
+                             host) or redis (a fleet sharing rate_limit_url)"
+                        )))
+                    }
+                };
+            }
+            "rate_limit_url" => {
+                if !(raw_trimmed.starts_with("redis://")
+                    || raw_trimmed.starts_with("redis+unix://")
+                    || raw_trimmed.starts_with("unix://"))
+                {
+                    return Err(bad(format!(
+                        "{:?} is not a Redis URL; expected redis://[user:password@]host[:port][/db]",
+                        redact_url(raw_trimmed)
+                    )));
+                }
+                self.rate_limit_url = Some(raw_trimmed.to_owned());
             }
             "bore_secret_env" => {
                 if !is_env_name(raw_trimmed) {
@@ -1243,6 +1325,8 @@ mod tests {
             ("network_allow", "https://example.org"),
             ("network_block", "*.x.org, a:80"),
             ("network_on_violation", "drop"),
+            ("rate_limit_backend", "memcached"),
+            ("rate_limit_url", "http://u:pw@redis.example:6379/"),
         ];
         for (key, value) in cases {
             let e = err(None, &[], &[(key, value)]);
@@ -1302,6 +1386,21 @@ mod tests {
             (
                 &[("tunnel", "bore"), ("frpc_sha256", &"a".repeat(64))],
                 "frpc_sha256",
+            ),
+            (
+                &[("tunnel", "prime"), ("rate_limit_backend", "redis")],
+                "rate_limit_url",
+            ),
+            (
+                &[("tunnel", "prime"), ("rate_limit_url", "redis://r:6379/")],
+                "rate_limit_url",
+            ),
+            (
+                &[
+                    ("rate_limit_backend", "redis"),
+                    ("rate_limit_url", "redis://r:6379/"),
+                ],
+                "rate_limit_backend",
             ),
         ];
         for (flags, key) in cases {
@@ -1513,6 +1612,59 @@ mod tests {
                 }
                 assert!(p.frpc.pin_hint.unwrap().contains("frpc_sha256"));
             }
+            other => panic!("not prime: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_redis_rate_limiter_reaches_prime_and_bore_and_hides_its_password() {
+        let url = "redis://fleet:pw@10.0.0.5:6379/2";
+        let flags = |tunnel: &str| {
+            let mut f = vec![
+                ("tunnel", tunnel.to_string()),
+                ("rate_limit_backend", "redis".to_string()),
+                ("rate_limit_url", url.to_string()),
+            ];
+            if tunnel == "bore" {
+                f.push(("bore_server", "b.example".to_string()));
+            }
+            ServeConfig::from_layers(Layers {
+                file: None,
+                env: &[],
+                flags: &f,
+            })
+            .unwrap()
+        };
+        let c = flags("prime");
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("pw"), "{shown}");
+        match c.tunnel_config(None).unwrap() {
+            TunnelConfig::Prime(p) => {
+                assert_eq!(p.rate_limit.backend, LimiterBackend::Redis);
+                assert_eq!(p.rate_limit.url.as_deref(), Some(url));
+                assert_eq!(
+                    p.rate_limit.rate, 512,
+                    "the rest of the limiter is unchanged"
+                );
+            }
+            other => panic!("not prime: {other:?}"),
+        }
+        match flags("bore").tunnel_config(None).unwrap() {
+            TunnelConfig::Bore(b) => {
+                assert!(b.rate_limit.enabled, "bore's limiter is turned on");
+                assert_eq!(b.rate_limit.backend, LimiterBackend::Redis);
+            }
+            other => panic!("not bore: {other:?}"),
+        }
+        // Without the keys, Prime keeps its host-wide file limiter.
+        let plain = ServeConfig::from_layers(Layers {
+            file: None,
+            env: &[],
+            flags: &[("tunnel", "prime".to_string())],
+        })
+        .unwrap();
+        match plain.tunnel_config(None).unwrap() {
+            TunnelConfig::Prime(p) => assert_eq!(p.rate_limit.backend, LimiterBackend::File),
             other => panic!("not prime: {other:?}"),
         }
     }

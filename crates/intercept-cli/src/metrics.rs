@@ -68,6 +68,8 @@ pub struct Gauges {
     pub tunnel_starts: u64,
     /// Tunnel starts that failed.
     pub tunnel_failures: u64,
+    /// Rate limiter calls that failed closed because its Redis could not be used.
+    pub limiter_unavailable: u64,
     /// Sessions whose URL died with a tunnel that moved to a new URL.
     pub endpoint_lost_sessions: usize,
     /// Released sessions still remembered (bounded by `released_retention`).
@@ -170,6 +172,12 @@ impl Metrics {
             "intercept_tunnel_failures_total",
             "Tunnel starts that failed.",
             gauges.tunnel_failures,
+        );
+        counter(
+            &mut out,
+            "intercept_tunnel_limiter_unavailable_total",
+            "Tunnel rate limiter calls refused because its Redis could not be reached or did not answer in time (the limiter fails closed).",
+            gauges.limiter_unavailable,
         );
         gauge(
             &mut out,

@@ -171,6 +171,7 @@ impl ControlState {
             servers: self.server.servers().await.len(),
             tunnel_starts: self.tunnels.starts(),
             tunnel_failures: self.tunnels.failures(),
+            limiter_unavailable: intercept_tunnel::limiter_unavailable_total(),
             released_sessions: self.retained().0,
             released_trace_bytes: self.retained().1,
             endpoint_lost_sessions: self

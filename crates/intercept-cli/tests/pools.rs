@@ -406,3 +406,80 @@ async fn a_bore_server_that_wants_a_secret_names_bore_secret_env() {
     assert!(message.contains("--bore-secret-env"), "{message}");
     bore.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_wide_redis_limiter_gates_tunnel_starts_and_fails_closed_with_503() {
+    let redis = intercept_test::redis::RedisServer::start().unwrap();
+    let redis_port = redis.port();
+    let bore = BoreServer::bind("127.0.0.1:0".parse().unwrap(), None)
+        .await
+        .unwrap();
+    let port = bore.control_addr().port().to_string();
+    let url = redis.url();
+    let sidecar = Sidecar::start(config(&[
+        ("upstream", "mock"),
+        ("interception", "elastic"),
+        ("multiplex", "2"),
+        ("tunnel", "bore"),
+        ("bore_server", "127.0.0.1"),
+        ("bore_port", &port),
+        ("rate_limit_backend", "redis"),
+        ("rate_limit_url", &url),
+        ("wait_timeout_secs", "30"),
+    ]))
+    .await
+    .unwrap();
+    let api = Api::new(&sidecar);
+    // 3 sessions on 2 servers: 2 tunnel starts, each reserved in the shared window.
+    sessions_with_one_call_each(&api, 3).await;
+    let window = redis
+        .command(&["HLEN", "intercept:limiter:bore-127.0.0.1"])
+        .unwrap();
+    assert_eq!(window.trim(), ":2", "both starts are in the fleet's window");
+
+    // Redis goes away: the next server cannot check the budget, so it does not start.
+    redis.kill();
+    let fourth = api
+        .req(Method::POST, "/v1/sessions", Some(json!({"id": "fits"})))
+        .await;
+    assert_eq!(
+        fourth.status,
+        StatusCode::CREATED,
+        "a seat on a running server"
+    );
+    let fifth = api
+        .req(
+            Method::POST,
+            "/v1/sessions",
+            Some(json!({"id": "needs-a-tunnel"})),
+        )
+        .await;
+    assert_eq!(fifth.status, StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = fifth.json().unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("Redis at redis://127.0.0.1:"), "{message}");
+    assert!(message.contains("no tunnel is started"), "{message}");
+    let text = api.metrics().await;
+    let refused: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("intercept_tunnel_limiter_unavailable_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(refused >= 1, "{text}");
+    assert!(text.contains("intercept_tunnel_starts_total 2"), "{text}");
+
+    // Redis is back: starts pass the limiter again.
+    let _back = intercept_test::redis::RedisServer::start_on(redis_port).unwrap();
+    let sixth = api
+        .req(Method::POST, "/v1/sessions", Some(json!({"id": "after"})))
+        .await;
+    assert_eq!(
+        sixth.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&sixth.body)
+    );
+    sidecar.shutdown().await.unwrap();
+    bore.shutdown().await;
+}

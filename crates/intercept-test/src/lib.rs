@@ -34,6 +34,7 @@
 //! ```
 
 pub mod prime;
+pub mod redis;
 pub mod upstream;
 
 pub use upstream::*;

@@ -22,9 +22,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             max_wait: Duration::from_secs(60),
             margin: Duration::ZERO,
             path: Some(path.into()),
+            ..RateLimit::default()
         },
         "worker",
-    );
+    )?;
     for _ in 0..count.parse::<u32>()? {
         let permit = limiter.acquire().await?;
         let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis();

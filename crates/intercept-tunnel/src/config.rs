@@ -145,7 +145,7 @@ pub fn make_tunnel(config: &TunnelConfig) -> Result<Option<Arc<dyn Tunnel>>, Tun
                         "bore tunnel: heartbeat_timeout_secs must be a positive number".into(),
                     )
                 })?;
-            let limiter = RateLimiter::new(&c.rate_limit, &format!("bore-{}", c.server));
+            let limiter = RateLimiter::new(&c.rate_limit, &format!("bore-{}", c.server))?;
             let mut tunnel = BoreTunnel::new(&c.server)
                 .with_control_port(c.control_port)
                 .with_secret(c.secret.clone())

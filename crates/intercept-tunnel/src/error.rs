@@ -32,6 +32,9 @@ pub enum TunnelErrorKind {
     Download,
     /// A local I/O operation failed (config file, child process).
     Io,
+    /// The fleet-wide rate limiter (Redis) cannot be reached or does not answer: the
+    /// limiter fails closed and no tunnel starts.
+    LimiterUnavailable,
 }
 
 /// A tunnel failure. Every message says what happened and what to do.
@@ -90,6 +93,10 @@ pub enum TunnelError {
     /// A local I/O operation failed.
     #[error("{0}")]
     Io(String),
+    /// The fleet-wide rate limiter cannot be checked (Redis unreachable or silent), so
+    /// the start is refused rather than let through unlimited.
+    #[error("{0}")]
+    LimiterUnavailable(String),
 }
 
 impl TunnelError {
@@ -109,6 +116,7 @@ impl TunnelError {
             TunnelError::Api { .. } => TunnelErrorKind::Api,
             TunnelError::Download(_) => TunnelErrorKind::Download,
             TunnelError::Io(_) => TunnelErrorKind::Io,
+            TunnelError::LimiterUnavailable(_) => TunnelErrorKind::LimiterUnavailable,
         }
     }
 
@@ -127,7 +135,8 @@ impl TunnelError {
             | TunnelError::Gone(_)
             | TunnelError::Connection(_)
             | TunnelError::ProxyRefused(_)
-            | TunnelError::Io(_) => true,
+            | TunnelError::Io(_)
+            | TunnelError::LimiterUnavailable(_) => true,
         }
     }
 
@@ -137,7 +146,13 @@ impl TunnelError {
 }
 
 impl From<TunnelError> for intercept_core::Error {
+    /// A tunnel failure is a 502 ([`intercept_core::Error::Tunnel`]); a limiter that
+    /// cannot be checked is no capacity to start one, a 503
+    /// ([`intercept_core::Error::Unavailable`]).
     fn from(err: TunnelError) -> Self {
+        if let TunnelError::LimiterUnavailable(message) = err {
+            return intercept_core::Error::Unavailable(message);
+        }
         intercept_core::Error::Tunnel {
             retryable: err.retryable(),
             message: err.to_string(),
@@ -167,5 +182,10 @@ mod tests {
             message: "x".into()
         }
         .retryable());
+        let core: intercept_core::Error =
+            TunnelError::LimiterUnavailable("Redis at redis://h/ did not answer".into()).into();
+        assert_eq!(core.status(), 503);
+        assert!(core.retryable());
+        assert!(core.to_string().contains("did not answer"), "{core}");
     }
 }

@@ -54,5 +54,8 @@ pub use bore::{BoreEndpoint, BoreServer, BoreTunnel};
 pub use config::{make_tunnel, BoreConfig, CustomConfig, TunnelConfig};
 pub use custom::{CustomTunnel, StaticEndpoint};
 pub use error::{TunnelError, TunnelErrorKind};
-pub use limiter::{Permit, RateLimit, RateLimiter};
+pub use limiter::{
+    limiter_unavailable_total, redact_url, Backend as LimiterBackend, Permit, RateLimit,
+    RateLimiter,
+};
 pub use prime::{PrimeConfig, PrimeEndpoint, PrimeStatus, PrimeTunnel};

@@ -1,10 +1,21 @@
-//! A host-wide rolling-window rate limiter for tunnel creation.
+//! A rolling-window rate limiter for tunnel creation, shared by a host or by a fleet.
 //!
 //! Tunnel services cap how many tunnels an account may start per minute (Prime: 512), and
-//! every process of the user on the host shares that budget. [`RateLimiter`] enforces *at
-//! most `rate` starts in any window of `window` length* (60 s by default) across processes:
-//! the start times of the current window live in a small text file under the user's cache
-//! directory, read and rewritten under an exclusive file lock.
+//! every process of the account shares that budget. [`RateLimiter`] enforces *at most
+//! `rate` starts in any window of `window` length* (60 s by default) across processes.
+//! Where the starts of the current window live is the [`Backend`]:
+//!
+//! - [`Backend::File`] (the default): a small text file under the user's cache directory,
+//!   read and rewritten under an exclusive file lock. It covers the processes of one host.
+//! - [`Backend::Redis`]: a hash in a Redis server, keyed by account, read and rewritten
+//!   by one Lua script per reservation (atomic on the server) with "now" taken from the
+//!   Redis server's clock (`TIME`), so hosts with skewed clocks still agree. It covers a
+//!   fleet of hosts sharing one account. When Redis cannot be reached or does not answer
+//!   within [`RateLimit::timeout`] (5 s), the limiter **fails closed**: the start fails
+//!   with [`TunnelError::LimiterUnavailable`] (a 503 to whoever waits for it), counted
+//!   by [`limiter_unavailable_total`]; no start goes out unchecked.
+//!
+//! Both apply the same policy:
 //!
 //! - The window is measured the way the provider counts: a start holds its slot from its
 //!   reservation until the request *completed* ([`Permit::complete`]), plus a safety
@@ -15,8 +26,9 @@
 //! - A burst of up to the whole budget goes out at once; a caller beyond the budget
 //!   reserves the earliest time at which the window allows it and sleeps until then
 //!   (while the whole budget is in flight it polls until a start completes).
-//! - The lock is held only while the file is read and rewritten (in a blocking thread, via
-//!   `spawn_blocking`), never while waiting, and the async runtime is never blocked.
+//! - The lock (or the script) is held only while the window is read and rewritten, never
+//!   while waiting, and the async runtime is never blocked (file I/O runs in
+//!   `spawn_blocking`).
 //! - A caller that would have to wait longer than [`RateLimit::max_wait`] fails fast with
 //!   [`TunnelError::RateLimited`] and reserves nothing.
 //! - A permit dropped without [`Permit::complete`] (a cancelled start) completes at the
@@ -36,6 +48,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::TunnelError;
 
+mod redis;
+
+pub use redis::limiter_unavailable_total;
+
 /// Prime's service limit: tunnel starts per minute per API token.
 pub const PRIME_STARTS_PER_MINUTE: u32 = 512;
 
@@ -46,8 +62,21 @@ pub const IN_FLIGHT_LEASE: Duration = Duration::from_secs(600);
 /// How often a caller blocked by starts in flight looks again.
 const POLL: Duration = Duration::from_millis(100);
 
+/// Where a [`RateLimiter`] keeps the starts of its window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// A file under the user's cache directory, shared by the processes of one host
+    /// under an exclusive lock (the default).
+    #[default]
+    File,
+    /// A Redis server shared by a fleet of hosts ([`RateLimit::url`]): one Lua script
+    /// reserves atomically, on the Redis server's clock.
+    Redis,
+}
+
 /// Configuration of a [`RateLimiter`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RateLimit {
     /// Whether the limiter is on.
@@ -64,10 +93,40 @@ pub struct RateLimit {
     /// covers the provider counting a little later than the client saw the answer.
     #[serde(with = "secs")]
     pub margin: Duration,
-    /// The window file. `None` uses the user's cache directory
+    /// Where the window lives: a host-wide file (the default) or a fleet-wide Redis.
+    pub backend: Backend,
+    /// The window file ([`Backend::File`]). `None` uses the user's cache directory
     /// (`$XDG_CACHE_HOME` or `~/.cache`, then the temp dir) plus
     /// `intercept/limiter/<name>.window`.
     pub path: Option<PathBuf>,
+    /// The Redis server ([`Backend::Redis`]): `redis://[user:password@]host[:port][/db]`
+    /// or `redis+unix:///path`.
+    pub url: Option<String>,
+    /// The Redis key of the window ([`Backend::Redis`]). `None` uses
+    /// `intercept:limiter:<name>`, where the name carries the account, so that the hosts
+    /// of one account share a budget and different accounts do not.
+    pub key: Option<String>,
+    /// The longest one Redis round trip (connecting included) may take before the
+    /// limiter fails closed (5 s by default).
+    #[serde(with = "secs")]
+    pub timeout: Duration,
+}
+
+impl fmt::Debug for RateLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("enabled", &self.enabled)
+            .field("rate", &self.rate)
+            .field("window", &self.window)
+            .field("max_wait", &self.max_wait)
+            .field("margin", &self.margin)
+            .field("backend", &self.backend)
+            .field("path", &self.path)
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("key", &self.key)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
 }
 
 impl Default for RateLimit {
@@ -78,7 +137,11 @@ impl Default for RateLimit {
             window: Duration::from_secs(60),
             max_wait: Duration::from_secs(300),
             margin: Duration::from_secs(2),
+            backend: Backend::File,
             path: None,
+            url: None,
+            key: None,
+            timeout: Duration::from_secs(5),
         }
     }
 }
@@ -90,6 +153,16 @@ impl RateLimit {
             enabled: false,
             ..RateLimit::default()
         }
+    }
+}
+
+/// A URL with its user info (user and password) replaced by `***`, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
     }
 }
 
@@ -146,33 +219,45 @@ impl Clock {
     }
 }
 
-/// A host-wide rolling-window rate limiter. Cheap to clone; clones share nothing but the
-/// window file, which is what makes processes cooperate.
+/// A rolling-window rate limiter shared by every process on the host (the file backend)
+/// or by a fleet of hosts (the Redis backend). Cheap to clone; clones share nothing but
+/// the window, which is what makes processes cooperate.
 #[derive(Clone)]
 pub struct RateLimiter {
     inner: Option<Arc<Inner>>,
 }
 
 struct Inner {
-    path: PathBuf,
     rate: u32,
     window: Duration,
     max_wait: Duration,
     margin: Duration,
-    clock: Clock,
+    store: Store,
+}
+
+/// Where the window lives.
+enum Store {
+    /// A locked file; `clock` gives "now".
+    File { path: PathBuf, clock: Clock },
+    /// A Redis hash; "now" is the Redis server's clock.
+    Redis(Box<redis::RedisWindow>),
 }
 
 impl fmt::Debug for RateLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner {
             None => f.write_str("RateLimiter(off)"),
-            Some(inner) => f
-                .debug_struct("RateLimiter")
-                .field("path", &inner.path)
-                .field("rate", &inner.rate)
-                .field("window", &inner.window)
-                .field("max_wait", &inner.max_wait)
-                .finish(),
+            Some(inner) => {
+                let mut d = f.debug_struct("RateLimiter");
+                match &inner.store {
+                    Store::File { path, .. } => d.field("path", path),
+                    Store::Redis(r) => d.field("redis", r),
+                };
+                d.field("rate", &inner.rate)
+                    .field("window", &inner.window)
+                    .field("max_wait", &inner.max_wait)
+                    .finish()
+            }
         }
     }
 }
@@ -180,8 +265,9 @@ impl fmt::Debug for RateLimiter {
 /// What [`RateLimiter::acquire`] granted: one start slot, held until
 /// [`Permit::complete`] (or the drop) records when the start ended.
 pub struct Permit {
-    /// The reserved start time (wall clock, ms since the Unix epoch); `acquire` returns no
-    /// earlier than this. 0 when the limiter is off.
+    /// The reserved start time (wall clock, ms since the Unix epoch; with the Redis
+    /// backend, the Redis server's clock); `acquire` returns no earlier than this. 0 when
+    /// the limiter is off.
     pub at_ms: u64,
     /// How long the caller had to wait.
     pub waited: Duration,
@@ -208,12 +294,11 @@ impl Permit {
     }
 
     /// Records that the start's request completed (now, plus the margin): from then on
-    /// the slot frees one window later. Errors writing the window file are logged; the
-    /// start then counts as in flight until its lease ends, which errs on the safe side.
+    /// the slot frees one window later. Errors recording it are logged; the start then
+    /// counts as in flight until its lease ends, which errs on the safe side.
     pub async fn complete(mut self) {
         if let Some((inner, id)) = self.held.take() {
-            let done = tokio::task::spawn_blocking(move || inner.complete(id)).await;
-            if let Ok(Err(e)) | Err(e) = done.map_err(|e| TunnelError::Io(e.to_string())) {
+            if let Err(e) = inner.complete(id).await {
                 tracing::warn!(error = %e, "tunnel rate limiter: could not record a completed start");
             }
         }
@@ -222,10 +307,27 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        if let Some((inner, id)) = self.held.take() {
-            // A cancelled start: record its end now (a short, local file write).
-            if let Err(e) = inner.complete(id) {
-                tracing::warn!(error = %e, "tunnel rate limiter: could not record a cancelled start");
+        let Some((inner, id)) = self.held.take() else {
+            return;
+        };
+        // A cancelled start: record its end now.
+        match &inner.store {
+            // A short, local file write.
+            Store::File { .. } => {
+                if let Err(e) = inner.complete_file(id) {
+                    tracing::warn!(error = %e, "tunnel rate limiter: could not record a cancelled start");
+                }
+            }
+            // A round trip: on the runtime, when there is one (otherwise the start counts
+            // as in flight until its lease ends).
+            Store::Redis(_) => {
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    runtime.spawn(async move {
+                        if let Err(e) = inner.complete(id).await {
+                            tracing::warn!(error = %e, "tunnel rate limiter: could not record a cancelled start");
+                        }
+                    });
+                }
             }
         }
     }
@@ -237,35 +339,71 @@ impl RateLimiter {
         RateLimiter { inner: None }
     }
 
-    /// A limiter from its configuration; `name` names the default window file (e.g.
-    /// `prime-<account hash>`), so that different accounts do not share a budget.
-    pub fn new(config: &RateLimit, name: &str) -> Self {
+    /// A limiter from its configuration; `name` names the default window file or Redis
+    /// key (e.g. `prime-<account hash>`), so that different accounts do not share a
+    /// budget.
+    ///
+    /// Fails with [`TunnelError::Config`] when the Redis backend has no URL or a URL that
+    /// cannot be parsed. Nothing is connected here: the first [`RateLimiter::acquire`]
+    /// connects.
+    pub fn new(config: &RateLimit, name: &str) -> Result<Self, TunnelError> {
         if !config.enabled || config.rate == 0 {
-            return RateLimiter::off();
+            return Ok(RateLimiter::off());
         }
-        let path = config.path.clone().unwrap_or_else(|| {
-            user_cache_dir()
-                .join("intercept")
-                .join("limiter")
-                .join(format!("{name}.window"))
-        });
-        RateLimiter {
+        let store = match config.backend {
+            Backend::File => Store::File {
+                path: config.path.clone().unwrap_or_else(|| {
+                    user_cache_dir()
+                        .join("intercept")
+                        .join("limiter")
+                        .join(format!("{name}.window"))
+                }),
+                clock: Clock::System,
+            },
+            Backend::Redis => {
+                let url = config
+                    .url
+                    .as_deref()
+                    .filter(|u| !u.trim().is_empty())
+                    .ok_or_else(|| {
+                        TunnelError::Config(
+                        "tunnel rate limiter: backend = \"redis\" needs `url` (redis://host:port)"
+                            .into(),
+                    )
+                    })?;
+                let key = config
+                    .key
+                    .clone()
+                    .unwrap_or_else(|| format!("intercept:limiter:{name}"));
+                if config.timeout.is_zero() {
+                    return Err(TunnelError::Config(
+                        "tunnel rate limiter: `timeout` must be positive".into(),
+                    ));
+                }
+                Store::Redis(Box::new(redis::RedisWindow::new(url, key, config.timeout)?))
+            }
+        };
+        Ok(RateLimiter {
             inner: Some(Arc::new(Inner {
-                path,
                 rate: config.rate,
                 window: config.window,
                 max_wait: config.max_wait,
                 margin: config.margin,
-                clock: Clock::System,
+                store,
             })),
-        }
+        })
     }
 
     #[cfg(test)]
     fn with_tokio_clock(config: &RateLimit, base_ms: u64) -> Self {
-        let mut limiter = RateLimiter::new(config, "test");
-        if let Some(inner) = limiter.inner.as_mut().and_then(Arc::get_mut) {
-            inner.clock = Clock::Tokio {
+        let mut limiter = RateLimiter::new(config, "test").unwrap_or_else(|_| RateLimiter::off());
+        if let Some(Store::File { clock, .. }) = limiter
+            .inner
+            .as_mut()
+            .and_then(Arc::get_mut)
+            .map(|i| &mut i.store)
+        {
+            *clock = Clock::Tokio {
                 base_ms,
                 base: tokio::time::Instant::now(),
             };
@@ -278,28 +416,38 @@ impl RateLimiter {
         self.inner.is_some()
     }
 
-    /// The window file, when the limiter is on.
+    /// The window file, when the limiter is on with the file backend.
     pub fn path(&self) -> Option<&Path> {
-        self.inner.as_ref().map(|i| i.path.as_path())
+        match &self.inner.as_ref()?.store {
+            Store::File { path, .. } => Some(path.as_path()),
+            Store::Redis(_) => None,
+        }
+    }
+
+    /// The backend, when the limiter is on.
+    pub fn backend(&self) -> Option<Backend> {
+        self.inner.as_ref().map(|i| match i.store {
+            Store::File { .. } => Backend::File,
+            Store::Redis(_) => Backend::Redis,
+        })
     }
 
     /// Reserves one start and waits until it is due. Hold the permit until the start's
     /// request completed, then call [`Permit::complete`].
     ///
     /// Fails fast with [`TunnelError::RateLimited`] (reserving nothing) when the wait would
-    /// exceed the bound, and with [`TunnelError::Io`] when the window file cannot be used.
+    /// exceed the bound, with [`TunnelError::Io`] when the window file cannot be used, and
+    /// with [`TunnelError::LimiterUnavailable`] when the Redis server cannot be reached or
+    /// does not answer within the timeout: the limiter fails closed, it never lets a
+    /// start through unchecked.
     pub async fn acquire(&self) -> Result<Permit, TunnelError> {
         let Some(inner) = self.inner.clone() else {
             return Ok(Permit::free(Duration::ZERO));
         };
         let started = tokio::time::Instant::now();
         loop {
-            let job = Arc::clone(&inner);
             let budget = inner.max_wait.saturating_sub(started.elapsed());
-            let decision = tokio::task::spawn_blocking(move || job.reserve(budget))
-                .await
-                .map_err(|e| TunnelError::Io(format!("rate limiter thread failed: {e}")))??;
-            match decision {
+            match inner.reserve(budget).await? {
                 Reserved::At { id, at_ms, wait } => {
                     // The permit exists before the wait, so a cancelled wait frees the slot.
                     let mut permit = Permit {
@@ -330,17 +478,74 @@ impl RateLimiter {
 }
 
 /// What one look at the window decided.
-enum Reserved {
+pub(crate) enum Reserved {
     /// A slot at `at_ms`, `wait` from now, recorded as in flight under `id`.
     At { id: u64, at_ms: u64, wait: Duration },
     /// The whole budget is in flight: look again later.
     Blocked,
 }
 
+/// The numbers one reservation is decided with, in milliseconds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Params {
+    pub(crate) window_ms: u64,
+    pub(crate) rate: u32,
+    pub(crate) lease_ms: u64,
+    /// How far ahead a reservation may be (the wait bound left to this caller).
+    pub(crate) budget_ms: u64,
+    /// How far ahead any recorded start can legitimately be: `max_wait`.
+    pub(crate) horizon_ms: u64,
+    pub(crate) margin_ms: u64,
+}
+
+impl Params {
+    /// How long an untouched window can still matter: the longest an entry can count.
+    pub(crate) fn ttl_ms(&self) -> u64 {
+        self.horizon_ms + self.lease_ms + self.margin_ms + self.window_ms
+    }
+}
+
 impl Inner {
-    /// Under the file lock: prune, decide, record. Fails with `RateLimited` when the slot
-    /// is further than `budget` away (recording nothing).
-    fn reserve(&self, budget: Duration) -> Result<Reserved, TunnelError> {
+    fn params(&self, budget: Duration) -> Params {
+        Params {
+            window_ms: self.window.as_millis() as u64,
+            rate: self.rate,
+            lease_ms: IN_FLIGHT_LEASE.as_millis() as u64,
+            budget_ms: budget.as_millis() as u64,
+            horizon_ms: self.max_wait.as_millis() as u64,
+            margin_ms: self.margin.as_millis() as u64,
+        }
+    }
+
+    /// One look at the window: prune, decide, record. Fails with `RateLimited` when the
+    /// slot is further than `budget` away (recording nothing).
+    async fn reserve(self: &Arc<Self>, budget: Duration) -> Result<Reserved, TunnelError> {
+        match &self.store {
+            Store::File { .. } => {
+                let job = Arc::clone(self);
+                tokio::task::spawn_blocking(move || job.reserve_file(budget))
+                    .await
+                    .map_err(|e| TunnelError::Io(format!("rate limiter thread failed: {e}")))?
+            }
+            Store::Redis(redis) => redis.reserve(self.params(budget), self.max_wait).await,
+        }
+    }
+
+    /// Marks start `id` ended at now + margin.
+    async fn complete(self: &Arc<Self>, id: u64) -> Result<(), TunnelError> {
+        match &self.store {
+            Store::File { .. } => {
+                let job = Arc::clone(self);
+                tokio::task::spawn_blocking(move || job.complete_file(id))
+                    .await
+                    .map_err(|e| TunnelError::Io(format!("rate limiter thread failed: {e}")))?
+            }
+            Store::Redis(redis) => redis.complete(id, self.params(Duration::ZERO)).await,
+        }
+    }
+
+    /// [`Inner::reserve`] on the window file, under its lock.
+    fn reserve_file(&self, budget: Duration) -> Result<Reserved, TunnelError> {
         self.locked(|entries, now| {
             let window_ms = self.window.as_millis() as u64;
             let lease_ms = IN_FLIGHT_LEASE.as_millis() as u64;
@@ -370,8 +575,8 @@ impl Inner {
         })
     }
 
-    /// Marks start `id` ended at now + margin.
-    fn complete(&self, id: u64) -> Result<(), TunnelError> {
+    /// [`Inner::complete`] on the window file, under its lock.
+    fn complete_file(&self, id: u64) -> Result<(), TunnelError> {
         let margin = self.margin.as_millis() as u64;
         self.locked(|entries, now| {
             if let Some(e) = entries.iter_mut().find(|e| e.id == id) {
@@ -381,18 +586,24 @@ impl Inner {
         })
     }
 
-    /// Reads the entries under the lock, lets `f` change them, writes them back.
+    /// Reads the window file's entries under the lock, lets `f` change them, writes them
+    /// back.
     fn locked<T>(
         &self,
         f: impl FnOnce(&mut Vec<Entry>, u64) -> Result<T, TunnelError>,
     ) -> Result<T, TunnelError> {
-        let file = open_locked(&self.path)?;
+        let Store::File { path, clock } = &self.store else {
+            return Err(TunnelError::Io(
+                "tunnel rate limiter: not a file-backed window".into(),
+            ));
+        };
+        let file = open_locked(path)?;
         let result = (|| {
             let mut file = &file;
             let io = |e: std::io::Error| TunnelError::io("tunnel rate limiter window file", &e);
             let mut text = String::new();
             file.read_to_string(&mut text).map_err(io)?;
-            let now = self.clock.now_ms();
+            let now = clock.now_ms();
             let mut entries = parse_entries(&text);
             // A start is never reserved further ahead than the bound; one that is means the
             // wall clock went back (or the file is junk): forget it rather than stall.
@@ -544,6 +755,7 @@ mod tests {
             max_wait: Duration::from_secs(max_wait_s),
             margin: Duration::ZERO,
             path: Some(dir.join("limiter").join("t.window")),
+            ..RateLimit::default()
         }
     }
 
@@ -796,7 +1008,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn off_never_waits_and_touches_no_file() {
-        let limiter = RateLimiter::new(&RateLimit::off(), "x");
+        let limiter = RateLimiter::new(&RateLimit::off(), "x").unwrap();
         assert!(!limiter.is_enabled());
         assert!(limiter.path().is_none());
         for _ in 0..1000 {
@@ -833,7 +1045,7 @@ mod tests {
 
     #[test]
     fn default_path_is_under_the_user_cache() {
-        let limiter = RateLimiter::new(&RateLimit::default(), "prime-abc");
+        let limiter = RateLimiter::new(&RateLimit::default(), "prime-abc").unwrap();
         let path = limiter.path().unwrap();
         assert!(path.starts_with(user_cache_dir()));
         assert!(path.ends_with("intercept/limiter/prime-abc.window"));
@@ -847,6 +1059,35 @@ mod tests {
         assert!(cfg.enabled);
         assert_eq!(cfg.window, Duration::from_millis(1500));
         assert_eq!(cfg.max_wait, Duration::ZERO);
+        assert_eq!(cfg.backend, Backend::File);
+        let cfg: RateLimit = serde_json::from_str(
+            r#"{"backend": "redis", "url": "redis://u:pw@10.0.0.1:6379/", "timeout": 0.5}"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.backend, Backend::Redis);
+        assert_eq!(cfg.timeout, Duration::from_millis(500));
+        let shown = format!("{cfg:?}");
+        assert!(!shown.contains("pw"), "the password is hidden: {shown}");
+        assert!(shown.contains("redis://***@10.0.0.1:6379/"), "{shown}");
+    }
+
+    #[test]
+    fn a_redis_backend_needs_a_usable_url() {
+        let redis = |url: Option<&str>| RateLimit {
+            backend: Backend::Redis,
+            url: url.map(str::to_owned),
+            ..RateLimit::default()
+        };
+        let err = RateLimiter::new(&redis(None), "x").unwrap_err();
+        assert_eq!(err.kind(), crate::TunnelErrorKind::Config);
+        assert!(err.to_string().contains("needs `url`"), "{err}");
+        let err = RateLimiter::new(&redis(Some("http://:pw@h/")), "x").unwrap_err();
+        assert!(err.to_string().contains("cannot use Redis URL"), "{err}");
+        assert!(!err.to_string().contains("pw"), "{err}");
+        let ok = RateLimiter::new(&redis(Some("redis://127.0.0.1:1/")), "x").unwrap();
+        assert_eq!(ok.backend(), Some(Backend::Redis));
+        assert!(ok.path().is_none());
+        assert_eq!(redact_url("redis://h:1/"), "redis://h:1/");
     }
 
     /// Several independent limiters (each opening its own file handle, as separate
@@ -863,6 +1104,7 @@ mod tests {
             max_wait: Duration::from_secs(30),
             margin: Duration::ZERO,
             path: Some(dir.path().join("shared.window")),
+            ..RateLimit::default()
         };
         let threads: Vec<_> = (0..4)
             .map(|_| {
@@ -873,7 +1115,7 @@ mod tests {
                         .build()
                         .unwrap();
                     rt.block_on(async move {
-                        let limiter = RateLimiter::new(&cfg, "unused");
+                        let limiter = RateLimiter::new(&cfg, "unused").unwrap();
                         let mut out = Vec::new();
                         for _ in 0..5 {
                             let p = limiter.acquire().await.unwrap();

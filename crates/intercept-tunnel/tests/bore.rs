@@ -26,7 +26,8 @@ async fn request_through_a_real_bore_server_then_death_and_healing() {
             ..RateLimit::default()
         },
         "bore",
-    );
+    )
+    .unwrap();
     let tunnel = BoreTunnel::new("127.0.0.1")
         .with_control_port(control_port)
         .with_secret(Some("s3cret".into()))

@@ -172,7 +172,8 @@ impl PrimeTunnel {
     /// A Prime tunnel configured from `env` (tests inject a home and variables).
     pub fn with_env(config: PrimeConfig, env: PrimeEnv) -> Result<Self, TunnelError> {
         let account = PrimeAccount::resolve(&env)?;
-        let limiter = RateLimiter::new(&config.rate_limit, &format!("prime-{}", account.key_tag()));
+        let limiter =
+            RateLimiter::new(&config.rate_limit, &format!("prime-{}", account.key_tag()))?;
         let api = PrimeApi::new(account, config.api_timeout)?;
         Ok(PrimeTunnel {
             shared: Arc::new(Shared {
