@@ -82,8 +82,13 @@ pub struct CallRecord {
     pub sampling: serde_json::Map<String, serde_json::Value>,
     /// The request body exactly as sent upstream.
     pub request: JsonBody,
-    /// The response: the upstream JSON, or for a stream the assembled completion. `None`
-    /// when nothing usable arrived.
+    /// The response: the upstream JSON, or for a stream the assembled completion. For a
+    /// stream cut short (cancelled, disconnected, broken, ended early; `error` says
+    /// which), the completion assembled from the events that arrived, which is what the
+    /// harness was sent; its finish reason is `null` unless the upstream sent one
+    /// (Chat Completions, Completions and Messages; a Responses stream carries its
+    /// response only in its terminal event). `None` when nothing usable arrived, and for
+    /// a `truncated` answer.
     pub response: Option<RawJson>,
     /// Normalised finish reason (`stop`, `length`, `tool_calls`, ...).
     pub finish_reason: Option<String>,

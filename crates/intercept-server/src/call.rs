@@ -794,6 +794,10 @@ impl Call {
             }
         }
 
+        // A call cut short (cancelled, disconnected, broken, ended early, too large) is
+        // recorded with what arrived of it, which is what was relayed.
+        let cut_short = (failure.is_some() || !assembler.saw_terminal()) && !truncated;
+        let mut partial = if cut_short { assembler.partial() } else { None };
         let mut assembled: Result<Assembled, Error> = match failure {
             Some(e) => Err(e),
             None => assembler.finish(),
@@ -823,6 +827,7 @@ impl Call {
             },
             Err(e) => {
                 let mut o = Outcome::failed(e);
+                o.response = partial.take();
                 o.truncated = truncated;
                 o.status = 200;
                 o.ttfb_ms = ttfb;

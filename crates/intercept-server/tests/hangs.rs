@@ -72,6 +72,12 @@ async fn a_harness_that_stops_reading_a_stream_does_not_hold_the_release() {
     let record = &trace.calls[0];
     let error = record.error.as_ref().expect("the call was cut short");
     assert_eq!(error.kind, ErrorKind::Cancelled, "{error:?}");
+    // The record keeps what was relayed: the completion assembled from what arrived.
+    let response = record.response.as_ref().expect("partial").to_value();
+    let content = response["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content");
+    assert!(content.starts_with("word "), "{response}");
     drop(tcp);
 }
 

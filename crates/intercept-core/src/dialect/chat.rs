@@ -258,7 +258,7 @@ impl Dialect for ChatDialect {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct ToolCall {
     id: String,
     kind: String,
@@ -266,7 +266,7 @@ struct ToolCall {
     arguments: String,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct ChatAssembler {
     hide_usage: bool,
     head: Option<Map<String, Value>>,
@@ -706,15 +706,15 @@ impl StreamAssembler for ChatAssembler {
         self.done
     }
 
-    fn finish(self: Box<Self>) -> Result<Assembled, Error> {
-        if let Some(message) = self.upstream_error {
+    fn finish(mut self: Box<Self>) -> Result<Assembled, Error> {
+        if let Some(message) = self.upstream_error.take() {
             return Err(Error::UpstreamStatus {
                 status: 502,
                 body: message,
                 retry_after: None,
             });
         }
-        if let Some(e) = self.errors.into_iter().next() {
+        if let Some(e) = self.errors.drain(..).next() {
             return Err(Error::UpstreamMalformed(e));
         }
         if !self.done {
@@ -722,9 +722,22 @@ impl StreamAssembler for ChatAssembler {
                 "upstream stream ended before its terminal event (`data: [DONE]`)".into(),
             ));
         }
+        Ok((*self).assemble(Some("stop")))
+    }
+
+    fn partial(&self) -> Option<crate::RawJson> {
+        let started = self.head.is_some() || self.saw_content || !self.tool_calls.is_empty();
+        started.then(|| self.clone().assemble(None).response)
+    }
+}
+
+impl ChatAssembler {
+    /// The `chat.completion` built from what arrived; `default_finish` stands in for a
+    /// finish reason the upstream did not send (`None`: `null`).
+    fn assemble(self, default_finish: Option<&str>) -> Assembled {
         let has_tools = !self.tool_calls.is_empty();
         let finish_reason =
-            normalise_finish(self.finish_reason).unwrap_or_else(|| "stop".to_owned());
+            normalise_finish(self.finish_reason).or_else(|| default_finish.map(str::to_owned));
         let choice = OutChoice {
             index: 0,
             message: OutMessage {
@@ -750,16 +763,16 @@ impl StreamAssembler for ChatAssembler {
                     })
                     .collect(),
             },
-            finish_reason: &finish_reason,
+            finish_reason: finish_reason.as_deref(),
             logprobs: (),
         };
-        Ok(assembled_completion(
+        assembled_completion(
             self.head.as_ref(),
             "chat.completion",
             &choice,
             self.usage.as_ref(),
-            &finish_reason,
-        ))
+            finish_reason.as_deref().unwrap_or_default(),
+        )
     }
 }
 
@@ -769,7 +782,7 @@ impl StreamAssembler for ChatAssembler {
 struct OutChoice<'a> {
     index: u32,
     message: OutMessage<'a>,
-    finish_reason: &'a str,
+    finish_reason: Option<&'a str>,
     /// Always `null`.
     logprobs: (),
 }
@@ -1171,5 +1184,32 @@ mod tests {
         let e = a.finish().expect_err("truncated");
         assert_eq!(e.status(), 502);
         assert!(e.to_string().contains("terminal event"), "{e}");
+    }
+
+    #[test]
+    fn a_stream_cut_short_keeps_what_arrived() {
+        let mut a = ChatDialect.assembler(&Prepared::default());
+        assert!(a.partial().is_none(), "nothing arrived yet");
+        a.push(&SseEvent::new(
+            b"data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\n",
+        ));
+        a.push(&SseEvent::new(
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo\"}}]}\n\n",
+        ));
+        let partial = a.partial().expect("something arrived").to_value();
+        assert_eq!(partial["id"], "c1");
+        assert_eq!(partial["choices"][0]["message"]["content"], "Hello");
+        assert!(
+            partial["choices"][0]["finish_reason"].is_null(),
+            "{partial}"
+        );
+        // Taking the partial changes nothing: the stream can still complete.
+        a.push(&SseEvent::new(
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+        ));
+        a.push(&SseEvent::new(b"data: [DONE]\n\n"));
+        let done = a.finish().expect("complete").response.to_value();
+        assert_eq!(done["choices"][0]["finish_reason"], "stop");
+        assert_eq!(done["choices"][0]["message"]["content"], "Hello");
     }
 }

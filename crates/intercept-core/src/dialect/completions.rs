@@ -178,7 +178,7 @@ impl Dialect for CompletionsDialect {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct CompletionsAssembler {
     hide_usage: bool,
     head: Option<Map<String, Value>>,
@@ -252,15 +252,15 @@ impl StreamAssembler for CompletionsAssembler {
         self.done
     }
 
-    fn finish(self: Box<Self>) -> Result<Assembled, Error> {
-        if let Some(message) = self.upstream_error {
+    fn finish(mut self: Box<Self>) -> Result<Assembled, Error> {
+        if let Some(message) = self.upstream_error.take() {
             return Err(Error::UpstreamStatus {
                 status: 502,
                 body: message,
                 retry_after: None,
             });
         }
-        if let Some(e) = self.errors.into_iter().next() {
+        if let Some(e) = self.errors.drain(..).next() {
             return Err(Error::UpstreamMalformed(e));
         }
         if !self.done {
@@ -268,16 +268,29 @@ impl StreamAssembler for CompletionsAssembler {
                 "upstream stream ended before its terminal event (`data: [DONE]`)".into(),
             ));
         }
+        Ok((*self).assemble(Some("stop")))
+    }
+
+    fn partial(&self) -> Option<crate::RawJson> {
+        let started = self.head.is_some() || !self.text.is_empty();
+        started.then(|| self.clone().assemble(None).response)
+    }
+}
+
+impl CompletionsAssembler {
+    /// The `text_completion` built from what arrived; `default_finish` stands in for a
+    /// finish reason the upstream did not send (`None`: `null`).
+    fn assemble(self, default_finish: Option<&str>) -> Assembled {
         let finish_reason =
-            normalise_finish(self.finish_reason).unwrap_or_else(|| "stop".to_owned());
+            normalise_finish(self.finish_reason).or_else(|| default_finish.map(str::to_owned));
         let choice = json!({"index": 0, "text": self.text, "logprobs": null, "finish_reason": finish_reason});
-        Ok(assembled_completion(
+        assembled_completion(
             self.head.as_ref(),
             "text_completion",
             &choice,
             self.usage.as_ref(),
-            &finish_reason,
-        ))
+            finish_reason.as_deref().unwrap_or_default(),
+        )
     }
 }
 

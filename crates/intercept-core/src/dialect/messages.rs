@@ -286,13 +286,13 @@ impl Dialect for MessagesDialect {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Block {
     value: Map<String, Value>,
     partial_json: String,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct MessagesAssembler {
     message: Option<Map<String, Value>>,
     blocks: BTreeMap<u64, Block>,
@@ -431,15 +431,15 @@ impl StreamAssembler for MessagesAssembler {
         self.stopped
     }
 
-    fn finish(self: Box<Self>) -> Result<Assembled, Error> {
-        if let Some((status, message)) = self.upstream_error {
+    fn finish(mut self: Box<Self>) -> Result<Assembled, Error> {
+        if let Some((status, message)) = self.upstream_error.take() {
             return Err(Error::UpstreamStatus {
                 status,
                 body: message,
                 retry_after: None,
             });
         }
-        if let Some(e) = self.unreadable {
+        if let Some(e) = self.unreadable.take() {
             return Err(Error::UpstreamMalformed(e));
         }
         if !self.stopped {
@@ -447,6 +447,29 @@ impl StreamAssembler for MessagesAssembler {
                 "upstream stream ended before its terminal event (`message_stop`)".into(),
             ));
         }
+        let response = (*self).assemble(false)?;
+        let summary = read_message(&response)?;
+        Ok(Assembled {
+            response: RawJson::from_value(&response),
+            summary,
+        })
+    }
+
+    fn partial(&self) -> Option<crate::RawJson> {
+        if self.message.is_none() && self.blocks.is_empty() {
+            return None;
+        }
+        self.clone()
+            .assemble(true)
+            .ok()
+            .map(|v| RawJson::from_value(&v))
+    }
+}
+
+impl MessagesAssembler {
+    /// The message built from what arrived. For a `partial` one, a tool input cut off
+    /// mid-JSON is kept as the text that arrived (`{"partial_json": ...}`).
+    fn assemble(self, partial: bool) -> Result<Value, Error> {
         let mut message = self.message.unwrap_or_default();
         let mut content = Vec::with_capacity(self.blocks.len());
         for (_, mut block) in self.blocks {
@@ -456,9 +479,15 @@ impl StreamAssembler for MessagesAssembler {
                 let input = if block.partial_json.trim().is_empty() {
                     json!({})
                 } else {
-                    serde_json::from_str(&block.partial_json).map_err(|e| {
-                        Error::UpstreamMalformed(format!("tool input is not valid JSON: {e}"))
-                    })?
+                    match serde_json::from_str(&block.partial_json) {
+                        Ok(input) => input,
+                        Err(_) if partial => json!({"partial_json": block.partial_json}),
+                        Err(e) => {
+                            return Err(Error::UpstreamMalformed(format!(
+                                "tool input is not valid JSON: {e}"
+                            )))
+                        }
+                    }
                 };
                 block.value.insert("input".into(), input);
             }
@@ -467,12 +496,7 @@ impl StreamAssembler for MessagesAssembler {
         message.insert("content".into(), Value::Array(content));
         message.entry("type").or_insert_with(|| json!("message"));
         message.entry("role").or_insert_with(|| json!("assistant"));
-        let response = Value::Object(message);
-        let summary = read_message(&response)?;
-        Ok(Assembled {
-            response: RawJson::from_value(&response),
-            summary,
-        })
+        Ok(Value::Object(message))
     }
 }
 
@@ -606,5 +630,31 @@ mod tests {
             let summary = MessagesDialect.summarize(&serde_json::to_vec(&full).expect("json")).expect("summary");
             prop_assert_eq!(out.summary, summary);
         }
+    }
+
+    #[test]
+    fn a_stream_cut_short_keeps_what_arrived() {
+        let mut a = MessagesDialect.assembler(&Prepared::default());
+        assert!(a.partial().is_none(), "nothing arrived yet");
+        for e in [
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"stop_reason\":null}}\n\n",
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hel\"}}\n\n",
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":\"t1\",\"name\":\"f\",\"input\":{}}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"q\\\": \\\"ab\"}}\n\n",
+        ] {
+            a.push(&SseEvent::new(e.as_bytes()));
+        }
+        let partial = a.partial().expect("something arrived").to_value();
+        assert_eq!(partial["id"], "m1");
+        assert_eq!(partial["content"][0]["text"], "Hel");
+        assert!(partial["stop_reason"].is_null(), "{partial}");
+        // A tool input cut off mid-JSON is kept as the text that arrived.
+        assert_eq!(
+            partial["content"][1]["input"]["partial_json"], "{\"q\": \"ab",
+            "{partial}"
+        );
+        let e = a.finish().expect_err("no message_stop");
+        assert!(e.to_string().contains("terminal event"), "{e}");
     }
 }

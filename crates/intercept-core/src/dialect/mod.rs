@@ -103,6 +103,15 @@ pub trait StreamAssembler: Send + fmt::Debug {
     /// The assembled response, or why there is none (no terminal event, unreadable
     /// events, an error event from the upstream).
     fn finish(self: Box<Self>) -> Result<Assembled, Error>;
+
+    /// For a call cut short (cancelled, disconnected, broken, over its size limit): the
+    /// response assembled from the events that did arrive, which is what was relayed. Its
+    /// finish reason is `null` unless the upstream sent one. `None` when nothing can be
+    /// assembled (no event yet, or a dialect whose stream carries the response only in
+    /// its terminal event, as Responses does).
+    fn partial(&self) -> Option<crate::RawJson> {
+        None
+    }
 }
 
 /// One wire format.
