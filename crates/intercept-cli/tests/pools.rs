@@ -48,6 +48,11 @@ impl Api {
     }
 
     async fn chat(&self, env: &Value, text: &str) -> HttpResponse {
+        self.try_chat(env, text).await.unwrap()
+    }
+
+    /// A chat call through a session's `env`; an error when its URL cannot be reached.
+    async fn try_chat(&self, env: &Value, text: &str) -> anyhow::Result<HttpResponse> {
         let url = format!(
             "{}/chat/completions",
             env["OPENAI_BASE_URL"].as_str().unwrap()
@@ -61,7 +66,11 @@ impl Api {
                 Some(&body),
             )
             .await
-            .unwrap()
+    }
+
+    async fn endpoint_lost(&self, id: &str) -> Value {
+        let status = self.json(Method::GET, &format!("/v1/sessions/{id}")).await;
+        status["endpoint_lost"].clone()
     }
 
     async fn metrics(&self) -> String {
@@ -384,6 +393,103 @@ async fn a_full_elastic_pool_answers_503_naming_the_sidecar_settings() {
         String::from_utf8_lossy(&third.body)
     );
     sidecar.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bore_restart_keeps_urls_and_a_taken_port_marks_sessions_endpoint_lost() {
+    let bore = BoreServer::bind("127.0.0.1:0".parse().unwrap(), None)
+        .await
+        .unwrap();
+    let control = bore.control_addr().port();
+    let port = control.to_string();
+    let sidecar = Sidecar::start(config(&[
+        ("upstream", "mock"),
+        ("interception", "static"),
+        ("static_servers", "1"),
+        ("tunnel", "bore"),
+        ("bore_server", "127.0.0.1"),
+        ("bore_port", &port),
+    ]))
+    .await
+    .unwrap();
+    let api = Api::new(&sidecar);
+    let created = sessions_with_one_call_each(&api, 1).await;
+    let a = &created[0];
+    let url = a["base_url"].as_str().unwrap().to_owned();
+    assert_eq!(api.endpoint_lost("rollout-0").await, false);
+    // Waits (bounded) until a chat through `env` answers `want`.
+    let until = |env: Value, want: StatusCode| {
+        let api = &api;
+        async move {
+            for _ in 0..300 {
+                if api
+                    .try_chat(&env, "again")
+                    .await
+                    .is_ok_and(|r| r.status == want)
+                {
+                    return true;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            false
+        }
+    };
+
+    // The bore server restarts: the tunnel comes back on the same public port by itself,
+    // with no new session to prompt it, and the session's URL works again.
+    bore.shutdown().await;
+    let bore = BoreServer::bind(format!("127.0.0.1:{control}").parse().unwrap(), None)
+        .await
+        .unwrap();
+    assert!(
+        until(a["env"].clone(), StatusCode::OK).await,
+        "the URL never came back"
+    );
+    assert_eq!(api.endpoint_lost("rollout-0").await, false);
+
+    // It goes down again, and someone takes its public port meanwhile: the tunnel moves to
+    // a new URL, and the session is marked, in its status and in the metrics.
+    bore.shutdown().await;
+    let old_port: u16 = url.rsplit(':').next().unwrap().parse().unwrap();
+    let squatter = tokio::net::TcpListener::bind(("127.0.0.1", old_port))
+        .await
+        .unwrap();
+    let bore = BoreServer::bind(format!("127.0.0.1:{control}").parse().unwrap(), None)
+        .await
+        .unwrap();
+    let mut marked = false;
+    for _ in 0..300 {
+        if api.endpoint_lost("rollout-0").await == true {
+            marked = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        marked,
+        "the moved tunnel's session is never marked endpoint_lost"
+    );
+    let text = api.metrics().await;
+    assert!(
+        text.contains("intercept_sessions_endpoint_lost 1"),
+        "{text}"
+    );
+    // A new session gets the new URL, which serves.
+    let b = api
+        .req(
+            Method::POST,
+            "/v1/sessions",
+            Some(json!({"id": "after-move"})),
+        )
+        .await;
+    assert_eq!(b.status, StatusCode::CREATED);
+    let b: Value = b.json().unwrap();
+    assert_ne!(b["base_url"].as_str().unwrap(), url);
+    assert!(until(b["env"].clone(), StatusCode::OK).await);
+    assert_eq!(api.endpoint_lost("after-move").await, false);
+    drop(squatter);
+    sidecar.shutdown().await.unwrap();
+    bore.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use intercept_core::{Error, ErrorKind, Interception};
-use intercept_pool::{ElasticConfig, ElasticPool, ServerPhase};
+use intercept_pool::{ElasticConfig, ElasticPool, ServerPhase, STOP_TIMEOUT};
 use support::{session, tunnel_down, FakeFactory};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -252,6 +252,57 @@ async fn unhealthy_server_drains_then_is_replaced() {
     assert_eq!(servers.len(), 1);
     assert_eq!(servers[0].index, 1);
     drop(b);
+    pool.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unhealthy_endpoint_is_repaired_in_place_before_anything_drains() {
+    let factory = FakeFactory::new(SEC);
+    let pool = pool(
+        ElasticConfig {
+            min_servers: Some(1),
+            ..config(2)
+        },
+        &factory,
+    );
+    pool.start().await.unwrap();
+    let a = pool.acquire(session("a")).await.unwrap();
+    assert_eq!(a.base_url, "http://fake-0.invalid");
+    // The endpoint dies (its frpc exited); repairing it brings it back on the same URL.
+    let member = factory.member(0);
+    member.set_repairable(true);
+    member.kill();
+    pool.maintain().await;
+    assert_eq!(member.repairs.load(Ordering::SeqCst), 1);
+    let servers = pool.servers();
+    assert_eq!(
+        servers.len(),
+        1,
+        "nothing replaces a repaired server: {servers:?}"
+    );
+    assert_eq!(servers[0].phase, ServerPhase::Ready);
+    assert_eq!(
+        factory.start_calls.load(Ordering::SeqCst),
+        1,
+        "no second registration"
+    );
+    // The session keeps its seat and its URL; a new one joins it there.
+    let b = pool.acquire(session("b")).await.unwrap();
+    assert_eq!(b.base_url, "http://fake-0.invalid");
+    assert_eq!(member.live(), 2);
+    // A healthy endpoint is not touched.
+    pool.maintain().await;
+    assert_eq!(member.repairs.load(Ordering::SeqCst), 1);
+    // Only when the repair fails does the server drain (and the floor regrow).
+    member.set_repairable(false);
+    member.kill();
+    pool.maintain().await;
+    assert_eq!(member.repairs.load(Ordering::SeqCst), 2);
+    let servers = pool.servers();
+    assert_eq!(servers[0].phase, ServerPhase::Draining);
+    assert_eq!(servers[1].phase, ServerPhase::Starting);
+    drop((a, b));
+    assert_eq!(factory.wait_stopped(1).await, vec![0]);
     pool.stop().await.unwrap();
 }
 
@@ -503,4 +554,132 @@ fn bad_knobs_are_refused() {
         let err = ElasticPool::new(bad, factory.clone()).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidRequest);
     }
+}
+
+/// Log lines at WARN and above, captured from this test's thread.
+#[derive(Clone, Default)]
+struct Warnings(Arc<parking_lot::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Warnings {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Warnings {
+    fn capture() -> (Warnings, tracing::subscriber::DefaultGuard) {
+        let w = Warnings::default();
+        let writer = w.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        (w, tracing::subscriber::set_default(subscriber))
+    }
+
+    fn lines(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock())
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn while_every_start_fails_rounds_back_off_and_warn_once() {
+    let (warnings, _guard) = Warnings::capture();
+    let factory = FakeFactory::new(SEC);
+    factory.fail_next(100_000, tunnel_down());
+    // One attempt per round: without a pause between rounds the pool would start a
+    // server every second, 600 in these ten minutes.
+    let pool = pool(
+        ElasticConfig {
+            start_attempts: 1,
+            ..config(4)
+        },
+        &factory,
+    );
+    pool.start().await.unwrap();
+    let t0 = Instant::now();
+    let mut failed = 0u64;
+    let mut last_half = 0u64;
+    // An acquire is always waiting, for ten minutes of (paused) time.
+    while t0.elapsed() < Duration::from_secs(600) {
+        let err = pool
+            .acquire(session(format!("r{failed}")))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Tunnel, "{err}");
+        failed += 1;
+        if t0.elapsed() >= Duration::from_secs(300) {
+            last_half += 1;
+        }
+    }
+    let starts = factory.start_calls.load(Ordering::SeqCst) as u64;
+    assert_eq!(pool.failed_start_rounds(), starts, "one attempt per round");
+    assert_eq!(failed, starts, "each round fails the acquire it was for");
+    // 0.25-0.5 s, 0.5-1 s, ... then 15-30 s (jittered halves of 30 s) between rounds.
+    assert!(starts <= 40, "{starts} starts in 10 minutes");
+    assert!(
+        last_half <= 300 / 16 + 1,
+        "{last_half} rounds in the last 5 minutes"
+    );
+    let elastic_warnings = |w: &Warnings| {
+        w.lines()
+            .into_iter()
+            .filter(|l| l.contains("WARN") && l.contains("elastic pool"))
+            .collect::<Vec<_>>()
+    };
+    // One warning for the first failed start and one as the backoff begins; every later
+    // round is logged at debug.
+    let during = elastic_warnings(&warnings);
+    assert_eq!(during.len(), 2, "{during:#?}");
+    assert!(during[1].contains("backing off"), "{during:#?}");
+    // The tunnel service is back: the next round seats the acquire, with one warning.
+    factory.heal();
+    let g = pool.acquire(session("back")).await.unwrap();
+    let after = elastic_warnings(&warnings);
+    assert_eq!(after.len(), 3, "{after:#?}");
+    assert!(after[2].contains("start again"), "{after:#?}");
+    drop(g);
+    pool.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn stop_tears_every_server_down_at_once_and_abandons_a_hung_teardown() {
+    let factory = FakeFactory::new(SEC);
+    for i in 0..3 {
+        factory.set_stop_latency(i, 10 * SEC);
+    }
+    // The tunnel API never answers this server's delete.
+    factory.set_stop_latency(1, Duration::MAX);
+    let pool = pool(config(1), &factory);
+    pool.start().await.unwrap();
+    let mut guards = Vec::new();
+    for i in 0..3 {
+        guards.push(pool.acquire(session(format!("r{i}"))).await.unwrap());
+    }
+    assert_eq!(pool.servers().len(), 3);
+    let t = Instant::now();
+    let err = pool.stop().await.unwrap_err().to_string();
+    // In parallel: the stop lasts as long as the one bound, not 10 + 30 + 10 s.
+    assert_eq!(t.elapsed(), STOP_TIMEOUT);
+    assert!(
+        err.contains("server 1") && err.contains("did not end within"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("server 0") && !err.contains("server 2"),
+        "{err}"
+    );
+    let mut stopped = factory.stopped();
+    stopped.sort_unstable();
+    assert_eq!(stopped, vec![0, 2]);
+    drop(guards);
 }

@@ -27,7 +27,7 @@ use bore_cli::shared::{ClientMessage, Delimited, ServerMessage, CONTROL_PORT};
 use intercept_core::{Endpoint, Error, Health, Tunnel};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Mutex};
+use tokio::sync::{oneshot, watch, Mutex};
 use tokio::task::{JoinHandle, JoinSet};
 use uuid::Uuid;
 
@@ -666,6 +666,7 @@ fn url_host(host: &str) -> String {
 /// control listener, every control connection and every public port.
 pub struct BoreServer {
     control_addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
 }
 
@@ -686,8 +687,13 @@ impl BoreServer {
         let listener = TcpListener::bind(addr).await?;
         let control_addr = listener.local_addr()?;
         let auth = secret.map(Authenticator::new).map(Arc::new);
-        let task = tokio::spawn(serve(listener, auth));
-        Ok(BoreServer { control_addr, task })
+        let (stop, stopped) = oneshot::channel();
+        let task = tokio::spawn(serve(listener, auth, stopped));
+        Ok(BoreServer {
+            control_addr,
+            stop: Some(stop),
+            task,
+        })
     }
 
     /// The control address clients connect to.
@@ -695,9 +701,12 @@ impl BoreServer {
         self.control_addr
     }
 
-    /// Stops the server and closes every connection, waiting until it has stopped.
+    /// Stops the server and closes every connection and public port, waiting until they
+    /// are closed (a port is free to bind again when this returns).
     pub async fn shutdown(mut self) {
-        self.task.abort();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
         let _ = (&mut self.task).await;
     }
 }
@@ -708,11 +717,22 @@ impl Drop for BoreServer {
     }
 }
 
-async fn serve(listener: TcpListener, auth: Option<Arc<Authenticator>>) {
+async fn serve(
+    listener: TcpListener,
+    auth: Option<Arc<Authenticator>>,
+    mut stop: oneshot::Receiver<()>,
+) {
     let pending: Pending = Arc::default();
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {
+            _ = &mut stop => {
+                drop(listener);
+                // Every control connection ends, and its public port is closed, before
+                // the server reports itself stopped.
+                conns.shutdown().await;
+                return;
+            }
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
                 let auth = auth.clone();

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn worker() -> PathBuf {
-    common::helper_binary(
+    intercept_test::helper_binary(
         "examples",
         "limiter_worker",
         &["-p", "intercept-tunnel", "--example", "limiter_worker"],

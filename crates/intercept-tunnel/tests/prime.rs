@@ -4,7 +4,8 @@
 //!
 //! The fake frpc binary comes from `$INTERCEPT_FAKE_FRPC`, else from this test's target
 //! directory (`cargo test --workspace` builds it); when it is missing or older than its
-//! source, it is built with `cargo build -p intercept-test --bin fake-frpc`.
+//! source, it is built with `cargo build -p intercept-test --bin fake-frpc`
+//! ([`intercept_test::prime::fake_frpc`]).
 
 // Helpers outside `#[test]` functions unwrap too: this is test code.
 #![allow(clippy::unwrap_used)]
@@ -12,31 +13,15 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use intercept_core::{Endpoint, ErrorKind, Tunnel};
-use intercept_test::prime::{FrpcMode, MockPrime};
+use intercept_test::prime::{fake_frpc, FrpcMode, MockPrime};
 use intercept_tunnel::prime::{install, FrpcInstall, PrimeEnv};
 use intercept_tunnel::{PrimeConfig, PrimeEndpoint, PrimeTunnel, RateLimit, TunnelErrorKind};
 
 const KEY: &str = "test-api-key";
-
-fn fake_frpc() -> PathBuf {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        if let Some(p) = std::env::var_os("INTERCEPT_FAKE_FRPC") {
-            return PathBuf::from(p);
-        }
-        common::helper_binary(
-            "",
-            "fake-frpc",
-            &["-p", "intercept-test", "--bin", "fake-frpc"],
-            &["crates/intercept-test/src/bin/fake-frpc.rs"],
-        )
-    })
-    .clone()
-}
 
 struct Fixture {
     mock: MockPrime,
@@ -711,7 +696,7 @@ async fn futures_join3(tunnel: &PrimeTunnel, port: u16) -> Vec<PrimeEndpoint> {
 
 /// The `frpc_parent` example: opens a tunnel, writes its frpc's pid, waits to be killed.
 fn frpc_parent() -> PathBuf {
-    common::helper_binary(
+    intercept_test::helper_binary(
         "examples",
         "frpc_parent",
         &["-p", "intercept-tunnel", "--example", "frpc_parent"],

@@ -21,7 +21,7 @@ use intercept_tunnel::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn fleet_worker() -> PathBuf {
-    common::helper_binary(
+    intercept_test::helper_binary(
         "examples",
         "limiter_fleet",
         &["-p", "intercept-tunnel", "--example", "limiter_fleet"],

@@ -47,6 +47,7 @@ pub struct FakeFactory {
     /// Outcomes of the next start calls, in order; an empty script means success.
     script: Mutex<VecDeque<Error>>,
     fail_stop: Mutex<HashSet<u64>>,
+    stop_latency: Mutex<HashMap<u64, Duration>>,
     /// Every member made, in creation order.
     pub members: Mutex<Vec<Arc<FakeMember>>>,
     /// Calls to `start_server`.
@@ -66,6 +67,7 @@ impl FakeFactory {
             latency_for: Mutex::new(HashMap::new()),
             script: Mutex::new(VecDeque::new()),
             fail_stop: Mutex::new(HashSet::new()),
+            stop_latency: Mutex::new(HashMap::new()),
             members: Mutex::new(Vec::new()),
             start_calls: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
@@ -87,9 +89,19 @@ impl FakeFactory {
         }
     }
 
+    /// Drops the outcomes still scripted: every start succeeds from now on.
+    pub fn heal(&self) {
+        self.script.lock().clear();
+    }
+
     /// Tearing server `index` down fails.
     pub fn fail_stop_of(&self, index: u64) {
         self.fail_stop.lock().insert(index);
+    }
+
+    /// Tearing server `index` down takes `latency` (`Duration::MAX`: it never ends).
+    pub fn set_stop_latency(&self, index: u64, latency: Duration) {
+        self.stop_latency.lock().insert(index, latency);
     }
 
     /// The member made for server `index`.
@@ -142,6 +154,9 @@ impl ServerFactory for FakeFactory {
             health: Mutex::new(Health::Healthy),
             stopped: AtomicBool::new(false),
             fail_stop: self.fail_stop.lock().contains(&index),
+            stop_latency: self.stop_latency.lock().get(&index).copied(),
+            repairable: AtomicBool::new(false),
+            repairs: AtomicUsize::new(0),
             stopped_log: self.stopped.clone(),
         });
         self.members.lock().push(member.clone());
@@ -160,6 +175,10 @@ pub struct FakeMember {
     /// Whether `stop` was called.
     pub stopped: AtomicBool,
     fail_stop: bool,
+    stop_latency: Option<Duration>,
+    repairable: AtomicBool,
+    /// Calls to `repair`.
+    pub repairs: AtomicUsize,
     stopped_log: watch::Sender<Vec<u64>>,
 }
 
@@ -167,6 +186,12 @@ impl FakeMember {
     /// Makes the endpoint report unhealthy.
     pub fn kill(&self) {
         *self.health.lock() = Health::Unhealthy("frpc exited".into());
+    }
+
+    /// Whether `repair` brings the endpoint back (as a restarted frpc on the same
+    /// registration would) or fails (the default).
+    pub fn set_repairable(&self, yes: bool) {
+        self.repairable.store(yes, Ordering::SeqCst);
     }
 
     /// Sessions registered now.
@@ -225,7 +250,22 @@ impl PoolMember for FakeMember {
         self.health.lock().clone()
     }
 
+    async fn repair(&self) -> Result<(), Error> {
+        self.repairs.fetch_add(1, Ordering::SeqCst);
+        if !self.repairable.load(Ordering::SeqCst) {
+            return Err(tunnel_down());
+        }
+        *self.health.lock() = Health::Healthy;
+        Ok(())
+    }
+
     async fn stop(&self) -> Result<(), Error> {
+        if let Some(latency) = self.stop_latency {
+            if latency == Duration::MAX {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(latency).await;
+        }
         assert!(
             !self.stopped.swap(true, Ordering::SeqCst),
             "server {} stopped twice",

@@ -22,7 +22,8 @@
 //!
 //! Failures are scripted: [`MockPrime::fail_next_create`] queues error answers for the
 //! next registrations, [`MockPrime::set_get_status`] makes `GET` fail (a flaky API),
-//! [`MockPrime::set_status`] changes a registration's status (e.g. `expired`).
+//! [`MockPrime::set_status`] changes a registration's status (e.g. `expired`), and
+//! [`MockPrime::freeze`] leaves every API request unanswered (a hanging API).
 //!
 //! All tasks belong to the mock; [`MockPrime::shutdown`] (or drop) stops them.
 
@@ -47,6 +48,25 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+/// The `fake-frpc` binary for a test: `$INTERCEPT_FAKE_FRPC` when set, else the one built
+/// beside the running test ([`crate::helper_binary`]), rebuilt when it is missing or older
+/// than its source.
+pub fn fake_frpc() -> std::path::PathBuf {
+    static PATH: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        if let Some(p) = std::env::var_os("INTERCEPT_FAKE_FRPC") {
+            return p.into();
+        }
+        crate::helper_binary(
+            "",
+            "fake-frpc",
+            &["-p", "intercept-test", "--bin", "fake-frpc"],
+            &["crates/intercept-test/src/bin/fake-frpc.rs"],
+        )
+    })
+    .clone()
+}
 
 /// What a `fake-frpc` acts out after logging in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,6 +161,7 @@ struct State {
     create_failures: Mutex<VecDeque<(u16, String)>>,
     modes: Mutex<VecDeque<FrpcMode>>,
     get_status: Mutex<Option<u16>>,
+    frozen: std::sync::atomic::AtomicBool,
     files: Mutex<HashMap<String, Bytes>>,
     seen: Mutex<Vec<SeenRequest>>,
     ids: AtomicU64,
@@ -182,6 +203,7 @@ impl MockPrime {
             create_failures: Mutex::new(VecDeque::new()),
             modes: Mutex::new(VecDeque::new()),
             get_status: Mutex::new(None),
+            frozen: std::sync::atomic::AtomicBool::new(false),
             files: Mutex::new(HashMap::new()),
             seen: Mutex::new(Vec::new()),
             ids: AtomicU64::new(0),
@@ -215,6 +237,13 @@ impl MockPrime {
     /// Makes the next frpc login act out `mode` (FIFO; `success` when empty).
     pub fn push_frpc_mode(&self, mode: FrpcMode) {
         self.state.modes.lock().push_back(mode);
+    }
+
+    /// Freezes the API (`true`): its requests are read, logged and then left unanswered
+    /// until it thaws (`false`) or shuts down. The tunnels' public URLs keep working.
+    pub fn freeze(&self, frozen: bool) {
+        self.state.frozen.store(frozen, Ordering::SeqCst);
+        self.state.changed();
     }
 
     /// Makes every `GET /api/v1/tunnel/{id}` answer `status` (`None`: normal answers).
@@ -392,6 +421,13 @@ async fn handle(state: &Arc<State>, req: Request<Incoming>) -> Response<Full<Byt
         body: json.clone(),
     });
     state.changed();
+    if state.frozen.load(Ordering::SeqCst) {
+        let mut rx = state.changes.subscribe();
+        tokio::select! {
+            _ = rx.wait_for(|_| !state.frozen.load(Ordering::SeqCst)) => {}
+            _ = state.token.cancelled() => {}
+        }
+    }
     if auth.as_deref() != Some(&format!("Bearer {}", state.api_key)) {
         return reply(401, json!({"detail": "Unauthorized"}));
     }

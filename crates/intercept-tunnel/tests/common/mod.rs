@@ -2,7 +2,6 @@
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 use std::convert::Infallible;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -85,35 +84,4 @@ pub async fn get(url: &str) -> Result<(u16, String), String> {
     tokio::time::timeout(Duration::from_secs(10), fut)
         .await
         .map_err(|_| "timed out".to_string())?
-}
-
-/// A helper executable next to this test (`target/<profile>/<sub>/<name>`). `cargo test
-/// --workspace` builds it fresh; when it is missing or older than any of `sources`
-/// (paths relative to the workspace root), it is built with `cargo build <build_args>`.
-pub fn helper_binary(sub: &str, name: &str, build_args: &[&str], sources: &[&str]) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/<test> -> target/<profile>
-    let profile_dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
-    let bin = profile_dir
-        .join(sub)
-        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    let fresh = modified(&bin).is_some_and(|built| {
-        sources
-            .iter()
-            .all(|s| modified(&root.join(s)).is_none_or(|changed| changed <= built))
-    });
-    if !fresh {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string());
-        let mut cmd = std::process::Command::new(cargo);
-        cmd.arg("build").arg("-q").args(build_args);
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().expect("cannot run cargo");
-        assert!(status.success(), "building {name} failed");
-    }
-    assert!(bin.exists(), "{} not found", bin.display());
-    bin
 }

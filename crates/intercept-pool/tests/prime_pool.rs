@@ -1,0 +1,231 @@
+//! An elastic pool of real interception servers behind Prime tunnels (the mock Prime API
+//! of `intercept_test::prime` and the `fake-frpc` binary): a request to a slot's URL goes
+//! through the mock's public port and a real frpc process to the server.
+//!
+//! - A tunnel whose frpc was killed is repaired in place by the pool's maintenance round:
+//!   the same registration and the same URL, the server not drained, no new server.
+//! - With the API hanging, the pool's stop ends within the per-delete bound (all servers
+//!   at once), kills every frpc first and reports every failed delete.
+
+// Helpers outside `#[test]` functions unwrap too: this is test code.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use intercept_core::{BindAddr, Endpoint, Error, Interception, Tunnel};
+use intercept_pool::{
+    ElasticConfig, ElasticPool, InterceptionServerFactory, ServerPhase, TunnelSource,
+};
+use intercept_server::ServerConfig;
+use intercept_test::prime::{fake_frpc, MockPrime};
+use intercept_tunnel::prime::PrimeEnv;
+use intercept_tunnel::{PrimeConfig, PrimeEndpoint, PrimeTunnel, RateLimit};
+use parking_lot::Mutex;
+use support::session;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const KEY: &str = "test-api-key";
+
+/// The Prime backend, keeping every endpoint it opens so the test can reach its frpc.
+#[derive(Debug)]
+struct Kept {
+    inner: PrimeTunnel,
+    endpoints: Mutex<Vec<Arc<PrimeEndpoint>>>,
+}
+
+#[async_trait]
+impl Tunnel for Kept {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    fn bind_addr(&self) -> BindAddr {
+        self.inner.bind_addr()
+    }
+
+    async fn expose(&self, port: u16) -> Result<Arc<dyn Endpoint>, Error> {
+        let endpoint = Arc::new(self.inner.open(port).await?);
+        self.endpoints.lock().push(endpoint.clone());
+        Ok(endpoint)
+    }
+}
+
+/// The status line of `GET /healthz` at `base_url` (`http://host:port`), bounded to 10 s.
+async fn healthz(base_url: &str) -> String {
+    let addr = base_url.trim_start_matches("http://").to_owned();
+    let get = async move {
+        let mut stream = TcpStream::connect(&addr).await.ok()?;
+        let head = format!("GET /healthz HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+        stream.write_all(head.as_bytes()).await.ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.ok()?;
+        Some(response.lines().next().unwrap_or_default().to_owned())
+    };
+    tokio::time::timeout(Duration::from_secs(10), get)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| "no answer".into())
+}
+
+fn kill9(pid: u32) {
+    let ok = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+}
+
+/// Whether process `pid` is gone or a zombie, polled for up to 10 s.
+async fn exits_soon(pid: u32) -> bool {
+    for _ in 0..500 {
+        let dead = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Ok(stat) => stat
+                .rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
+            Err(_) => true,
+        };
+        if dead {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+struct Fixture {
+    mock: MockPrime,
+    _home: tempfile::TempDir,
+    tunnel: Arc<Kept>,
+    pool: Arc<ElasticPool>,
+}
+
+async fn fixture() -> Fixture {
+    let mock = MockPrime::start(KEY).await.unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let env = PrimeEnv::with_home(home.path())
+        .var("PRIME_API_KEY", KEY)
+        .var("PRIME_API_BASE_URL", &mock.base_url());
+    let config = PrimeConfig {
+        frpc_path: Some(fake_frpc()),
+        connection_timeout: Duration::from_secs(20),
+        initial_backoff: Duration::from_millis(5),
+        api_timeout: Duration::from_secs(10),
+        rate_limit: RateLimit {
+            path: Some(home.path().join("limiter.window")),
+            ..RateLimit::default()
+        },
+        ..PrimeConfig::default()
+    };
+    let tunnel = Arc::new(Kept {
+        inner: PrimeTunnel::with_env(config, env).unwrap(),
+        endpoints: Mutex::new(Vec::new()),
+    });
+    let factory = InterceptionServerFactory::new(
+        ServerConfig::default(),
+        TunnelSource::Shared(tunnel.clone()),
+    );
+    let pool = Arc::new(
+        ElasticPool::new(
+            ElasticConfig {
+                multiplex: 1,
+                min_servers: Some(0),
+                // Maintenance rounds are run by the test, not by the clock.
+                health_interval: Duration::from_secs(3600),
+                ..ElasticConfig::default()
+            },
+            Arc::new(factory),
+        )
+        .unwrap(),
+    );
+    pool.start().await.unwrap();
+    Fixture {
+        mock,
+        _home: home,
+        tunnel,
+        pool,
+    }
+}
+
+#[tokio::test]
+async fn a_tunnel_whose_frpc_died_is_repaired_in_place_by_the_pool() {
+    let f = fixture().await;
+    let slot = f.pool.acquire(session("a")).await.unwrap();
+    assert_eq!(healthz(&slot.base_url).await, "HTTP/1.1 200 OK");
+    let endpoint = f.tunnel.endpoints.lock()[0].clone();
+    assert_eq!(endpoint.url(), slot.base_url);
+    let pid = endpoint.frpc_pid().await.unwrap();
+    kill9(pid);
+    tokio::time::timeout(Duration::from_secs(10), endpoint.frpc_exited())
+        .await
+        .unwrap();
+    assert_ne!(healthz(&slot.base_url).await, "HTTP/1.1 200 OK");
+
+    f.pool.maintain().await;
+
+    let servers = f.pool.servers();
+    assert_eq!(servers.len(), 1, "nothing replaced the server: {servers:?}");
+    assert_eq!(servers[0].phase, ServerPhase::Ready);
+    assert_eq!(f.pool.created(), 1);
+    assert_eq!(
+        f.mock.count("POST", "/api/v1/tunnel"),
+        1,
+        "the same registration, no second one"
+    );
+    let restarted = endpoint.frpc_pid().await.unwrap();
+    assert_ne!(restarted, pid, "a new frpc");
+    // The session's URL works again, and the server takes new sessions.
+    assert_eq!(endpoint.url(), slot.base_url);
+    assert_eq!(healthz(&slot.base_url).await, "HTTP/1.1 200 OK");
+    let status = Interception::servers(&*f.pool).await;
+    assert!(status[0].healthy, "{status:?}");
+    slot.close().await;
+    f.pool.stop().await.unwrap();
+    assert!(exits_soon(restarted).await);
+    f.mock.shutdown().await;
+}
+
+#[tokio::test]
+async fn with_the_api_hanging_the_pool_stops_within_the_delete_bound() {
+    let f = fixture().await;
+    let mut slots = Vec::new();
+    for i in 0..3 {
+        slots.push(f.pool.acquire(session(format!("r{i}"))).await.unwrap());
+    }
+    let endpoints = f.tunnel.endpoints.lock().clone();
+    assert_eq!(endpoints.len(), 3);
+    let mut pids = Vec::new();
+    for e in &endpoints {
+        pids.push(e.frpc_pid().await.unwrap());
+    }
+    f.mock.freeze(true);
+    let t = Instant::now();
+    let err = f
+        .pool
+        .stop()
+        .await
+        .expect_err("deletes that never answered are reported")
+        .to_string();
+    let took = t.elapsed();
+    // Each delete is bounded to 5 s and all three run at once: one bound, not three
+    // (and not the three 30 s attempts of an unbounded client).
+    assert!(took >= Duration::from_secs(5), "{took:?}");
+    assert!(took < Duration::from_secs(12), "{took:?}");
+    assert!(err.contains("3 teardowns failed"), "{err}");
+    for pid in pids {
+        assert!(exits_soon(pid).await, "frpc {pid} outlived the stop");
+    }
+    assert_eq!(
+        f.mock.count("DELETE", "/api/v1/tunnel/"),
+        3,
+        "one delete per tunnel"
+    );
+    drop(slots);
+    f.mock.shutdown().await;
+}
