@@ -49,6 +49,7 @@ fn record(
         requested_model: None,
         policy: None,
         truncated: false,
+        sampled: Default::default(),
         prompt_token_ids: p,
         completion_token_ids: c,
         node: None,

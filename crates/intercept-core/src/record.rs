@@ -142,6 +142,43 @@ pub struct CallRecord {
     /// Absent (false) otherwise.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
+    /// The sampled message, when the server read it out of `response` in the pass that
+    /// read the summary, so that the session's episode does not read the response again.
+    /// Not serialised and not compared; a session takes it when it commits the record.
+    #[serde(skip)]
+    pub sampled: SampledHint,
+}
+
+/// [`CallRecord::sampled`]: the first choice's message of a record's `response`, already
+/// read. It must be that message (the server sets it from the same bytes); a record
+/// without it is read from its `response`.
+#[derive(Debug, Clone, Default)]
+pub struct SampledHint(Option<Box<crate::episode::Message>>);
+
+impl SampledHint {
+    /// A hint holding `message` (boxed, so that a record, and every future holding one,
+    /// grows by a pointer only).
+    pub fn new(message: Option<Box<crate::episode::Message>>) -> Self {
+        SampledHint(message)
+    }
+
+    /// The message, if the server read it.
+    pub fn get(&self) -> Option<&crate::episode::Message> {
+        self.0.as_deref()
+    }
+
+    /// Takes the message out, leaving no hint.
+    pub fn take(&mut self) -> Option<crate::episode::Message> {
+        self.0.take().map(|m| *m)
+    }
+}
+
+impl PartialEq for SampledHint {
+    /// A hint is a cache of what `response` holds: records that differ only in it are
+    /// the same record.
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 fn is_off(c: &TokenCapture) -> bool {

@@ -607,10 +607,11 @@ impl Session for RolloutSession {
     }
 
     fn record(&self, mut record: CallRecord) {
+        let sampled = record.sampled.take();
         {
             let mut inner = self.inner.lock();
             if !inner.released {
-                record.node = inner.episode.commit(&record);
+                record.node = inner.episode.commit_with(&record, sampled);
             }
         }
         for sink in &self.sinks {

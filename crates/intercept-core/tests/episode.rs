@@ -126,6 +126,7 @@ fn record(seq: u64, prompt: &[Msg], reply: &Msg, engine: Option<Engine>) -> Call
         requested_model: None,
         policy: None,
         truncated: false,
+        sampled: Default::default(),
         node: None,
     }
 }

@@ -945,6 +945,7 @@ impl Call {
             response: outcome.response,
             finish_reason: outcome.summary.finish_reason,
             usage: outcome.summary.usage,
+            sampled: intercept_core::record::SampledHint::new(outcome.summary.message),
             status: outcome.status,
             started_at: epoch_seconds(self.started),
             ended_at: epoch_seconds(SystemTime::now()),

@@ -12,6 +12,7 @@ use super::{
 };
 use crate::body::{JsonBody, RawJson};
 use crate::capture::{CaptureShape, TokenCollector};
+use crate::episode::{Message, Role};
 use crate::error::Error;
 use crate::record::Usage;
 use crate::session::Sampling;
@@ -97,6 +98,8 @@ impl From<WireUsage> for Usage {
 struct WireChoice {
     #[serde(default)]
     finish_reason: Option<String>,
+    #[serde(default)]
+    message: Option<crate::episode::SampledChat>,
 }
 
 #[derive(Deserialize)]
@@ -213,11 +216,17 @@ impl Dialect for ChatDialect {
         let r: WireResponse = crate::body::from_json_bytes(response).map_err(|e| {
             Error::UpstreamMalformed(format!("expected a chat.completion object: {e}"))
         })?;
-        Ok(Summary {
-            finish_reason: normalise_finish(
-                r.choices.into_iter().next().and_then(|c| c.finish_reason),
+        let (finish_reason, message) = match r.choices.into_iter().next() {
+            Some(c) => (
+                c.finish_reason,
+                c.message.and_then(|m| m.into_plain()).map(Box::new),
             ),
+            None => (None, None),
+        };
+        Ok(Summary {
+            finish_reason: normalise_finish(finish_reason),
             usage: r.usage.map(Usage::from).unwrap_or_default(),
+            message,
         })
     }
 
@@ -766,13 +775,31 @@ impl ChatAssembler {
             finish_reason: finish_reason.as_deref(),
             logprobs: (),
         };
-        assembled_completion(
+        let mut assembled = assembled_completion(
             self.head.as_ref(),
             "chat.completion",
             &choice,
             self.usage.as_ref(),
             finish_reason.as_deref().unwrap_or_default(),
-        )
+        );
+        // The sampled message as `summarize` reads it from the response just encoded:
+        // none with tool calls; the text when `content` was written; `reasoning_content`,
+        // else `reasoning`, when not empty (empty ones are not written).
+        let content = choice.message.content.is_some();
+        drop(choice);
+        assembled.summary.message = (!has_tools).then(|| {
+            let mut msg = Message::new(Role::Assistant);
+            if content {
+                msg.push_text(self.content);
+            }
+            if !self.reasoning_content.is_empty() {
+                msg.push_reasoning(&self.reasoning_content);
+            } else if !self.reasoning.is_empty() {
+                msg.push_reasoning(&self.reasoning);
+            }
+            Box::new(msg)
+        });
+        assembled
     }
 }
 
@@ -871,6 +898,7 @@ pub(super) fn assembled_completion<C: Serialize>(
                 .and_then(|u| WireUsage::deserialize(u).ok())
                 .map(Usage::from)
                 .unwrap_or_default(),
+            message: None,
         },
     }
 }

@@ -146,6 +146,7 @@ impl Dialect for CompletionsDialect {
                 r.choices.into_iter().next().and_then(|c| c.finish_reason),
             ),
             usage: r.usage.map(Usage::from).unwrap_or_default(),
+            message: None,
         })
     }
 

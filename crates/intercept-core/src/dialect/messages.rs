@@ -101,6 +101,7 @@ fn read_message(v: &Value) -> Result<Summary, Error> {
     Ok(Summary {
         finish_reason: finish_of(obj.get("stop_reason").and_then(Value::as_str)),
         usage: usage_of(obj.get("usage")),
+        message: None,
     })
 }
 

@@ -63,12 +63,17 @@ pub struct Prepared {
 }
 
 /// Finish reason and usage read from a response.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Summary {
     /// Normalised finish reason.
     pub finish_reason: Option<String>,
     /// Token usage.
     pub usage: Usage,
+    /// The sampled message, when the dialect read it in the same pass (Chat answers of
+    /// the usual shape: see [`crate::episode::SampledChat`]); the server hands
+    /// it to the episode with the record ([`crate::record::SampledHint`]). Boxed: a
+    /// summary is moved with the call's state.
+    pub message: Option<Box<crate::episode::Message>>,
 }
 
 /// A stream, assembled.

@@ -143,6 +143,7 @@ fn read_response(v: &Value) -> Result<Summary, Error> {
                 .and_then(|d| d.reasoning_tokens)
                 .unwrap_or(0),
         },
+        message: None,
     })
 }
 

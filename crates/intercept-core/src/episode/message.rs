@@ -14,13 +14,15 @@
 //! - images are references: a URL as it is, inline data as
 //!   `data:<media type>;blake2b128=<hex digest>` (the bytes are never kept).
 
-use std::fmt::Write as _;
+use std::borrow::Cow;
+use std::fmt::{self, Write as _};
 
 use blake2::digest::consts::U16;
 use blake2::{Blake2b, Digest as _};
-use serde::{Deserialize, Serialize};
+use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
-use xxhash_rust::xxh3::Xxh3;
+use xxhash_rust::xxh3::xxh3_128;
 
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -120,6 +122,14 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     s
 }
 
+/// One field of a message's hashed encoding: its tag, its length (8 bytes, little
+/// endian) and its bytes.
+fn put(out: &mut Vec<u8>, tag: u8, bytes: &[u8]) {
+    out.push(tag);
+    out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
 impl Message {
     /// An empty message of a role.
     pub fn new(role: Role) -> Self {
@@ -140,7 +150,7 @@ impl Message {
         m
     }
 
-    fn push_text(&mut self, text: String) {
+    pub(crate) fn push_text(&mut self, text: String) {
         if !text.is_empty() {
             self.content.push(Part::Text { text });
         }
@@ -159,7 +169,7 @@ impl Message {
         }
     }
 
-    fn push_reasoning(&mut self, s: &str) {
+    pub(crate) fn push_reasoning(&mut self, s: &str) {
         if s.is_empty() {
             return;
         }
@@ -197,41 +207,47 @@ impl Message {
     /// no reasoning or provider state, else the hash of the visible hash followed by
     /// them.
     pub fn hashes(&self) -> (Hash, Hash) {
-        let mut h = Xxh3::new();
-        let field = |h: &mut Xxh3, tag: u8, bytes: &[u8]| {
-            h.update(&[tag]);
-            h.update(&(bytes.len() as u64).to_le_bytes());
-            h.update(bytes);
-        };
-        field(&mut h, b'r', &[self.role.tag()]);
+        // The fields are encoded into one buffer and hashed at once: XXH3 of the
+        // concatenation, the same value as feeding them one by one, in fewer steps.
+        let text: usize = self
+            .content
+            .iter()
+            .map(|p| match p {
+                Part::Text { text } => text.len(),
+                Part::Image { url } => url.len(),
+                Part::Data { .. } => 64,
+            })
+            .sum();
+        let mut buf = Vec::with_capacity(32 + text + 9 * self.content.len());
+        put(&mut buf, b'r', &[self.role.tag()]);
         for part in &self.content {
             match part {
-                Part::Text { text } => field(&mut h, b't', text.as_bytes()),
-                Part::Image { url } => field(&mut h, b'i', url.as_bytes()),
-                Part::Data { value } => field(&mut h, b'd', canonical(value).as_bytes()),
+                Part::Text { text } => put(&mut buf, b't', text.as_bytes()),
+                Part::Image { url } => put(&mut buf, b'i', url.as_bytes()),
+                Part::Data { value } => put(&mut buf, b'd', canonical(value).as_bytes()),
             }
         }
         for call in &self.tool_calls {
-            field(&mut h, b'c', call.id.as_bytes());
-            field(&mut h, b'n', call.name.as_bytes());
-            field(&mut h, b'a', canonical(&call.arguments).as_bytes());
+            put(&mut buf, b'c', call.id.as_bytes());
+            put(&mut buf, b'n', call.name.as_bytes());
+            put(&mut buf, b'a', canonical(&call.arguments).as_bytes());
         }
         if let Some(id) = &self.tool_call_id {
-            field(&mut h, b'T', id.as_bytes());
+            put(&mut buf, b'T', id.as_bytes());
         }
-        let visible = h.digest128().to_le_bytes();
+        let visible = xxh3_128(&buf).to_le_bytes();
         if self.reasoning.is_none() && self.state.is_none() {
             return (visible, visible);
         }
-        let mut h = Xxh3::new();
-        field(&mut h, b'v', &visible);
+        buf.clear();
+        put(&mut buf, b'v', &visible);
         if let Some(r) = &self.reasoning {
-            field(&mut h, b'R', r.as_bytes());
+            put(&mut buf, b'R', r.as_bytes());
         }
         if let Some(s) = &self.state {
-            field(&mut h, b'S', s.as_bytes());
+            put(&mut buf, b'S', s.as_bytes());
         }
-        (h.digest128().to_le_bytes(), visible)
+        (xxh3_128(&buf).to_le_bytes(), visible)
     }
 
     /// Whether `other` has the same visible content (what [`Message::visible_hash`]
@@ -372,6 +388,228 @@ pub(crate) fn from_chat(m: &Value) -> Message {
         msg.tool_call_id = str_of(m, "tool_call_id").map(str::to_owned);
     }
     msg
+}
+
+/// A Chat response's message read in the same pass as the rest of the response, without
+/// building a [`Value`]: `Plain` for the usual sampled turn (text or null content,
+/// optional reasoning, no tool calls), read exactly as [`from_chat`] reads it (with the
+/// role taken as `assistant`); `Other` for any other shape (tool calls, content parts, a
+/// member of an unexpected type), which the caller reads with [`from_chat`] instead.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SampledChat {
+    /// The message.
+    Plain(Message),
+    /// A shape this reader leaves to [`from_chat`].
+    Other,
+}
+
+impl SampledChat {
+    /// The message, when it was read.
+    pub fn into_plain(self) -> Option<Message> {
+        match self {
+            SampledChat::Plain(m) => Some(m),
+            SampledChat::Other => None,
+        }
+    }
+}
+
+/// A string member, `null` (or absent), or something else.
+enum TextOrOther<'a> {
+    Text(Cow<'a, str>),
+    Null,
+    Other,
+}
+
+/// Reads `T::OTHER` from any value but the ones a visitor reads itself: the shapes both
+/// readers below skip.
+trait Skipped: Sized {
+    const OTHER: Self;
+}
+
+impl Skipped for TextOrOther<'_> {
+    const OTHER: Self = TextOrOther::Other;
+}
+
+impl Skipped for SampledChat {
+    const OTHER: Self = SampledChat::Other;
+}
+
+fn skip_seq<'de, T: Skipped, A: SeqAccess<'de>>(mut seq: A) -> Result<T, A::Error> {
+    while seq.next_element::<IgnoredAny>()?.is_some() {}
+    Ok(T::OTHER)
+}
+
+fn skip_map<'de, T: Skipped, A: MapAccess<'de>>(mut map: A) -> Result<T, A::Error> {
+    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+    Ok(T::OTHER)
+}
+
+struct TextVisitor;
+
+impl<'de> Visitor<'de> for TextVisitor {
+    type Value = TextOrOther<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Self::Value, E> {
+        Ok(TextOrOther::Text(Cow::Borrowed(s)))
+    }
+
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+        Ok(TextOrOther::Text(Cow::Owned(s.to_owned())))
+    }
+
+    fn visit_string<E: de::Error>(self, s: String) -> Result<Self::Value, E> {
+        Ok(TextOrOther::Text(Cow::Owned(s)))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(TextOrOther::Null)
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(TextOrOther::Other)
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(TextOrOther::Other)
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(TextOrOther::Other)
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(TextOrOther::Other)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        skip_seq(seq)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        skip_map(map)
+    }
+}
+
+impl<'de> Deserialize<'de> for TextOrOther<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(TextVisitor)
+    }
+}
+
+/// A member name, borrowed from the input unless it holds escapes.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Key<'de>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a member name")
+            }
+
+            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(s)))
+            }
+
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(s.to_owned())))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+struct SampledVisitor;
+
+impl<'de> Visitor<'de> for SampledVisitor {
+    type Value = SampledChat;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a chat message")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SampledChat, A::Error> {
+        let mut plain = true;
+        let (mut content, mut reasoning_content, mut reasoning) = (None, None, None);
+        while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
+            let slot = match &*key {
+                "content" => &mut content,
+                "reasoning_content" => &mut reasoning_content,
+                "reasoning" => &mut reasoning,
+                "tool_calls" => {
+                    // Only a null `tool_calls` is plain.
+                    if !matches!(map.next_value::<TextOrOther<'de>>()?, TextOrOther::Null) {
+                        plain = false;
+                    }
+                    continue;
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+            };
+            // A repeated member: the last one counts, as in a `Value`.
+            *slot = match map.next_value::<TextOrOther<'de>>()? {
+                TextOrOther::Text(t) => Some(t),
+                TextOrOther::Null => None,
+                TextOrOther::Other => {
+                    plain = false;
+                    None
+                }
+            };
+        }
+        if !plain {
+            return Ok(SampledChat::Other);
+        }
+        let mut msg = Message::new(Role::Assistant);
+        if let Some(text) = content {
+            msg.push_text(text.into_owned());
+        }
+        if let Some(r) = reasoning_content.or(reasoning) {
+            msg.push_reasoning(&r);
+        }
+        Ok(SampledChat::Plain(msg))
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<SampledChat, E> {
+        Ok(SampledChat::Other)
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<SampledChat, E> {
+        Ok(SampledChat::Other)
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<SampledChat, E> {
+        Ok(SampledChat::Other)
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<SampledChat, E> {
+        Ok(SampledChat::Other)
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<SampledChat, E> {
+        Ok(SampledChat::Other)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<SampledChat, E> {
+        Ok(SampledChat::Other)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<SampledChat, A::Error> {
+        skip_seq(seq)
+    }
+}
+
+impl<'de> Deserialize<'de> for SampledChat {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(SampledVisitor)
+    }
 }
 
 fn chat_content(content: Option<&Value>, msg: &mut Message) {
@@ -595,6 +833,154 @@ fn responses_content(content: Option<&Value>, msg: &mut Message) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// What the general reader makes of a Chat response message.
+    fn general(raw: &str) -> Message {
+        let mut m = from_chat(&serde_json::from_str(raw).unwrap());
+        m.role = Role::Assistant;
+        m
+    }
+
+    /// The hashes as first defined: every field fed to a streaming XXH3-128 in turn.
+    fn streamed_hashes(m: &Message) -> (Hash, Hash) {
+        use xxhash_rust::xxh3::Xxh3;
+        let field = |h: &mut Xxh3, tag: u8, bytes: &[u8]| {
+            h.update(&[tag]);
+            h.update(&(bytes.len() as u64).to_le_bytes());
+            h.update(bytes);
+        };
+        let mut h = Xxh3::new();
+        field(&mut h, b'r', &[m.role.tag()]);
+        for part in &m.content {
+            match part {
+                Part::Text { text } => field(&mut h, b't', text.as_bytes()),
+                Part::Image { url } => field(&mut h, b'i', url.as_bytes()),
+                Part::Data { value } => field(&mut h, b'd', canonical(value).as_bytes()),
+            }
+        }
+        for call in &m.tool_calls {
+            field(&mut h, b'c', call.id.as_bytes());
+            field(&mut h, b'n', call.name.as_bytes());
+            field(&mut h, b'a', canonical(&call.arguments).as_bytes());
+        }
+        if let Some(id) = &m.tool_call_id {
+            field(&mut h, b'T', id.as_bytes());
+        }
+        let visible = h.digest128().to_le_bytes();
+        if m.reasoning.is_none() && m.state.is_none() {
+            return (visible, visible);
+        }
+        let mut h = Xxh3::new();
+        field(&mut h, b'v', &visible);
+        if let Some(r) = &m.reasoning {
+            field(&mut h, b'R', r.as_bytes());
+        }
+        if let Some(s) = &m.state {
+            field(&mut h, b'S', s.as_bytes());
+        }
+        (h.digest128().to_le_bytes(), visible)
+    }
+
+    #[test]
+    fn hashes_are_the_values_they_always_were() {
+        let long = "x".repeat(5000);
+        let mut messages = vec![
+            Message::text(Role::User, "hi"),
+            Message::text(Role::Assistant, long.as_str()),
+            Message::new(Role::System),
+        ];
+        let mut m = Message::text(Role::Assistant, "with reasoning");
+        m.push_reasoning("because");
+        m.push_state("sig");
+        messages.push(m);
+        messages.push(from_chat(&json!({"role": "assistant", "content": [
+            {"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "https://x/y.png"}},
+            {"type": "input_audio", "input_audio": {"data": "AAAA"}}],
+            "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{\"b\":1,\"a\":[2]}"}}]})));
+        messages.push(from_chat(
+            &json!({"role": "tool", "tool_call_id": "c1", "content": "out"}),
+        ));
+        for m in &messages {
+            assert_eq!(m.hashes(), streamed_hashes(m), "{m:?}");
+        }
+    }
+
+    #[test]
+    fn the_sampled_chat_reader_reads_as_the_general_reader_or_declines() {
+        let plain = [
+            r#"{"role":"assistant","content":"hi"}"#,
+            r#"{"role":"assistant","content":"esc\n\"q\" \u00e9 \ud83d\ude00"}"#,
+            r#"{"role":"assistant","content":""}"#,
+            r#"{"role":"assistant","content":null,"refusal":null,"annotations":[],"audio":{"id":"a"}}"#,
+            r#"{"role":"assistant"}"#,
+            r#"{}"#,
+            r#"{"content":"no role","role":"user"}"#,
+            r#"{"role":"assistant","content":"a","reasoning_content":"think"}"#,
+            r#"{"role":"assistant","content":"a","reasoning_content":"","reasoning":"other"}"#,
+            r#"{"role":"assistant","content":"a","reasoning_content":null,"reasoning":"other"}"#,
+            r#"{"role":"assistant","content":"a","reasoning":"only"}"#,
+            r#"{"role":"assistant","content":"a","tool_calls":null}"#,
+            r#"{"role":"assistant","content":"dup","content":"last"}"#,
+            r#"{"role":"assistant","content":["first"],"content":"last"}"#,
+            r#"{"role":"assistant","con\u0074ent":"escaped key"}"#,
+            r#"{"role":"assistant","content":"a","function_call":null,"extra":{"nested":[1,{"x":"y"}]}}"#,
+        ];
+        for raw in plain {
+            let read: SampledChat = serde_json::from_str(raw).unwrap();
+            match read {
+                SampledChat::Plain(m) => assert_eq!(m, general(raw), "{raw}"),
+                // Declining is always correct (the general reader then reads it); these
+                // shapes are the common ones and must be read here.
+                SampledChat::Other if raw.contains(r#"["first"]"#) => {}
+                SampledChat::Other => panic!("declined {raw}"),
+            }
+        }
+        // Shapes left to the general reader, each still read without an error.
+        for raw in [
+            r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]}"#,
+            r#"{"role":"assistant","content":[{"type":"text","text":"parts"}]}"#,
+            r#"{"role":"assistant","content":"a","reasoning_content":{"not":"text"}}"#,
+            r#"{"role":"assistant","content":7}"#,
+            r#"{"role":"assistant","content":"a","tool_calls":[]}"#,
+            r#""a string""#,
+            r#"[1,2]"#,
+            r#"12"#,
+            r#"true"#,
+        ] {
+            let read: SampledChat = serde_json::from_str(raw).unwrap();
+            assert_eq!(read, SampledChat::Other, "{raw}");
+        }
+    }
+
+    #[test]
+    fn a_chat_summary_carries_the_sampled_message_and_never_fails_on_its_shape() {
+        use crate::dialect::{ChatDialect, Dialect as _};
+        let summary = |message: &str| {
+            let response = format!(
+                r#"{{"id":"c","object":"chat.completion","choices":[{{"index":0,"message":{message},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}}}"#
+            );
+            ChatDialect.summarize(response.as_bytes()).unwrap()
+        };
+        let s = summary(r#"{"role":"assistant","content":"hello","reasoning_content":"why"}"#);
+        assert_eq!(s.finish_reason.as_deref(), Some("stop"));
+        assert_eq!(s.usage.completion_tokens, 2);
+        assert_eq!(
+            s.message.as_deref(),
+            Some(&general(
+                r#"{"role":"assistant","content":"hello","reasoning_content":"why"}"#
+            ))
+        );
+        for odd in [
+            r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]}"#,
+            r#"{"role":"assistant","content":[{"type":"text","text":"x"}]}"#,
+            r#""not an object""#,
+            "null",
+        ] {
+            let s = summary(odd);
+            assert_eq!(s.message, None, "{odd}");
+            assert_eq!(s.usage.prompt_tokens, 3, "{odd}");
+        }
+    }
 
     #[test]
     fn one_tool_turn_hashes_the_same_in_every_dialect() {

@@ -34,7 +34,7 @@
 //! #         ended_at: 0.0, ttfb_ms: None, client_disconnected: false, error: None, epoch: 0,
 //! #         engine: None, token_capture: Default::default(), prompt_token_ids: None,
 //! #         completion_token_ids: None, completion_logprobs: None, node: None,
-//! #         requested_model: None, policy: None, truncated: false,
+//! #         requested_model: None, policy: None, truncated: false, sampled: Default::default(),
 //! #     }
 //! # }
 //!
@@ -64,7 +64,7 @@ use crate::session::Trace;
 
 mod message;
 
-pub use message::{Hash, Message, Part, Role, ToolCall};
+pub use message::{Hash, Message, Part, Role, SampledChat, ToolCall};
 
 /// Why a sampled node starts a new token sequence instead of extending its path's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -225,12 +225,12 @@ struct NodeData {
 pub struct EpisodeBuilder {
     nodes: Vec<NodeData>,
     /// (parent + 1, content hash) → the latest node with that content there.
-    by_hash: HashMap<(u32, Hash), u32>,
+    by_hash: HashMap<(u32, Hash), u32, Keyed>,
     /// (parent + 1, visible hash) → the latest sampled node with that visible content.
-    by_visible: HashMap<(u32, Hash), u32>,
+    by_visible: HashMap<(u32, Hash), u32, Keyed>,
     /// (parent + 1, hash of a Chat message's raw bytes, length) → node: a prompt message
     /// sent again byte for byte is matched without parsing it.
-    by_raw: HashMap<(u32, u128, usize), u32>,
+    by_raw: HashMap<(u32, u128, usize), u32, Keyed>,
     /// Seed of the raw-bytes hash, random per builder, so that raw matches cannot be
     /// aimed at from outside.
     raw_seed: u64,
@@ -242,6 +242,10 @@ pub struct EpisodeBuilder {
     responses: HashMap<String, u32>,
     summary: EpisodeSummary,
 }
+
+/// The maps' hasher: foldhash, seeded at random per map. Their keys are content hashes
+/// and small integers, so SipHash's strength buys nothing a random seed does not.
+type Keyed = foldhash::fast::RandomState;
 
 fn key(parent: Option<u32>) -> u32 {
     parent.map_or(0, |p| p + 1)
@@ -274,7 +278,8 @@ fn appended<'a>(prev: &[u8], new: &'a [u8]) -> Option<&'a [u8]> {
     }
 }
 
-/// A Chat response's first choice's message, read without building the rest.
+/// A Chat response's first choice's message, read without building the rest: the usual
+/// shape as it stands, any other as a [`Value`] (see [`message::SampledChat`]).
 #[derive(Deserialize)]
 struct ChatResponse {
     choices: Vec<ChatChoice>,
@@ -282,6 +287,18 @@ struct ChatResponse {
 
 #[derive(Deserialize)]
 struct ChatChoice {
+    #[serde(default)]
+    message: Option<message::SampledChat>,
+}
+
+/// The same, for a message [`message::SampledChat`] leaves to the general reader.
+#[derive(Deserialize)]
+struct ChatResponseValue {
+    choices: Vec<ChatChoiceValue>,
+}
+
+#[derive(Deserialize)]
+struct ChatChoiceValue {
     message: Option<Value>,
 }
 
@@ -302,20 +319,33 @@ impl EpisodeBuilder {
     /// for its response, and returns that node's id. A failed call, or one whose prompt
     /// or response cannot be read, adds nothing and returns `None`.
     pub fn commit(&mut self, record: &CallRecord) -> Option<u64> {
+        self.commit_with(record, record.sampled.get().cloned())
+    }
+
+    /// [`EpisodeBuilder::commit`] with the record's sampled message already taken out of
+    /// its [`CallRecord::sampled`] hint.
+    pub(crate) fn commit_with(
+        &mut self,
+        record: &CallRecord,
+        sampled: Option<Message>,
+    ) -> Option<u64> {
         self.summary.calls += 1;
         if record.error.is_some() || record.status >= 400 {
             self.summary.failed += 1;
             return None;
         }
-        let node = self.try_commit(record);
+        let node = self.try_commit(record, sampled);
         if node.is_none() {
             self.summary.unreadable += 1;
         }
         node.map(u64::from)
     }
 
-    fn try_commit(&mut self, record: &CallRecord) -> Option<u32> {
-        let (sampled, response) = self.sampled_of(record)?;
+    fn try_commit(&mut self, record: &CallRecord, hint: Option<Message>) -> Option<u32> {
+        let (sampled, response) = match hint {
+            Some(m) if record.dialect == DialectKind::ChatCompletions => (m, None),
+            _ => self.sampled_of(record)?,
+        };
         let parent = if record.dialect == DialectKind::ChatCompletions {
             self.chat_prompt(record)?
         } else {
@@ -350,9 +380,16 @@ impl EpisodeBuilder {
     fn sampled_of(&self, record: &CallRecord) -> Option<(Message, Option<Value>)> {
         let bytes = record.response.as_ref()?.bytes();
         if record.dialect == DialectKind::ChatCompletions {
-            let response: ChatResponse = serde_json::from_slice(bytes).ok()?;
-            let mut msg = message::from_chat(response.choices.first()?.message.as_ref()?);
-            msg.role = Role::Assistant;
+            let response: ChatResponse = crate::body::from_json_bytes(bytes).ok()?;
+            let msg = match response.choices.into_iter().next()?.message? {
+                message::SampledChat::Plain(msg) => msg,
+                message::SampledChat::Other => {
+                    let response: ChatResponseValue = serde_json::from_slice(bytes).ok()?;
+                    let mut msg = message::from_chat(response.choices.first()?.message.as_ref()?);
+                    msg.role = Role::Assistant;
+                    msg
+                }
+            };
             return Some((msg, None));
         }
         let response: Value = serde_json::from_slice(bytes).ok()?;
