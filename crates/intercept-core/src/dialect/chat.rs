@@ -315,7 +315,10 @@ fn repeated_prefix(chunk: &[u8]) -> Option<&[u8]> {
     // An unescaped quote cannot follow a comma inside a string, so `,"choices":` is a
     // member boundary; checking that what precedes it closes as an object makes sure it
     // is a top-level one (a nested `choices` leaves braces open).
-    let comma = memchr::memmem::find(chunk, b",\"choices\":")?;
+    static CHOICES: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b",\"choices\":"));
+    // (A `Finder` built once: `memmem::find` builds one at every call.)
+    let comma = CHOICES.find(chunk)?;
     let mut probe = Vec::with_capacity(comma + 1);
     probe.extend_from_slice(&chunk[..comma]);
     probe.push(b'}');
