@@ -74,7 +74,7 @@ impl Session for CountingSession {
         &self.upstream
     }
 
-    fn record(&self, record: CallRecord) {
+    fn record(&self, mut record: CallRecord) {
         self.records.fetch_add(1, Ordering::Relaxed);
         if record.error.is_some() {
             self.errors.fetch_add(1, Ordering::Relaxed);
@@ -83,7 +83,7 @@ impl Session for CountingSession {
             episode
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .commit(&record);
+                .commit_taking(&mut record);
         }
     }
 }

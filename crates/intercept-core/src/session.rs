@@ -607,11 +607,10 @@ impl Session for RolloutSession {
     }
 
     fn record(&self, mut record: CallRecord) {
-        let sampled = record.sampled.take();
         {
             let mut inner = self.inner.lock();
             if !inner.released {
-                record.node = inner.episode.commit_with(&record, sampled);
+                record.node = inner.episode.commit_taking(&mut record);
             }
         }
         for sink in &self.sinks {

@@ -39,6 +39,10 @@ impl Detachable {
         call: impl Future<Output = ()> + Send + 'static,
         tasks: &TaskTracker,
     ) -> Self {
+        // The call future is large (its state holds the request, the record being built
+        // and the upstream connection): it is moved to the heap once, and the adapters
+        // wrap the box, not the future (each wrapping by value copied it again).
+        let call: CallFuture = Box::pin(call);
         let call = tasks.track_future(AssertUnwindSafe(call).catch_unwind().map(|r| {
             if r.is_err() {
                 tracing::error!("a model call panicked");

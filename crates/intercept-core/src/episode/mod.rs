@@ -322,13 +322,17 @@ impl EpisodeBuilder {
         self.commit_with(record, record.sampled.get().cloned())
     }
 
+    /// [`EpisodeBuilder::commit`] for a record the caller owns: the sampled message the
+    /// server read is taken out of [`CallRecord::sampled`] instead of copied (what a
+    /// [`RolloutSession`](crate::RolloutSession) does).
+    pub fn commit_taking(&mut self, record: &mut CallRecord) -> Option<u64> {
+        let sampled = record.sampled.take();
+        self.commit_with(record, sampled)
+    }
+
     /// [`EpisodeBuilder::commit`] with the record's sampled message already taken out of
     /// its [`CallRecord::sampled`] hint.
-    pub(crate) fn commit_with(
-        &mut self,
-        record: &CallRecord,
-        sampled: Option<Message>,
-    ) -> Option<u64> {
+    fn commit_with(&mut self, record: &CallRecord, sampled: Option<Message>) -> Option<u64> {
         self.summary.calls += 1;
         if record.error.is_some() || record.status >= 400 {
             self.summary.failed += 1;
