@@ -8,8 +8,11 @@
 // Helpers outside #[test] functions panic on purpose, like the tests themselves.
 #![allow(clippy::unwrap_used)]
 
-use std::process::Stdio;
+mod common;
+
 use std::time::{Duration, Instant};
+
+use common::WAIT;
 
 use http::{Method, StatusCode};
 use intercept_cli::client::HttpClient;
@@ -17,11 +20,9 @@ use intercept_cli::jsonl::read_trace_file;
 use intercept_core::ErrorKind;
 use intercept_test::{MockConfig, MockUpstream, Reply};
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-/// Bound on every wait that is not the one measured.
-const WAIT: Duration = Duration::from_secs(60);
 const GRACE: Duration = Duration::from_secs(1);
 
 fn authority(url: &str) -> String {
@@ -52,7 +53,8 @@ async fn sigterm_is_not_held_by_a_frozen_harness_or_partial_requests() {
     // Far more than the socket buffers and the relay's queue hold.
     upstream.push(Reply::text("word ".repeat(6_000_000)).with_chunks(20_000));
     let dir = tempfile::tempdir().unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_intercept"))
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_intercept"));
+    command
         .args([
             "serve",
             "--upstream",
@@ -62,28 +64,9 @@ async fn sigterm_is_not_held_by_a_frozen_harness_or_partial_requests() {
         ])
         .args(["--trace-dir", dir.path().to_str().unwrap()])
         .args(["--shutdown-grace-secs", &GRACE.as_secs().to_string()])
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let logs = tokio::spawn(async move {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s).await;
-        s
-    });
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    tokio::time::timeout(WAIT, stdout.read_line(&mut line))
-        .await
-        .expect("no ready line in time")
-        .unwrap();
-    let ready: Value = serde_json::from_str(&line).unwrap();
-    let control = ready["control_url"].as_str().unwrap().to_owned();
-    let token = ready["token"].as_str().unwrap().to_owned();
+        .env_clear();
+    let serving = common::start(command).await;
+    let (control, token) = (serving.control.clone(), serving.token.clone());
     let created = HttpClient::new()
         .send(
             Method::POST,
@@ -155,17 +138,10 @@ async fn sigterm_is_not_held_by_a_frozen_harness_or_partial_requests() {
     // bodies.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let pid = child.id().unwrap().to_string();
     let sent = Instant::now();
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let status = tokio::time::timeout(WAIT, child.wait())
-        .await
-        .expect("SIGTERM was held by a stalled peer")
-        .unwrap();
+    serving.sigterm();
+    let exited = serving.exit().await;
+    let status = exited.status;
     let took = sent.elapsed();
     eprintln!("exited {took:?} after SIGTERM");
     assert!(status.success(), "exit status {status}");
@@ -203,7 +179,7 @@ async fn sigterm_is_not_held_by_a_frozen_harness_or_partial_requests() {
         response["choices"][0]["finish_reason"].is_null(),
         "{response}"
     );
-    let logs = tokio::time::timeout(WAIT, logs).await.unwrap().unwrap();
+    let logs = exited.logs;
     assert!(logs.contains("shutdown signal received"), "{logs}");
     drop(frozen);
     upstream.shutdown().await;

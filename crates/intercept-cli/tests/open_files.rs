@@ -7,17 +7,13 @@
 #![allow(clippy::unwrap_used)]
 #![cfg(target_os = "linux")]
 
-use std::process::Stdio;
-use std::time::Duration;
+mod common;
 
+use common::{Serving, WAIT};
 use http::{Method, StatusCode};
 use intercept_cli::client::HttpClient;
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
 use tokio::net::TcpStream;
-
-/// Bound on every wait of these tests.
-const WAIT: Duration = Duration::from_secs(60);
 
 /// `prlimit`, or a failure that says how to get it (CI installs util-linux).
 fn prlimit() -> &'static str {
@@ -29,15 +25,8 @@ fn prlimit() -> &'static str {
     panic!("these tests need `prlimit` (Debian package util-linux)");
 }
 
-struct Serve {
-    child: tokio::process::Child,
-    control: String,
-    token: String,
-    stderr: tokio::task::JoinHandle<String>,
-}
-
 /// Starts `intercept serve --upstream mock` under `prlimit --nofile=<nofile>`.
-async fn serve(nofile: &str, extra: &[&str], trace_dir: &std::path::Path) -> Serve {
+async fn serve(nofile: &str, extra: &[&str], trace_dir: &std::path::Path) -> Serving {
     let mut args = vec![
         format!("--nofile={nofile}"),
         env!("CARGO_BIN_EXE_intercept").to_owned(),
@@ -50,52 +39,17 @@ async fn serve(nofile: &str, extra: &[&str], trace_dir: &std::path::Path) -> Ser
         "info".into(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
-    let mut child = tokio::process::Command::new(prlimit())
-        .args(&args)
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let stderr = tokio::spawn(async move {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s).await;
-        s
-    });
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    tokio::time::timeout(WAIT, stdout.read_line(&mut line))
-        .await
-        .expect("no ready line in time")
-        .unwrap();
-    let ready: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
-    Serve {
-        child,
-        control: ready["control_url"].as_str().unwrap().to_owned(),
-        token: ready["token"].as_str().unwrap().to_owned(),
-        stderr,
-    }
+    let mut command = tokio::process::Command::new(prlimit());
+    command.args(&args).env_clear();
+    common::start(command).await
 }
 
-impl Serve {
-    async fn stop(mut self) -> String {
-        let pid = self.child.id().unwrap();
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
-        let status = tokio::time::timeout(WAIT, self.child.wait())
-            .await
-            .expect("the sidecar exits on SIGTERM")
-            .unwrap();
-        assert!(status.success(), "{status}");
-        tokio::time::timeout(WAIT, self.stderr)
-            .await
-            .unwrap()
-            .unwrap()
-    }
+/// SIGTERM; the sidecar exits cleanly. Returns its logs.
+async fn stop(s: Serving) -> String {
+    s.sigterm();
+    let exited = s.exit().await;
+    assert!(exited.status.success(), "{}", exited.status);
+    exited.logs
 }
 
 /// The soft and hard "Max open files" of a process.
@@ -118,7 +72,7 @@ async fn the_soft_open_file_limit_is_raised_to_the_hard_one() {
     let s = serve("1024:4096", &[], dir.path()).await;
     let pid = s.child.id().unwrap();
     assert_eq!(open_file_limits(pid), (4096, 4096));
-    let logs = s.stop().await;
+    let logs = stop(s).await;
     assert!(logs.contains("raised the open-file limit"), "{logs}");
 }
 
@@ -191,7 +145,7 @@ async fn out_of_descriptors_the_sidecar_backs_off_recovers_and_never_answers_500
         "{}",
         String::from_utf8_lossy(&answer.body)
     );
-    let logs = s.stop().await;
+    let logs = stop(s).await;
     // One warning per run of failures, not one per failed accept.
     let warnings = logs.matches("cannot accept connections").count();
     assert!(

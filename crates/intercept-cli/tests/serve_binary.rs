@@ -4,7 +4,8 @@
 // Helpers outside #[test] functions panic on purpose, like the tests themselves.
 #![allow(clippy::unwrap_used)]
 
-use std::process::Stdio;
+mod common;
+
 use std::time::Duration;
 
 use async_openai::config::OpenAIConfig;
@@ -18,10 +19,8 @@ use intercept_cli::client::HttpClient;
 use intercept_cli::jsonl::read_trace_file;
 use intercept_test::{MockConfig, MockUpstream, Reply};
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
 
-/// Bound on every wait of this test.
-const WAIT: Duration = Duration::from_secs(60);
+use common::WAIT;
 
 fn harness(env: &Value) -> async_openai::Client<OpenAIConfig> {
     async_openai::Client::with_config(
@@ -61,7 +60,8 @@ async fn serve_binary_end_to_end_with_sigterm_in_flight() {
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_intercept"))
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_intercept"));
+    command
         .args([
             "serve",
             "--upstream",
@@ -77,30 +77,11 @@ async fn serve_binary_end_to_end_with_sigterm_in_flight() {
         ])
         .env_clear()
         .env("E2E_UPSTREAM_KEY", "sk-upstream-e2e")
-        .env("INTERCEPT_LOG", "debug")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let stderr_task = tokio::spawn(async move {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s).await;
-        s
-    });
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    tokio::time::timeout(WAIT, stdout.read_line(&mut line))
-        .await
-        .expect("no ready line in time")
-        .unwrap();
-    let ready: Value = serde_json::from_str(&line).unwrap();
-    assert_eq!(ready["event"], "ready");
-    let control = ready["control_url"].as_str().unwrap().to_owned();
+        .env("INTERCEPT_LOG", "debug");
+    let serving = common::start(command).await;
+    assert_eq!(serving.ready["event"], "ready");
+    let (control, token) = (serving.control.clone(), serving.token.clone());
     assert!(control.starts_with("http://127.0.0.1:"), "{control}");
-    let token = ready["token"].as_str().unwrap().to_owned();
     let http = HttpClient::new();
 
     // Two sessions, each with its own harness.
@@ -201,12 +182,7 @@ async fn serve_binary_end_to_end_with_sigterm_in_flight() {
     tokio::time::timeout(WAIT, upstream.wait_for_requests(before + 3))
         .await
         .expect("the calls never reached the upstream");
-    let pid = child.id().unwrap().to_string();
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    serving.sigterm();
     for call in calls {
         let text = tokio::time::timeout(WAIT, call)
             .await
@@ -214,14 +190,9 @@ async fn serve_binary_end_to_end_with_sigterm_in_flight() {
             .unwrap();
         assert_eq!(text, answer);
     }
-    let status = tokio::time::timeout(WAIT, child.wait())
-        .await
-        .expect("no exit")
-        .unwrap();
-    assert!(status.success(), "exit status {status}");
-    let mut rest = String::new();
-    stdout.read_to_string(&mut rest).await.unwrap();
-    assert_eq!(rest, "", "stdout holds only the ready line");
+    let exited = serving.exit().await;
+    assert!(exited.status.success(), "exit status {}", exited.status);
+    assert_eq!(exited.stdout, "", "stdout holds only the ready line");
     let file = read_trace_file(&dir.path().join("e2e-term.jsonl")).unwrap();
     assert_eq!(file.records.len(), 3);
     assert!(file.skipped.is_empty());
@@ -235,10 +206,7 @@ async fn serve_binary_end_to_end_with_sigterm_in_flight() {
         );
     }
 
-    let logs = tokio::time::timeout(WAIT, stderr_task)
-        .await
-        .unwrap()
-        .unwrap();
+    let logs = exited.logs;
     assert!(logs.contains("shutdown signal received"), "{logs}");
     for secret in &secrets {
         assert!(
@@ -295,7 +263,8 @@ async fn serve_binary_keeps_secrets_and_log_lines_its_own() {
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_intercept"))
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_intercept"));
+    command
         .args([
             "serve",
             "--upstream",
@@ -310,28 +279,9 @@ async fn serve_binary_keeps_secrets_and_log_lines_its_own() {
         .env_clear()
         .env("E2E_UPSTREAM_KEY", KEY)
         .env("E2E_OTHER_SECRET", "sk-not-for-sessions")
-        .env("INTERCEPT_BIN", "/usr/local/bin/intercept")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let stderr_task = tokio::spawn(async move {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s).await;
-        s
-    });
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    tokio::time::timeout(WAIT, stdout.read_line(&mut line))
-        .await
-        .expect("no ready line in time")
-        .unwrap();
-    let ready: Value = serde_json::from_str(&line).unwrap();
-    let control = ready["control_url"].as_str().unwrap().to_owned();
-    let token = ready["token"].as_str().unwrap().to_owned();
+        .env("INTERCEPT_BIN", "/usr/local/bin/intercept");
+    let serving = common::start(command).await;
+    let (control, token) = (serving.control.clone(), serving.token.clone());
     let http = HttpClient::new();
 
     // A variable the sidecar does not allow is refused, naming the allowed one.
@@ -399,21 +349,10 @@ async fn serve_binary_keeps_secrets_and_log_lines_its_own() {
     let file = std::fs::read_to_string(dir.path().join("leak.jsonl")).unwrap();
     assert!(file.contains("<redacted>") && !file.contains(KEY), "{file}");
 
-    let pid = child.id().unwrap().to_string();
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let status = tokio::time::timeout(WAIT, child.wait())
-        .await
-        .expect("no exit")
-        .unwrap();
-    assert!(status.success(), "exit status {status}");
-    let logs = tokio::time::timeout(WAIT, stderr_task)
-        .await
-        .unwrap()
-        .unwrap();
+    serving.sigterm();
+    let exited = serving.exit().await;
+    assert!(exited.status.success(), "exit status {}", exited.status);
+    let logs = exited.logs;
     assert!(
         logs.contains("INTERCEPT_BIN") && logs.contains("did you mean INTERCEPT_"),
         "{logs}"
