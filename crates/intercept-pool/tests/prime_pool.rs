@@ -22,6 +22,7 @@ use intercept_pool::{
 };
 use intercept_server::ServerConfig;
 use intercept_test::prime::{fake_frpc, MockPrime};
+use intercept_test::process::{exits_soon, kill9};
 use intercept_tunnel::prime::PrimeEnv;
 use intercept_tunnel::{PrimeConfig, PrimeEndpoint, PrimeTunnel, RateLimit};
 use parking_lot::Mutex;
@@ -71,32 +72,6 @@ async fn healthz(base_url: &str) -> String {
         .ok()
         .flatten()
         .unwrap_or_else(|| "no answer".into())
-}
-
-fn kill9(pid: u32) {
-    let ok = std::process::Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
-}
-
-/// Whether process `pid` is gone or a zombie, polled for up to 10 s.
-async fn exits_soon(pid: u32) -> bool {
-    for _ in 0..500 {
-        let dead = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-            Ok(stat) => stat
-                .rsplit_once(") ")
-                .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
-            Err(_) => true,
-        };
-        if dead {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
 }
 
 struct Fixture {

@@ -32,8 +32,13 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! Beside it: [`prime`] (a mock Prime tunnel API and the `fake-frpc` binary), [`redis`]
+//! (a `redis-server` on a loopback port), [`process`] (other processes alive, dead or
+//! killed) and [`helper_binary`] (a binary of the workspace built for a test).
 
 pub mod prime;
+pub mod process;
 pub mod redis;
 pub mod upstream;
 

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use intercept_core::{Endpoint, ErrorKind, Tunnel};
 use intercept_test::prime::{fake_frpc, FrpcMode, MockPrime};
+use intercept_test::process::{self, exits_soon, kill9};
 use intercept_tunnel::prime::{install, FrpcInstall, PrimeEnv};
 use intercept_tunnel::{PrimeConfig, PrimeEndpoint, PrimeTunnel, RateLimit, TunnelErrorKind};
 
@@ -79,47 +80,6 @@ impl Fixture {
     }
 }
 
-fn process_alive(pid: u32) -> bool {
-    // `kill -0` succeeds only for a live (or unreaped) process we may signal.
-    std::process::Command::new("kill")
-        .args(["-0", &pid.to_string()])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
-
-/// Whether the process is dead (gone or a zombie awaiting its reaper).
-fn process_dead(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
-        Err(_) => !process_alive(pid),
-    }
-}
-
-/// Dropping a child with `kill_on_drop` sends SIGKILL from the runtime shortly after the
-/// owner is dropped; nothing can notify the test, so poll the OS (bounded, 10 s).
-async fn exits_soon(pid: u32) -> bool {
-    for _ in 0..500 {
-        if process_dead(pid) {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
-}
-
-fn kill9(pid: u32) {
-    let ok = std::process::Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
-}
-
 #[tokio::test]
 async fn success_end_to_end_then_teardown_cleans_everything() {
     let f = Fixture::new().await;
@@ -161,7 +121,7 @@ async fn success_end_to_end_then_teardown_cleans_everything() {
     assert_eq!(status.registration.as_deref(), Some("connected"));
     assert!(status.frpc_running && !status.gone);
     let pid = endpoint.frpc_pid().await.unwrap();
-    assert!(process_alive(pid));
+    assert!(process::alive(pid));
     let auth_ok = f
         .mock
         .seen()
@@ -172,7 +132,7 @@ async fn success_end_to_end_then_teardown_cleans_everything() {
     endpoint.teardown().await.unwrap();
     assert!(f.mock.live_tunnels().is_empty(), "registration deleted");
     assert!(!path.exists(), "config removed");
-    assert!(!process_alive(pid), "frpc gone");
+    assert!(!process::alive(pid), "frpc gone");
     assert!(!endpoint.health().await.is_healthy());
     assert!(common::get(&format!("{url}/x")).await.is_err());
     f.mock.shutdown().await;
@@ -210,7 +170,7 @@ async fn each_frpc_failure_class_is_typed_and_cleaned_up() {
         );
         assert_eq!(f.config_files(), 0, "{mode:?}: config removed");
         let pid = f.mock.tunnels().values().last().unwrap().frpc_pid.unwrap();
-        assert!(!process_alive(pid), "{mode:?}: frpc killed");
+        assert!(!process::alive(pid), "{mode:?}: frpc killed");
     }
     f.mock.shutdown().await;
 }
@@ -342,7 +302,7 @@ async fn restart_keeps_the_registration_and_url() {
     assert_eq!(endpoint.url(), url);
     assert_eq!(endpoint.tunnel_id().await.unwrap(), id);
     assert_ne!(endpoint.frpc_pid().await.unwrap(), pid);
-    assert!(!process_alive(pid), "the old frpc was stopped");
+    assert!(!process::alive(pid), "the old frpc was stopped");
     assert_eq!(f.mock.tunnels()[&id].logins, 2);
     assert_eq!(f.mock.count("POST", "/api/v1/tunnel"), 1);
     assert_eq!(
@@ -733,7 +693,7 @@ async fn a_sigkilled_process_leaves_no_frpc_behind() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert!(process_alive(frpc), "frpc runs while its parent does");
+    assert!(process::alive(frpc), "frpc runs while its parent does");
     // No teardown, no drop: the parent is gone at once.
     child.kill().unwrap();
     child.wait().unwrap();
