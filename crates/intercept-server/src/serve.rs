@@ -14,6 +14,7 @@ use hyper::body::{Body, Incoming};
 use hyper::service::Service;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use intercept_core::{ChatDialect, Dialect as _, Error};
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
@@ -64,19 +65,26 @@ const MAX_REFUSING: usize = 1024;
 /// How long a turned-away connection may take to send its request head and read its 503.
 const REFUSE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The answer of a connection over the cap.
+/// The answer of a connection over the cap: an [`Error::Unavailable`] in the OpenAI shape
+/// with the marker header, as [`crate::respond`] renders every error, written as bytes
+/// because the connection is never handed to hyper.
 fn over_capacity(limit: usize) -> Vec<u8> {
-    let body = format!(
-        "{{\"error\":{{\"message\":\"the server is at max_connections ({limit} connections \
-         at once); retry shortly\",\"type\":\"overloaded\",\"param\":null,\"code\":null}}}}"
-    );
-    format!(
+    let error = Error::Unavailable(format!(
+        "the server is at max_connections ({limit} connections at once); retry shortly"
+    ));
+    let body = ChatDialect.error_body(error.status(), &error.to_string());
+    let mut out = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
-         retry-after: 1\r\nx-should-retry: true\r\nconnection: close\r\n\
-         content-length: {}\r\n\r\n{body}",
+         {}: {}\r\nretry-after: 1\r\n{}: true\r\nconnection: close\r\n\
+         content-length: {}\r\n\r\n",
+        crate::respond::GENERATED_HEADER,
+        error.blame().as_str(),
+        crate::respond::SHOULD_RETRY_HEADER,
         body.len()
     )
-    .into_bytes()
+    .into_bytes();
+    out.extend_from_slice(&body);
+    out
 }
 
 /// Answers a connection over the cap with `answer` and closes it, bounded in time: the

@@ -230,6 +230,9 @@ async fn connections_beyond_max_connections_get_a_503_and_are_closed() {
         "{text}"
     );
     assert!(text.contains("max_connections (2"), "{text}");
+    // Rendered as every other error of the server: the OpenAI shape, the marker header.
+    assert!(text.contains("x-intercept-error: internal"), "{text}");
+    assert!(text.contains(r#""type":"api_error""#), "{text}");
     // One of the two closes: a new connection is served again.
     drop(first);
     let deadline = tokio::time::Instant::now() + BOUND;
