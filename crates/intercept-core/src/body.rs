@@ -523,6 +523,8 @@ impl<'de> Deserialize<'de> for RawJson {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
 
     /// The plain byte-by-byte scan `nests_deeper_than` must agree with.
     fn deeper_by_bytes(bytes: &[u8], limit: usize) -> bool {
@@ -563,8 +565,6 @@ mod tests {
             proptest::prop_assert_eq!(nests_deeper_than(&bytes, limit), deeper_by_bytes(&bytes, limit));
         }
     }
-    use proptest::prelude::*;
-    use serde_json::json;
 
     fn body(text: &str) -> JsonBody {
         JsonBody::parse(Bytes::from(text.to_owned())).expect("valid body")
