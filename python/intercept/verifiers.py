@@ -102,7 +102,7 @@ def _tunnel(config: Any) -> Custom | Prime:
 
 def _slot_shape() -> str:
     try:
-        from verifiers.v1.interception.base import Slot  # type: ignore[import-not-found]
+        from verifiers.v1.interception.base import Slot
     except Exception:  # noqa: BLE001 - verifiers is optional
         return "pair"
     return "triple" if len(typing.get_args(Slot)) == 3 else "pair"
