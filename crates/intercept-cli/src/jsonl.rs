@@ -106,9 +106,10 @@ impl JsonlSink {
 
 impl RecordSink for JsonlSink {
     fn on_record(&self, record: &CallRecord) {
-        let mut line = record.to_json_line();
-        line.push('\n');
-        if let Err(e) = self.file.lock().write_all(line.as_bytes()) {
+        let mut line = Vec::with_capacity(record.json_size_hint() + 1);
+        record.write_json(&mut line);
+        line.push(b'\n');
+        if let Err(e) = self.file.lock().write_all(&line) {
             warn!(session = %record.session, seq = record.seq, path = %self.path.display(), error = %e, "could not append the call record to the trace file");
         }
     }

@@ -325,6 +325,20 @@ impl JsonBody {
         before != self.members.len()
     }
 
+    /// About how many bytes the object takes when written: the source plus what was set
+    /// (a capacity hint, never less than the output of an unchanged body).
+    pub fn size_hint(&self) -> usize {
+        let owned: usize = self
+            .members
+            .iter()
+            .map(|m| match &m.value {
+                Value::Owned(b) => b.len() + m.key.len() + 4,
+                Value::Source { .. } => 0,
+            })
+            .sum();
+        self.source.len() + owned
+    }
+
     /// The object as a list of byte slices, unchanged members shared with the source.
     /// Runs of unchanged, adjacent members are emitted as one slice.
     pub fn chunks(&self) -> Vec<Bytes> {
@@ -448,13 +462,31 @@ impl fmt::Debug for JsonBody {
 }
 
 impl Serialize for JsonBody {
+    /// Writes the body's bytes as they stand: it was validated when it was parsed, and
+    /// what was set since was encoded by serde_json.
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let bytes = self.to_bytes();
-        let text = String::from_utf8(bytes.to_vec()).map_err(serde::ser::Error::custom)?;
-        let raw = RawValue::from_string(text).map_err(serde::ser::Error::custom)?;
-        raw.serialize(serializer)
+        verbatim(&self.to_bytes(), serializer)
     }
 }
+
+/// Writes bytes known to be one JSON value as they stand: no parse, no re-escaping.
+///
+/// This is what `serde_json::value::RawValue`'s own `Serialize` does: serde_json's
+/// serializers (to bytes and to `Value`) recognise a one-field struct named by its raw
+/// value token and write (or parse) the field's text as JSON. `RawValue` offers no
+/// constructor that skips validation, and validating here would parse every recorded
+/// body a second time. The bytes must still be UTF-8 (checked; a failure is the
+/// serializer's error); a test pins the token against serde_json's own output.
+fn verbatim<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeStruct as _;
+    let text = std::str::from_utf8(bytes).map_err(serde::ser::Error::custom)?;
+    let mut s = serializer.serialize_struct(RAW_VALUE_TOKEN, 1)?;
+    s.serialize_field(RAW_VALUE_TOKEN, text)?;
+    s.end()
+}
+
+/// serde_json's name for a raw value in its serializer protocol.
+const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
 
 impl<'de> Deserialize<'de> for JsonBody {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -475,8 +507,14 @@ impl PartialEq for JsonBody {
 pub struct RawJson(Bytes);
 
 impl RawJson {
-    /// Wraps bytes the caller has checked to be one valid JSON value.
+    /// Wraps bytes the caller has checked to be one valid JSON value (a body its dialect
+    /// read whole, or serde_json's own output). They are recorded as they stand, without
+    /// a second parse; bytes that are not UTF-8 fail to serialise.
     pub fn new(bytes: Bytes) -> Self {
+        debug_assert!(
+            serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok(),
+            "RawJson::new takes one valid JSON value"
+        );
         RawJson(bytes)
     }
 
@@ -505,10 +543,9 @@ impl fmt::Debug for RawJson {
 }
 
 impl Serialize for RawJson {
+    /// Writes the bytes as they stand (see [`RawJson::new`]: they are one JSON value).
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let text = std::str::from_utf8(&self.0).map_err(serde::ser::Error::custom)?;
-        let raw: &RawValue = serde_json::from_str(text).map_err(serde::ser::Error::custom)?;
-        raw.serialize(serializer)
+        verbatim(&self.0, serializer)
     }
 }
 
@@ -525,6 +562,44 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::json;
+
+    #[test]
+    fn recorded_bodies_are_written_as_they_stand() {
+        // Spacing, escapes and number spellings survive: nothing is parsed or re-escaped.
+        let text = "{ \"a\" : [1.50, \"\\u00e9\\n\", {\"b\":null}],\"c\":\"é\" }";
+        let raw = RawJson::new(Bytes::from(text));
+        assert_eq!(serde_json::to_vec(&raw).unwrap(), text.as_bytes());
+        let record = format!("{{\"response\":{text}}}");
+        #[derive(Serialize)]
+        struct Record<'a> {
+            response: &'a RawJson,
+        }
+        assert_eq!(
+            serde_json::to_string(&Record { response: &raw }).unwrap(),
+            record
+        );
+        // Serialised to a `Value`, the text is parsed as JSON (not kept as a string).
+        assert_eq!(
+            serde_json::to_value(&raw).unwrap(),
+            json!({"a": [1.5, "\u{e9}\n", {"b": null}], "c": "\u{e9}"})
+        );
+        // A request body: its slices and what was set, as one object.
+        let mut body =
+            JsonBody::parse(Bytes::from_static(b"{\"model\": \"x\",  \"n\":[ 1 ]}")).unwrap();
+        body.set("model", &"y").unwrap();
+        let out = serde_json::to_vec(&body).unwrap();
+        assert_eq!(out, body.to_bytes());
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&out).unwrap(),
+            json!({"model": "y", "n": [1]})
+        );
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_fail_to_serialise() {
+        let raw = RawJson(Bytes::from_static(b"\"\xff\""));
+        assert!(serde_json::to_vec(&raw).is_err());
+    }
 
     /// The plain byte-by-byte scan `nests_deeper_than` must agree with.
     fn deeper_by_bytes(bytes: &[u8], limit: usize) -> bool {

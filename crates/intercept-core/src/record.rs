@@ -186,31 +186,54 @@ fn is_off(c: &TokenCapture) -> bool {
 }
 
 impl CallRecord {
-    /// The record as JSON. A record that cannot be serialised (a body that is not the
-    /// JSON it should be) is replaced by an error record: the same call, without its
-    /// request and response, whose error says why. A trace is therefore always written
-    /// and answered whole, never as `null`.
+    /// The record as JSON. A record that cannot be serialised (a body that is not UTF-8)
+    /// is replaced by an error record: the same call, without its request and response,
+    /// whose error says why. A trace is therefore always written and answered whole,
+    /// never as `null`.
     pub fn to_json_vec(&self) -> Vec<u8> {
-        match serde_json::to_vec(self) {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                let replaced = CallRecord {
-                    request: crate::body::JsonBody::empty(),
-                    response: None,
-                    error: Some(CallError {
-                        kind: ErrorKind::Internal,
-                        message: format!("the record of this call could not be serialised: {e}"),
-                        status: self.status,
-                    }),
-                    prompt_token_ids: None,
-                    completion_token_ids: None,
-                    completion_logprobs: None,
-                    ..self.clone()
-                };
-                // Every remaining field is plain data and always serialises.
-                serde_json::to_vec(&replaced).unwrap_or_else(|_| b"{}".to_vec())
+        let mut out = Vec::with_capacity(self.json_size_hint());
+        self.write_json(&mut out);
+        out
+    }
+
+    /// Appends the record as JSON to `out` (see [`CallRecord::to_json_vec`]), so that a
+    /// writer can put many records, or a record and its newline, in one buffer. The
+    /// request and response are copied in as they stand.
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        if let Err(e) = serde_json::to_writer(&mut *out, self) {
+            out.truncate(start);
+            let replaced = CallRecord {
+                request: crate::body::JsonBody::empty(),
+                response: None,
+                error: Some(CallError {
+                    kind: ErrorKind::Internal,
+                    message: format!("the record of this call could not be serialised: {e}"),
+                    status: self.status,
+                }),
+                prompt_token_ids: None,
+                completion_token_ids: None,
+                completion_logprobs: None,
+                sampled: Default::default(),
+                ..self.clone()
+            };
+            // Every remaining field is plain data and always serialises.
+            if serde_json::to_writer(&mut *out, &replaced).is_err() {
+                out.truncate(start);
+                out.extend_from_slice(b"{}");
             }
         }
+    }
+
+    /// About how many bytes [`CallRecord::write_json`] writes: the bodies, plus room for
+    /// the other fields, so that one allocation usually holds the line.
+    pub fn json_size_hint(&self) -> usize {
+        let tokens = self.prompt_token_ids.as_ref().map_or(0, Vec::len)
+            + self.completion_token_ids.as_ref().map_or(0, Vec::len);
+        self.request.size_hint()
+            + self.response.as_ref().map_or(0, |r| r.bytes().len())
+            + tokens * 8
+            + 1024
     }
 
     /// Whether the call succeeded.
