@@ -78,6 +78,8 @@ pub enum ErrorKind {
     Internal,
     /// The client asked to upgrade to a transport the server does not speak (WebSocket).
     UpgradeRequired,
+    /// What was asked for existed but is no longer held (a released session's trace).
+    Gone,
 }
 
 impl ErrorKind {
@@ -104,6 +106,7 @@ impl ErrorKind {
             ErrorKind::HookFailed => "hook_failed",
             ErrorKind::Internal => "internal",
             ErrorKind::UpgradeRequired => "upgrade_required",
+            ErrorKind::Gone => "gone",
         }
     }
 }
@@ -182,6 +185,9 @@ pub enum Error {
     /// A conflict with existing state.
     #[error("{0}")]
     Conflict(String),
+    /// What was asked for existed but is no longer held (410); the message says why.
+    #[error("{0}")]
+    Gone(String),
     /// A session's request or response hook failed (an [`Error::Internal`] it returned);
     /// the call is answered 502, like any failure between the harness and the model.
     /// Hooks that mean a particular answer return that error instead (for example
@@ -255,6 +261,7 @@ impl Error {
             Error::Cancelled(_) => ErrorKind::Cancelled,
             Error::Tunnel { .. } => ErrorKind::Tunnel,
             Error::Conflict(_) => ErrorKind::Conflict,
+            Error::Gone(_) => ErrorKind::Gone,
             Error::HookFailed(_) => ErrorKind::HookFailed,
             Error::Internal(_) => ErrorKind::Internal,
             Error::Paused { .. } => ErrorKind::Paused,
@@ -272,6 +279,7 @@ impl Error {
             Error::NotFound { .. } => 404,
             Error::MethodNotAllowed { .. } => 405,
             Error::RolloutConcluded | Error::Conflict(_) => 409,
+            Error::Gone(_) => 410,
             Error::UpstreamStatus { status, .. } => *status,
             Error::UpstreamTimeout(_) => 504,
             Error::UpstreamUnavailable(_) | Error::Cancelled(_) => 503,
@@ -297,6 +305,7 @@ impl Error {
             | Error::RolloutStopped(_)
             | Error::ClientDisconnected(_)
             | Error::Conflict(_)
+            | Error::Gone(_)
             | Error::UpgradeRequired { .. } => Blame::Client,
             Error::UpstreamStatus { .. }
             | Error::UpstreamTimeout(_)

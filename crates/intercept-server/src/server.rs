@@ -28,7 +28,7 @@ use crate::call::Call;
 use crate::config::ServerConfig;
 use crate::http_body::ResponseBody;
 use crate::registry::{Entry, Registry};
-use crate::respond::{error_response, json_response, plain_error};
+use crate::respond::{error_response, flat_error, json_response, plain_error};
 use crate::upstream::{read_all, ReadError, UpstreamClient};
 
 /// Counters of a server, readable at any time.
@@ -517,19 +517,6 @@ pub const STATE_ROUTE_HEADER: &str = "x-intercept-state-route";
 /// The Python implementation's name for [`STATE_ROUTE_HEADER`], accepted too so existing
 /// shared tool servers work unchanged.
 const LEGACY_STATE_ROUTE_HEADER: &str = "x-verifiers-state-route";
-
-/// A flat `{"error": <text>}` body, as the state and task channels answer.
-fn flat_error(error: &Error) -> Response<ResponseBody> {
-    let status = StatusCode::from_u16(error.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let body = serde_json::json!({ "error": error.to_string() });
-    let mut resp = json_response(status, serde_json::to_vec(&body).unwrap_or_default());
-    if let Ok(v) = http::HeaderValue::from_str(error.blame().as_str()) {
-        resp.headers_mut()
-            .insert(crate::respond::GENERATED_HEADER, v);
-    }
-    crate::respond::mark_final(error, resp.headers_mut());
-    resp
-}
 
 /// `GET /state`, `PUT /state`, `GET /task`: the state capability (the state secret, never
 /// the model secret).
