@@ -149,7 +149,8 @@ pub enum Error {
     /// The rollout stopped; the string is the stop condition.
     #[error("rollout stopped: {0}")]
     RolloutStopped(String),
-    /// The upstream answered with an error status; `body` is its text.
+    /// The upstream answered with an error status; `body` is its text. Built with
+    /// [`Error::upstream_status`], which classifies it.
     #[error("upstream {status}: {body}")]
     UpstreamStatus {
         /// The upstream's status code.
@@ -158,6 +159,10 @@ pub enum Error {
         body: String,
         /// The upstream's `retry-after` header, if any.
         retry_after: Option<String>,
+        /// The upstream says the prompt exceeds the model's context
+        /// ([`is_context_length_error`] of the status and body, decided when the answer
+        /// was read).
+        context_length: bool,
     },
     /// The upstream did not answer in time.
     #[error("upstream timed out: {0}")]
@@ -228,6 +233,29 @@ fn paused_message(held: bool, retry_after: u64) -> String {
 }
 
 impl Error {
+    /// An [`Error::UpstreamStatus`] for an upstream's error answer, classified from its
+    /// status and text as it is read (see [`Error::is_context_length`]).
+    pub fn upstream_status(status: u16, body: String, retry_after: Option<String>) -> Self {
+        Error::UpstreamStatus {
+            context_length: is_context_length_error(status, &body),
+            status,
+            body,
+            retry_after,
+        }
+    }
+
+    /// Whether the upstream said the prompt exceeds the model's context: such an error
+    /// stops the rollout with [`crate::StopReason::ContextLength`] (a clean truncation).
+    pub fn is_context_length(&self) -> bool {
+        matches!(
+            self,
+            Error::UpstreamStatus {
+                context_length: true,
+                ..
+            }
+        )
+    }
+
     /// Builds an [`Error::InvalidRequest`].
     pub fn invalid(message: impl Into<String>) -> Self {
         Error::InvalidRequest(message.into())
@@ -414,11 +442,7 @@ mod tests {
             Error::RolloutStopped("max_turns".into()).to_string(),
             "rollout stopped: max_turns"
         );
-        let e = Error::UpstreamStatus {
-            status: 429,
-            body: "slow down".into(),
-            retry_after: None,
-        };
+        let e = Error::upstream_status(429, "slow down".into(), None);
         assert_eq!(e.status(), 429);
         assert_eq!(e.blame(), Blame::Upstream);
         assert!(e.retryable());
@@ -458,11 +482,7 @@ mod tests {
         for e in [
             rejected,
             held,
-            Error::UpstreamStatus {
-                status: 400,
-                body: "x".into(),
-                retry_after: None,
-            },
+            Error::upstream_status(400, "x".into(), None),
             Error::UpstreamUnavailable("x".into()),
             Error::Internal("x".into()),
             Error::HookFailed("x".into()),

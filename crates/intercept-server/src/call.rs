@@ -15,7 +15,6 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use intercept_core::capture::{CapturedTokens, TokenCollector};
-use intercept_core::error::is_context_length_error;
 use intercept_core::record::epoch_seconds;
 use intercept_core::redact::Redactor;
 use intercept_core::sse::{SseEvent, SseSplitter};
@@ -268,9 +267,7 @@ impl Call {
     /// A context-length error stops the rollout with `context_length` (a clean truncation):
     /// the harness then gets 400 `rollout stopped: context_length`. Other errors pass.
     fn stop_on_context_length(&self, e: &Error) -> Error {
-        if matches!(e, Error::UpstreamStatus { .. })
-            && is_context_length_error(e.status(), &e.to_string())
-        {
+        if e.is_context_length() {
             self.entry.session.stop("context_length");
             Error::RolloutStopped("context_length".into())
         } else {
@@ -376,12 +373,8 @@ impl Call {
             Ok(b) => redactor.str(&String::from_utf8_lossy(&b)).into_owned(),
             Err(_) => String::from("(error body unreadable or over 64 KiB)"),
         };
-        let upstream = Error::UpstreamStatus {
-            status,
-            body: text,
-            retry_after,
-        };
-        if is_context_length_error(status, &upstream.to_string()) {
+        let upstream = Error::upstream_status(status, text, retry_after);
+        if upstream.is_context_length() {
             self.entry.session.stop("context_length");
             (upstream, Error::RolloutStopped("context_length".into()))
         } else {
@@ -1073,11 +1066,11 @@ pub(crate) async fn aux_call(
     };
     match result {
         Ok((status, body)) if status.is_success() => json_response(status, redactor.bytes(body)),
-        Ok((status, body)) => fail(Error::UpstreamStatus {
-            status: status.as_u16(),
-            body: redactor.str(&String::from_utf8_lossy(&body)).into_owned(),
-            retry_after: None,
-        }),
+        Ok((status, body)) => fail(Error::upstream_status(
+            status.as_u16(),
+            redactor.str(&String::from_utf8_lossy(&body)).into_owned(),
+            None,
+        )),
         Err(e) => fail(redactor.error(e)),
     }
 }

@@ -144,7 +144,10 @@ mod tests {
             assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS, "{shape:?}");
             assert_eq!(resp.headers()[http::header::RETRY_AFTER], "3", "{shape:?}");
             assert_eq!(resp.headers()[GENERATED_HEADER], "internal", "{shape:?}");
-            assert!(resp.headers().get(SHOULD_RETRY_HEADER).is_none(), "{shape:?}");
+            assert!(
+                resp.headers().get(SHOULD_RETRY_HEADER).is_none(),
+                "{shape:?}"
+            );
         }
         let flat = render(&Error::RolloutConcluded, Shape::Flat);
         assert_eq!(flat.headers()[SHOULD_RETRY_HEADER], "false");
