@@ -146,9 +146,9 @@ pub enum Error {
     /// The rollout was released.
     #[error("rollout concluded")]
     RolloutConcluded,
-    /// The rollout stopped; the string is the stop condition.
+    /// The rollout stopped, for this reason.
     #[error("rollout stopped: {0}")]
-    RolloutStopped(String),
+    RolloutStopped(crate::session::StopReason),
     /// The upstream answered with an error status; `body` is its text. Built with
     /// [`Error::upstream_status`], which classifies it.
     #[error("upstream {status}: {body}")]
@@ -439,7 +439,7 @@ mod tests {
         assert_eq!(Error::Unauthorized.status(), 401);
         assert_eq!(Error::RolloutConcluded.status(), 409);
         assert_eq!(
-            Error::RolloutStopped("max_turns".into()).to_string(),
+            Error::RolloutStopped(crate::StopReason::Limit("max_turns")).to_string(),
             "rollout stopped: max_turns"
         );
         let e = Error::upstream_status(429, "slow down".into(), None);
@@ -473,7 +473,7 @@ mod tests {
         // `x-should-retry: false` goes on final answers only.
         for e in [
             Error::RolloutConcluded,
-            Error::RolloutStopped("max_turns".into()),
+            Error::RolloutStopped(crate::StopReason::Limit("max_turns")),
             Error::Unauthorized,
             Error::invalid("bad"),
         ] {

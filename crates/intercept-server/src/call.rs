@@ -20,7 +20,7 @@ use intercept_core::redact::Redactor;
 use intercept_core::sse::{SseEvent, SseSplitter};
 use intercept_core::{
     Assembled, CallError, CallInfo, CallRecord, Dialect, Error, HookAction, JsonBody, Prepared,
-    RawJson, Relay, Summary, TokenCapture,
+    RawJson, Relay, Session, StopReason, Summary, TokenCapture,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::sleep_until;
@@ -134,6 +134,14 @@ enum HookOutcome {
     Unchanged,
     Rewritten(serde_json::Value),
     Stop(String),
+}
+
+/// Stops the rollout for a hook's `reason` and answers the condition that holds (the
+/// first one wins).
+pub(crate) fn stopped_by_hook(session: &dyn Session, reason: String) -> Error {
+    let reason = StopReason::Hook(reason);
+    session.stop_with(reason.clone());
+    Error::RolloutStopped(session.stop_reason().unwrap_or(reason))
 }
 
 /// Whether the response head of a stream went out.
@@ -268,8 +276,8 @@ impl Call {
     /// the harness then gets 400 `rollout stopped: context_length`. Other errors pass.
     fn stop_on_context_length(&self, e: &Error) -> Error {
         if e.is_context_length() {
-            self.entry.session.stop("context_length");
-            Error::RolloutStopped("context_length".into())
+            self.entry.session.stop_with(StopReason::ContextLength);
+            Error::RolloutStopped(StopReason::ContextLength)
         } else {
             e.clone()
         }
@@ -375,8 +383,8 @@ impl Call {
         };
         let upstream = Error::upstream_status(status, text, retry_after);
         if upstream.is_context_length() {
-            self.entry.session.stop("context_length");
-            (upstream, Error::RolloutStopped("context_length".into()))
+            self.entry.session.stop_with(StopReason::ContextLength);
+            (upstream, Error::RolloutStopped(StopReason::ContextLength))
         } else {
             (upstream.clone(), upstream)
         }
@@ -458,10 +466,7 @@ impl Call {
                         outcome.status = e.status();
                         (outcome, error_response(&*self.dialect, &e))
                     } else if let Some(reason) = stop {
-                        self.entry.session.stop(&reason);
-                        let e = Error::RolloutStopped(
-                            self.entry.session.stop_condition().unwrap_or(reason),
-                        );
+                        let e = stopped_by_hook(&*self.entry.session, reason);
                         outcome.status = e.status();
                         (outcome, error_response(&*self.dialect, &e))
                     } else {
@@ -832,8 +837,7 @@ impl Call {
         outcome.tokens = capture.map(TokenCollector::finish);
         self.record(outcome);
         if let Some(reason) = stopped {
-            self.entry.session.stop(&reason);
-            let e = Error::RolloutStopped(self.entry.session.stop_condition().unwrap_or(reason));
+            let e = stopped_by_hook(&*self.entry.session, reason);
             let event = self.dialect.error_event(e.status(), &e.to_string());
             send_or_cancel(&tx, event, &cancel).await;
         } else if !client_gone {

@@ -649,7 +649,7 @@ async fn tool_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Res
     }
     match session.on_tool(call.phase, &call.message).await {
         Ok(intercept_core::ToolAction::Stop { reason }) => {
-            session.stop(&reason);
+            session.stop_with(intercept_core::StopReason::Hook(reason.clone()));
             ok(&intercept_core::ToolAction::Stop {
                 reason: session.stop_condition().unwrap_or(reason),
             })
@@ -769,7 +769,7 @@ async fn model_call(
     if entry.is_released() {
         return fail(Error::RolloutConcluded);
     }
-    if let Some(reason) = session.stop_condition() {
+    if let Some(reason) = session.stop_reason() {
         return fail(Error::RolloutStopped(reason));
     }
     let claim = match retry {
@@ -803,10 +803,7 @@ async fn model_call(
     match session.on_request(&info, &mut body).await {
         Ok(HookAction::Continue) => {}
         Ok(HookAction::Stop(reason)) => {
-            session.stop(&reason);
-            return fail(Error::RolloutStopped(
-                session.stop_condition().unwrap_or(reason),
-            ));
+            return fail(crate::call::stopped_by_hook(&*session, reason));
         }
         Ok(_) => {}
         Err(e) => return fail(Error::from_hook("request hook failed", e)),
