@@ -986,37 +986,22 @@ pub(crate) async fn aux_call(
     req: http::Request<Incoming>,
 ) -> Response<ResponseBody> {
     let fail = |e: Error| error_response(&*dialect, &e);
-    let Some(secret) = dialect
-        .secret(req.headers())
-        .map(intercept_core::SecretStr::new)
-    else {
-        return fail(Error::Unauthorized);
-    };
-    let Some(entry) = shared.registry.by_model(secret) else {
-        return fail(if shared.registry.was_released(secret) {
-            Error::RolloutConcluded
-        } else {
-            Error::Unauthorized
-        });
-    };
-    let Some(_guard) = entry.enter() else {
-        return fail(Error::RolloutConcluded);
+    let (entry, _guard) = match crate::server::authenticate(&shared, dialect.secret(req.headers()))
+    {
+        Ok(a) => a,
+        Err(e) => return fail(e),
     };
     let (parts, body) = req.into_parts();
-    let limit = shared.config.body_limit;
-    let read = tokio::select! {
-        biased;
-        _ = entry.cancel.cancelled() => return fail(Error::RolloutConcluded),
-        r = read_all(body, limit) => r,
-    };
-    let bytes = match read {
+    let bytes = match crate::server::read_body(
+        &shared,
+        body,
+        Some(&entry.cancel),
+        "the request body",
+    )
+    .await
+    {
         Ok(b) => b,
-        Err(ReadError::TooLarge { .. }) => return fail(Error::PayloadTooLarge { limit }),
-        Err(ReadError::Body(e)) => {
-            return fail(Error::invalid(format!(
-                "could not read the request body: {e}"
-            )))
-        }
+        Err(e) => return fail(e),
     };
     let mut body = match JsonBody::parse(bytes) {
         Ok(b) => b,

@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 use crate::call::Call;
 use crate::config::ServerConfig;
 use crate::http_body::ResponseBody;
-use crate::registry::{Entry, Registry};
+use crate::registry::{Entry, InflightGuard, Registry};
 use crate::respond::{error_response, flat_error, json_response, plain_error};
 use crate::upstream::{read_all, ReadError, UpstreamClient};
 
@@ -570,15 +570,9 @@ async fn state_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Re
         },
         (_, &Method::GET) => ok(session.state()),
         _ => {
-            let limit = shared.config.body_limit;
-            let bytes = match read_all(req.into_body(), limit).await {
+            let bytes = match read_body(&shared, req.into_body(), None, "the body").await {
                 Ok(b) => b,
-                Err(ReadError::TooLarge { .. }) => {
-                    return flat_error(&Error::PayloadTooLarge { limit })
-                }
-                Err(ReadError::Body(e)) => {
-                    return flat_error(&Error::invalid(format!("could not read the body: {e}")))
-                }
+                Err(e) => return flat_error(&e),
             };
             let value: serde_json::Value = match serde_json::from_slice(&bytes) {
                 Ok(v) => v,
@@ -599,20 +593,11 @@ async fn state_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Re
 /// `POST /tool`: a harness-run tool's result passes the session's tool hook (model
 /// secret, `Authorization: Bearer` only).
 async fn tool_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ResponseBody> {
-    let Some(secret) = intercept_core::dialect::bearer(req.headers()).map(SecretStr::new) else {
-        return flat_error(&Error::Unauthorized);
-    };
-    let Some(entry) = shared.registry.by_model(secret) else {
-        let released = shared.registry.was_released(secret);
-        return flat_error(&if released {
-            Error::RolloutConcluded
-        } else {
-            Error::Unauthorized
-        });
-    };
-    let Some(_guard) = entry.enter() else {
-        return flat_error(&Error::RolloutConcluded);
-    };
+    let (entry, _guard) =
+        match authenticate(&shared, intercept_core::dialect::bearer(req.headers())) {
+            Ok(a) => a,
+            Err(e) => return flat_error(&e),
+        };
     let session = entry.session.clone();
     let ok = |v: &intercept_core::ToolAction| {
         json_response(StatusCode::OK, serde_json::to_vec(v).unwrap_or_default())
@@ -620,16 +605,9 @@ async fn tool_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Res
     if let Some(reason) = session.stop_condition() {
         return ok(&intercept_core::ToolAction::Stop { reason });
     }
-    let bytes = match read_all(req.into_body(), shared.config.body_limit).await {
+    let bytes = match read_body(&shared, req.into_body(), None, "the body").await {
         Ok(b) => b,
-        Err(ReadError::TooLarge { .. }) => {
-            return flat_error(&Error::PayloadTooLarge {
-                limit: shared.config.body_limit,
-            })
-        }
-        Err(ReadError::Body(e)) => {
-            return flat_error(&Error::invalid(format!("could not read the body: {e}")))
-        }
+        Err(e) => return flat_error(&e),
     };
     #[derive(serde::Deserialize)]
     struct ToolCall {
@@ -688,43 +666,65 @@ fn models(shared: &Shared, req: &Request<Incoming>) -> Response<ResponseBody> {
     )
 }
 
+/// Authenticates a request by its model secret: the rollout's entry, entered (the
+/// in-flight guard keeps it unsealed until the request is done). An unknown secret is
+/// 401, a released rollout's 409.
+pub(crate) fn authenticate(
+    shared: &Shared,
+    secret: Option<&str>,
+) -> Result<(Arc<Entry>, InflightGuard), Error> {
+    let secret = SecretStr::new(secret.ok_or(Error::Unauthorized)?);
+    let Some(entry) = shared.registry.by_model(secret) else {
+        return Err(if shared.registry.was_released(secret) {
+            Error::RolloutConcluded
+        } else {
+            Error::Unauthorized
+        });
+    };
+    let guard = entry.enter().ok_or(Error::RolloutConcluded)?;
+    Ok((entry, guard))
+}
+
+/// Reads a request body up to the configured limit; `what` names it in the error. With
+/// `cancel`, the read ends with 409 when the rollout is released: a harness that stops
+/// sending its body holds nothing.
+pub(crate) async fn read_body(
+    shared: &Shared,
+    body: Incoming,
+    cancel: Option<&CancellationToken>,
+    what: &str,
+) -> Result<bytes::Bytes, Error> {
+    let limit = shared.config.body_limit;
+    let read = match cancel {
+        Some(cancel) => tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return Err(Error::RolloutConcluded),
+            r = read_all(body, limit) => r,
+        },
+        None => read_all(body, limit).await,
+    };
+    read.map_err(|e| match e {
+        ReadError::TooLarge { .. } => Error::PayloadTooLarge { limit },
+        ReadError::Body(e) => Error::invalid(format!("could not read {what}: {e}")),
+    })
+}
+
 async fn model_call(
     shared: Arc<Shared>,
     dialect: Arc<dyn Dialect>,
     req: Request<Incoming>,
 ) -> Response<ResponseBody> {
     let fail = |e: Error| error_response(&*dialect, &e);
-    let Some(secret) = dialect.secret(req.headers()).map(SecretStr::new) else {
-        return fail(Error::Unauthorized);
-    };
-    let Some(entry) = shared.registry.by_model(secret) else {
-        return fail(if shared.registry.was_released(secret) {
-            Error::RolloutConcluded
-        } else {
-            Error::Unauthorized
-        });
-    };
-    let Some(guard) = entry.enter() else {
-        return fail(Error::RolloutConcluded);
+    let (entry, guard) = match authenticate(&shared, dialect.secret(req.headers())) {
+        Ok(a) => a,
+        Err(e) => return fail(e),
     };
     let session = entry.session.clone();
     let (parts, body) = req.into_parts();
     let connection = parts.extensions.get::<crate::serve::Connection>().cloned();
-    let limit = shared.config.body_limit;
-    // A harness that stops sending its body holds nothing: release cancels the read.
-    let read = tokio::select! {
-        biased;
-        _ = entry.cancel.cancelled() => return fail(Error::RolloutConcluded),
-        r = read_all(body, limit) => r,
-    };
-    let bytes = match read {
+    let bytes = match read_body(&shared, body, Some(&entry.cancel), "the request body").await {
         Ok(b) => b,
-        Err(ReadError::TooLarge { .. }) => return fail(Error::PayloadTooLarge { limit }),
-        Err(ReadError::Body(e)) => {
-            return fail(Error::invalid(format!(
-                "could not read the request body: {e}"
-            )))
-        }
+        Err(e) => return fail(e),
     };
     let mut body = match JsonBody::parse(bytes) {
         Ok(b) => b,
