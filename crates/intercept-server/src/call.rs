@@ -44,30 +44,111 @@ const ERROR_BODY_LIMIT: u64 = 64 * 1024;
 
 /// A model call accepted for the upstream.
 pub(crate) struct Call {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) entry: Arc<Entry>,
+    shared: Arc<Shared>,
+    entry: Arc<Entry>,
     /// Held for its `Drop`: keeps the session unsealed until the call recorded.
-    pub(crate) _guard: InflightGuard,
-    pub(crate) dialect: Arc<dyn Dialect>,
+    _guard: InflightGuard,
+    dialect: Arc<dyn Dialect>,
+    prepared: Prepared,
+    seq: u64,
+    body: JsonBody,
+    headers: HeaderMap,
+    started: SystemTime,
+    /// Ownership of this attempt for retry coalescing (non-streamed calls).
+    claim: Option<crate::retry::FlightClaim>,
+    /// Counts the call in flight for pause; carries the pause epoch it was admitted in.
+    admission: crate::pause::Admission,
+    /// Token capture, when the session asked for it and the dialect can.
+    capture: Capture,
+    /// Index (in the upstream's engines) of the engine last tried; `usize::MAX`: none.
+    engine: AtomicUsize,
+    /// The `model` the harness's request named, before the session's was imposed.
+    requested_model: Option<String>,
+    /// What network-policy mediation removed (for the record).
+    policy: Option<intercept_core::PolicyEvent>,
+}
+
+/// What admitting a call produced: the rollout entered, the pause admission, and for a
+/// non-streamed call its claim on the attempt (retry coalescing).
+pub(crate) struct Admitted {
+    pub(crate) entry: Arc<Entry>,
+    pub(crate) guard: InflightGuard,
+    pub(crate) admission: crate::pause::Admission,
+    pub(crate) claim: Option<crate::retry::FlightClaim>,
+}
+
+/// The request as prepared for the upstream: the dialect's reading of it, the body after
+/// the session's model, sampling, hooks and network policy, and the token capture.
+pub(crate) struct Outgoing {
     pub(crate) prepared: Prepared,
     pub(crate) seq: u64,
     pub(crate) body: JsonBody,
     pub(crate) headers: HeaderMap,
-    pub(crate) started: SystemTime,
-    /// Ownership of this attempt for retry coalescing (non-streamed calls).
-    pub(crate) claim: Option<crate::retry::FlightClaim>,
-    /// Counts the call in flight for pause; carries the pause epoch it was admitted in.
-    pub(crate) admission: crate::pause::Admission,
-    /// Token capture, when the session asked for it and the dialect can.
-    pub(crate) capture: Option<TokenCollector>,
-    /// Whether the call captures tokens (`capture` is taken once the relay starts).
-    pub(crate) capturing: bool,
-    /// Index (in the upstream's engines) of the engine last tried; `usize::MAX`: none.
-    pub(crate) engine: AtomicUsize,
-    /// The `model` the harness's request named, before the session's was imposed.
     pub(crate) requested_model: Option<String>,
-    /// What network-policy mediation removed (for the record).
     pub(crate) policy: Option<intercept_core::PolicyEvent>,
+    pub(crate) capture: Option<TokenCollector>,
+}
+
+impl Call {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        dialect: Arc<dyn Dialect>,
+        admitted: Admitted,
+        outgoing: Outgoing,
+    ) -> Self {
+        Call {
+            shared,
+            entry: admitted.entry,
+            _guard: admitted.guard,
+            dialect,
+            prepared: outgoing.prepared,
+            seq: outgoing.seq,
+            body: outgoing.body,
+            headers: outgoing.headers,
+            started: SystemTime::now(),
+            claim: admitted.claim,
+            admission: admitted.admission,
+            capture: Capture::new(outgoing.capture),
+            engine: AtomicUsize::new(usize::MAX),
+            requested_model: outgoing.requested_model,
+            policy: outgoing.policy,
+        }
+    }
+
+    /// Cancelled when the rollout is released or the server stops.
+    pub(crate) fn cancel(&self) -> &tokio_util::sync::CancellationToken {
+        &self.entry.cancel
+    }
+}
+
+/// A call's token capture: off, or on with its collector until the relay takes it (the
+/// record still knows capture was asked for).
+pub(crate) enum Capture {
+    Off,
+    On(TokenCollector),
+    Taken,
+}
+
+impl Capture {
+    pub(crate) fn new(collector: Option<TokenCollector>) -> Self {
+        collector.map_or(Capture::Off, Capture::On)
+    }
+
+    /// The collector, for the relay.
+    fn take(&mut self) -> Option<TokenCollector> {
+        match std::mem::replace(self, Capture::Taken) {
+            Capture::On(c) => Some(c),
+            Capture::Off => {
+                *self = Capture::Off;
+                None
+            }
+            Capture::Taken => None,
+        }
+    }
+
+    fn asked(&self) -> bool {
+        !matches!(self, Capture::Off)
+    }
 }
 
 /// Where a call sends its response head. The harness's connection stays marked busy
@@ -921,7 +1002,7 @@ impl Call {
         }
         self.shared.stats.record(&outcome.error);
         // A call that failed before the relay began still says capture was asked for.
-        let tokens = match (outcome.tokens, self.capturing) {
+        let tokens = match (outcome.tokens, self.capture.asked()) {
             (Some(t), _) => t,
             (None, true) => CapturedTokens {
                 status: TokenCapture::Missing,

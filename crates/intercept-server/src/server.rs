@@ -822,26 +822,27 @@ async fn model_call(
         None
     };
     debug!(session = session.id(), seq, stream = prepared.stream, path = %parts.uri.path(), "intercept");
-    let call = Call {
-        shared: shared.clone(),
-        entry,
-        _guard: guard,
-        dialect: dialect.clone(),
-        prepared,
-        seq,
-        body,
-        headers: parts.headers,
-        started: SystemTime::now(),
-        claim,
-        admission,
-        capturing: capture.is_some(),
-        capture,
-        engine: std::sync::atomic::AtomicUsize::new(usize::MAX),
-        requested_model,
-        policy,
-    };
+    let call = Call::new(
+        shared.clone(),
+        dialect.clone(),
+        crate::call::Admitted {
+            entry,
+            guard,
+            admission,
+            claim,
+        },
+        crate::call::Outgoing {
+            prepared,
+            seq,
+            body,
+            headers: parts.headers,
+            requested_model,
+            policy,
+            capture,
+        },
+    );
     let (tx, rx) = oneshot::channel();
-    let tx = crate::call::Reply::new(tx, connection.map(|c| c.busy(call.entry.cancel.clone())));
+    let tx = crate::call::Reply::new(tx, connection.map(|c| c.busy(call.cancel().clone())));
     // The call runs in this task (the harness's connection): here until the response
     // head exists, then in the response body. Dropped unfinished (the harness went
     // away), it goes on as a task of the server's tracker, to its record.
