@@ -709,6 +709,110 @@ pub(crate) async fn read_body(
     })
 }
 
+/// Admits a model call: the pause gate (wait for resume, or be refused), a retry's
+/// replay (non-streamed calls; before any refusal, so a retried call that was served
+/// gets its answer), the rollout's refusals (released, stopped, limits), then retry
+/// coalescing. `Err` is the answer: an error, or a replayed or coalesced reply.
+async fn admit(
+    shared: &Shared,
+    dialect: &dyn Dialect,
+    entry: Arc<Entry>,
+    guard: InflightGuard,
+    headers: &http::HeaderMap,
+    body: &JsonBody,
+    stream: bool,
+) -> Result<crate::call::Admitted, Response<ResponseBody>> {
+    let fail = |e: Error| error_response(dialect, &e);
+    let session = &entry.session;
+    let admission = shared
+        .gate
+        .admit(&entry.cancel, || {
+            if entry.is_released() {
+                Error::RolloutConcluded
+            } else {
+                Error::Cancelled("the server is shutting down; retry on another server".into())
+            }
+        })
+        .await
+        .map_err(|e| {
+            debug!(session = session.id(), error = ?e.to_string(), "call not admitted");
+            fail(e)
+        })?;
+    let retry = match stream {
+        true => None,
+        false => match crate::retry::replay_or_fingerprint(&entry, headers, body).await {
+            Ok(retry) => Some(retry),
+            Err(recorded) => {
+                session.on_replay();
+                return Err(json_response(StatusCode::OK, recorded));
+            }
+        },
+    };
+    if entry.is_released() {
+        return Err(fail(Error::RolloutConcluded));
+    }
+    if let Some(reason) = session.stop_reason() {
+        return Err(fail(Error::RolloutStopped(reason)));
+    }
+    let claim = match retry {
+        None => None,
+        Some(retry) => {
+            match crate::retry::coalesce_or_claim(&entry, retry.fingerprint, retry.marked) {
+                crate::retry::Decision::Claim(c) => Some(c),
+                crate::retry::Decision::Coalesce(rx) => {
+                    debug!(session = session.id(), "intercept coalesce");
+                    drop(guard);
+                    return Err(match crate::retry::wait(rx).await {
+                        Some(b) => {
+                            session.on_replay();
+                            json_response(StatusCode::OK, b)
+                        }
+                        None => fail(Error::UpstreamUnavailable("upstream attempt failed".into())),
+                    });
+                }
+            }
+        }
+    };
+    if let Err(reason) = session.check() {
+        return Err(fail(Error::RolloutStopped(reason)));
+    }
+    Ok(crate::call::Admitted {
+        entry,
+        guard,
+        admission,
+        claim,
+    })
+}
+
+/// Prepares an admitted call's request: the session's request hook (which may rewrite
+/// it or stop the rollout), network-policy mediation, and token capture.
+async fn prepare(
+    dialect: &dyn Dialect,
+    session: &dyn Session,
+    info: &CallInfo,
+    body: &mut JsonBody,
+) -> Result<
+    (
+        Option<intercept_core::PolicyEvent>,
+        Option<intercept_core::capture::TokenCollector>,
+    ),
+    Error,
+> {
+    match session.on_request(info, body).await {
+        Ok(HookAction::Stop(reason)) => return Err(crate::call::stopped_by_hook(session, reason)),
+        Ok(_) => {}
+        Err(e) => return Err(Error::from_hook("request hook failed", e)),
+    }
+    let policy = crate::network::mediate(dialect, session.network(), session.id(), body)?;
+    let capture = match session.capture_tokens() {
+        true => dialect.capture_tokens(body)?,
+        false => None,
+    };
+    Ok((policy, capture))
+}
+
+/// A model call, as stages: authenticate, read and parse, admit, prepare; then the
+/// [`Call`] sends, relays and records (`call.rs`).
 async fn model_call(
     shared: Arc<Shared>,
     dialect: Arc<dyn Dialect>,
@@ -735,102 +839,35 @@ async fn model_call(
         Ok(p) => p,
         Err(e) => return fail(e),
     };
-    // Pause (weight sync): wait for resume, or be refused; nothing is served meanwhile.
-    let admission = match shared
-        .gate
-        .admit(&entry.cancel, || {
-            if entry.is_released() {
-                Error::RolloutConcluded
-            } else {
-                Error::Cancelled("the server is shutting down; retry on another server".into())
-            }
-        })
-        .await
+    let admitted = match admit(
+        &shared,
+        &*dialect,
+        entry,
+        guard,
+        &parts.headers,
+        &body,
+        prepared.stream,
+    )
+    .await
     {
         Ok(a) => a,
-        Err(e) => {
-            debug!(session = session.id(), error = ?e.to_string(), "call not admitted");
-            return fail(e);
-        }
+        Err(answer) => return answer,
     };
-    // Retry atomicity (non-streamed calls): replay before any refusal check.
-    let retry = if prepared.stream {
-        None
-    } else {
-        let marked = crate::retry::is_marked_retry(&parts.headers);
-        let fingerprint = crate::retry::Fingerprint::of(body.source()).await;
-        if let Some(recorded) = crate::retry::replay(&entry, &fingerprint, marked) {
-            debug!(session = session.id(), "intercept replay");
-            session.on_replay();
-            return json_response(StatusCode::OK, recorded);
-        }
-        Some((fingerprint, marked))
-    };
-    if entry.is_released() {
-        return fail(Error::RolloutConcluded);
-    }
-    if let Some(reason) = session.stop_reason() {
-        return fail(Error::RolloutStopped(reason));
-    }
-    let claim = match retry {
-        None => None,
-        Some((fingerprint, marked)) => {
-            match crate::retry::coalesce_or_claim(&entry, fingerprint, marked) {
-                crate::retry::Decision::Claim(c) => Some(c),
-                crate::retry::Decision::Coalesce(rx) => {
-                    debug!(session = session.id(), "intercept coalesce");
-                    drop(guard);
-                    return match crate::retry::wait(rx).await {
-                        Some(b) => {
-                            session.on_replay();
-                            json_response(StatusCode::OK, b)
-                        }
-                        None => fail(Error::UpstreamUnavailable("upstream attempt failed".into())),
-                    };
-                }
-            }
-        }
-    };
-    if let Err(reason) = session.check() {
-        return fail(Error::RolloutStopped(reason));
-    }
-    let seq = entry.next_seq();
+    let seq = admitted.entry.next_seq();
     let info = CallInfo {
         dialect: dialect.kind(),
         stream: prepared.stream,
         seq,
     };
-    match session.on_request(&info, &mut body).await {
-        Ok(HookAction::Continue) => {}
-        Ok(HookAction::Stop(reason)) => {
-            return fail(crate::call::stopped_by_hook(&*session, reason));
-        }
-        Ok(_) => {}
-        Err(e) => return fail(Error::from_hook("request hook failed", e)),
-    }
-    let policy =
-        match crate::network::mediate(&*dialect, session.network(), session.id(), &mut body) {
-            Ok(p) => p,
-            Err(e) => return fail(e),
-        };
-    let capture = if session.capture_tokens() {
-        match dialect.capture_tokens(&mut body) {
-            Ok(c) => c,
-            Err(e) => return fail(e),
-        }
-    } else {
-        None
+    let (policy, capture) = match prepare(&*dialect, &*session, &info, &mut body).await {
+        Ok(p) => p,
+        Err(e) => return fail(e),
     };
     debug!(session = session.id(), seq, stream = prepared.stream, path = %parts.uri.path(), "intercept");
     let call = Call::new(
         shared.clone(),
         dialect.clone(),
-        crate::call::Admitted {
-            entry,
-            guard,
-            admission,
-            claim,
-        },
+        admitted,
         crate::call::Outgoing {
             prepared,
             seq,
