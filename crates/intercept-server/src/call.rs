@@ -508,58 +508,8 @@ impl Call {
         let (outcome, response) = match result {
             Ok(Ok((body, content_type, head_at))) => match self.dialect.summarize(&body) {
                 Ok(summary) => {
-                    // Token capture: the harness (and the record's `response`) get the
-                    // reply without what the harness did not ask for.
-                    let body = match &mut capture {
-                        Some(c) => c.strip_json(&body),
-                        None => body,
-                    };
-                    // A response hook may rewrite the answer or stop the rollout.
-                    let mut served = body.clone();
-                    let mut stop: Option<String> = None;
-                    let mut hook_error: Option<Error> = None;
-                    if self.entry.session.inspects_responses() {
-                        match serde_json::from_slice::<serde_json::Value>(&body) {
-                            Ok(value) => match self.response_hook(&value).await {
-                                Ok(HookOutcome::Unchanged) => {}
-                                Ok(HookOutcome::Rewritten(v)) => {
-                                    served =
-                                        Bytes::from(serde_json::to_vec(&v).unwrap_or_default());
-                                }
-                                Ok(HookOutcome::Stop(reason)) => stop = Some(reason),
-                                Err(e) => hook_error = Some(e),
-                            },
-                            Err(e) => hook_error = Some(Error::UpstreamMalformed(e.to_string())),
-                        }
-                    }
-                    let mut outcome = Outcome {
-                        status: 200,
-                        response: Some(RawJson::new(body)),
-                        summary,
-                        ttfb_ms: Some(ms_since(self.started, head_at)),
-                        client_disconnected: false,
-                        error: None,
-                        tokens: None,
-                        truncated: false,
-                    };
-                    if let Some(e) = hook_error {
-                        outcome.error = Some(CallError::from(&e));
-                        outcome.status = e.status();
-                        (outcome, error_response(&*self.dialect, &e))
-                    } else if let Some(reason) = stop {
-                        let e = stopped_by_hook(&*self.entry.session, reason);
-                        outcome.status = e.status();
-                        (outcome, error_response(&*self.dialect, &e))
-                    } else {
-                        if let Some(claim) = self.claim.take() {
-                            claim.served(served.clone());
-                        }
-                        let mut resp = json_response(StatusCode::OK, served);
-                        if let Some(ct) = content_type {
-                            resp.headers_mut().insert(http::header::CONTENT_TYPE, ct);
-                        }
-                        (outcome, resp)
-                    }
+                    self.serve_json(body, content_type, head_at, summary, &mut capture)
+                        .await
                 }
                 Err(e) => {
                     let answered = self.stop_on_context_length(&e);
@@ -588,6 +538,70 @@ impl Call {
         outcome.tokens = capture.map(TokenCollector::finish);
         self.record(outcome);
         let _ = reply.send(response);
+    }
+
+    /// A 2xx JSON answer and its summary: token capture strips what the harness did not
+    /// ask for, the response hook may rewrite it or stop the rollout; the outcome to
+    /// record and the answer to send.
+    async fn serve_json(
+        &mut self,
+        body: Bytes,
+        content_type: Option<HeaderValue>,
+        head_at: Instant,
+        summary: Summary,
+        capture: &mut Option<TokenCollector>,
+    ) -> (Outcome, Response<ResponseBody>) {
+        // Token capture: the harness (and the record's `response`) get the
+        // reply without what the harness did not ask for.
+        let body = match capture {
+            Some(c) => c.strip_json(&body),
+            None => body,
+        };
+        // A response hook may rewrite the answer or stop the rollout.
+        let mut served = body.clone();
+        let mut stop: Option<String> = None;
+        let mut hook_error: Option<Error> = None;
+        if self.entry.session.inspects_responses() {
+            match serde_json::from_slice::<serde_json::Value>(&body) {
+                Ok(value) => match self.response_hook(&value).await {
+                    Ok(HookOutcome::Unchanged) => {}
+                    Ok(HookOutcome::Rewritten(v)) => {
+                        served = Bytes::from(serde_json::to_vec(&v).unwrap_or_default());
+                    }
+                    Ok(HookOutcome::Stop(reason)) => stop = Some(reason),
+                    Err(e) => hook_error = Some(e),
+                },
+                Err(e) => hook_error = Some(Error::UpstreamMalformed(e.to_string())),
+            }
+        }
+        let mut outcome = Outcome {
+            status: 200,
+            response: Some(RawJson::new(body)),
+            summary,
+            ttfb_ms: Some(ms_since(self.started, head_at)),
+            client_disconnected: false,
+            error: None,
+            tokens: None,
+            truncated: false,
+        };
+        if let Some(e) = hook_error {
+            outcome.error = Some(CallError::from(&e));
+            outcome.status = e.status();
+            (outcome, error_response(&*self.dialect, &e))
+        } else if let Some(reason) = stop {
+            let e = stopped_by_hook(&*self.entry.session, reason);
+            outcome.status = e.status();
+            (outcome, error_response(&*self.dialect, &e))
+        } else {
+            if let Some(claim) = self.claim.take() {
+                claim.served(served.clone());
+            }
+            let mut resp = json_response(StatusCode::OK, served);
+            if let Some(ct) = content_type {
+                resp.headers_mut().insert(http::header::CONTENT_TYPE, ct);
+            }
+            (outcome, resp)
+        }
     }
 
     /// Ends a stream that failed before relaying began: an HTTP error when the response
