@@ -25,11 +25,13 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::Incoming;
 use intercept_core::{
-    Limits, NetworkPolicy, RecordSink, RolloutSession, Sampling, Session, SessionConfig,
+    Error, Limits, NetworkPolicy, RecordSink, RolloutSession, Sampling, Session, SessionConfig,
     SessionStatus, SlotGuard, Upstream,
 };
 use serde_json::{json, Map, Value};
 use tracing::{info, warn};
+
+use intercept_server::{render, render_message, Shape};
 
 use crate::config::check_base_url;
 use crate::jsonl::JsonlSink;
@@ -61,23 +63,16 @@ fn ok_json(status: StatusCode, value: &Value) -> Resp {
     )
 }
 
-/// An error answer: one status, one `type`, a message naming what is wrong.
-fn error(status: StatusCode, message: impl Into<String>) -> Resp {
-    let kind = match status {
-        StatusCode::BAD_REQUEST => "invalid_request_error",
-        StatusCode::UNAUTHORIZED => "authentication_error",
-        StatusCode::NOT_FOUND => "not_found_error",
-        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed_error",
-        StatusCode::CONFLICT => "conflict_error",
-        StatusCode::GONE => "gone_error",
-        StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large_error",
-        StatusCode::SERVICE_UNAVAILABLE => "unavailable_error",
-        _ => "internal_error",
-    };
-    ok_json(
-        status,
-        &json!({"error": {"message": message.into(), "type": kind}}),
-    )
+/// An error answer, rendered by the server's one mapper ([`render`]): the error decides
+/// the status, the `type` and the headers; its text is the message.
+fn error(error: Error) -> Resp {
+    render(&error, Shape::Control).map(Full::new)
+}
+
+/// [`error`] in the control API's own words, for the errors whose text is the model
+/// routes' (401, 404, 405, 413).
+fn worded(error: Error, message: impl AsRef<str>) -> Resp {
+    render_message(&error, message.as_ref(), Shape::Control).map(Full::new)
 }
 
 /// Handles one control request.
@@ -93,8 +88,8 @@ pub(crate) async fn handle(state: Arc<ControlState>, req: Request<Incoming>) -> 
     let authorized = intercept_core::dialect::bearer(req.headers())
         .is_some_and(|candidate| state.token.matches(candidate));
     if !authorized {
-        return error(
-            StatusCode::UNAUTHORIZED,
+        return worded(
+            Error::Unauthorized,
             "missing or wrong control token: send `Authorization: Bearer <token>` with the \
              token from the ready line",
         );
@@ -124,16 +119,22 @@ pub(crate) async fn handle(state: Arc<ControlState>, req: Request<Incoming>) -> 
         | (["v1", "interception"], _)
         | (["v1", "pause" | "resume"], _)
         | (["metrics"], _) => not_allowed(&method, &path),
-        _ => error(
-            StatusCode::NOT_FOUND,
+        _ => worded(
+            Error::NotFound {
+                method: method.to_string(),
+                path: path.clone(),
+            },
             format!("no route {method} {path}; see docs/sidecar.md for the control API"),
         ),
     }
 }
 
 fn not_allowed(method: &Method, path: &str) -> Resp {
-    error(
-        StatusCode::METHOD_NOT_ALLOWED,
+    worded(
+        Error::MethodNotAllowed {
+            method: method.to_string(),
+            path: path.to_owned(),
+        },
         format!("{method} is not allowed on {path}"),
     )
 }
@@ -151,7 +152,7 @@ struct CreateRequest {
 }
 
 fn bad(message: impl Into<String>) -> Resp {
-    error(StatusCode::BAD_REQUEST, message)
+    error(Error::InvalidRequest(message.into()))
 }
 
 /// Checks a session id: 1–128 characters of `A-Z a-z 0-9 . _ -`, not starting with `.`
@@ -343,16 +344,17 @@ fn parse_upstream(
 
 async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
     if !state.accepting.load(Ordering::SeqCst) {
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the sidecar is shutting down; no new sessions",
-        );
+        return error(Error::Unavailable(
+            "the sidecar is shutting down; no new sessions".into(),
+        ));
     }
     let body = match Limited::new(req.into_body(), BODY_LIMIT).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
+            return worded(
+                Error::PayloadTooLarge {
+                    limit: BODY_LIMIT as u64,
+                },
                 format!("the body exceeds {BODY_LIMIT} bytes"),
             )
         }
@@ -375,10 +377,9 @@ async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
         None => match generate_id(state) {
             Some(id) => id,
             None => {
-                return error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "could not generate a free session id; retry, or give an explicit id",
-                )
+                return error(Error::Unavailable(
+                    "could not generate a free session id; retry, or give an explicit id".into(),
+                ))
             }
         },
     };
@@ -391,27 +392,21 @@ async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
             match JsonlSink::create_new(&path) {
                 Ok(s) => Some(Arc::new(s)),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    return error(
-                        StatusCode::CONFLICT,
-                        format!(
-                            "the trace file {} already exists (a rollout of an earlier run, or \
+                    return error(Error::Conflict(format!(
+                        "the trace file {} already exists (a rollout of an earlier run, or \
                              of a session released and forgotten, has this id); a session never \
                              appends to another rollout's file: choose another id, or move the \
                              file away",
-                            path.display()
-                        ),
-                    )
+                        path.display()
+                    )))
                 }
                 Err(e) => {
                     warn!(session = %id, path = %path.display(), error = %e, "cannot create the trace file");
-                    return error(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        format!(
-                            "cannot create the trace file {} of session {id:?}: {e}; retry once \
+                    return error(Error::Unavailable(format!(
+                        "cannot create the trace file {} of session {id:?}: {e}; retry once \
                              the sidecar has resources again (open files, disk space)",
-                            path.display()
-                        ),
-                    );
+                        path.display()
+                    )));
                 }
             }
         }
@@ -450,10 +445,7 @@ async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
         Err(e) => {
             state.sessions.lock().remove(&id);
             warn!(session = %id, error = %e, "could not acquire a slot");
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("could not acquire a slot: {e}"),
-            );
+            return error(Error::Unavailable(format!("could not acquire a slot: {e}")));
         }
     };
     let slot = guard.slot().clone();
@@ -466,10 +458,9 @@ async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
                 if let Some(held) = sessions.remove(&id) {
                     held.done.token.cancel();
                 }
-                return error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the sidecar is shutting down; no new sessions",
-                );
+                return error(Error::Unavailable(
+                    "the sidecar is shutting down; no new sessions".into(),
+                ));
             }
         }
     }
@@ -493,10 +484,9 @@ async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
 }
 
 fn duplicate(id: &str) -> Resp {
-    error(
-        StatusCode::CONFLICT,
-        format!("a session with id {id:?} already exists; ids must be unique"),
-    )
+    error(Error::Conflict(format!(
+        "a session with id {id:?} already exists; ids must be unique"
+    )))
 }
 
 /// A generated id: `session-<run>-<n>`, `<run>` the 8 hex digits drawn at start (see
@@ -510,9 +500,12 @@ fn generate_id(state: &ControlState) -> Option<String> {
     })
 }
 
-fn unknown(id: &str) -> Resp {
-    error(
-        StatusCode::NOT_FOUND,
+fn unknown(method: &Method, id: &str) -> Resp {
+    worded(
+        Error::NotFound {
+            method: method.to_string(),
+            path: format!("/v1/sessions/{id}"),
+        },
         format!("no session {id:?} (never created, or released long enough ago to be forgotten)"),
     )
 }
@@ -556,7 +549,7 @@ fn status(state: &ControlState, id: &str) -> Resp {
     let answer = {
         let sessions = state.sessions.lock();
         let Some(held) = sessions.get(id) else {
-            return unknown(id);
+            return unknown(&Method::GET, id);
         };
         json!({
             "id": id,
@@ -572,10 +565,9 @@ fn status(state: &ControlState, id: &str) -> Resp {
 
 /// 410: a released session is remembered but its trace is no longer held.
 fn gone(id: &str, what: &str, why: String) -> Resp {
-    error(
-        StatusCode::GONE,
-        format!("the {what} of released session {id:?} is no longer available: {why}"),
-    )
+    error(Error::Gone(format!(
+        "the {what} of released session {id:?} is no longer available: {why}"
+    )))
 }
 
 fn evicted(state: &ControlState) -> String {
@@ -665,7 +657,7 @@ async fn trace(state: &ControlState, id: &str) -> Resp {
             Ok(body) => respond(StatusCode::OK, "application/json", body),
             Err(resp) => resp,
         },
-        None => unknown(id),
+        None => unknown(&Method::GET, id),
     }
 }
 
@@ -685,7 +677,7 @@ async fn episode(state: &ControlState, id: &str) -> Resp {
             Ok(body) => respond(StatusCode::OK, "application/json", body),
             Err(resp) => resp,
         },
-        None => unknown(id),
+        None => unknown(&Method::GET, id),
     }
 }
 
@@ -725,13 +717,12 @@ async fn delete(state: &Arc<ControlState>, id: &str, with_episode: bool) -> Resp
     let (done, start) = {
         let mut sessions = state.sessions.lock();
         let Some(held) = sessions.get_mut(id) else {
-            return unknown(id);
+            return unknown(&Method::DELETE, id);
         };
         if !held.released && held.guard.is_none() {
-            return error(
-                StatusCode::CONFLICT,
-                format!("session {id:?} is still being created; retry"),
-            );
+            return error(Error::Conflict(format!(
+                "session {id:?} is still being created; retry"
+            )));
         }
         held.released = true;
         let start = held
@@ -752,17 +743,14 @@ async fn delete(state: &Arc<ControlState>, id: &str, with_episode: bool) -> Resp
         .await
         .is_err()
     {
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "the release of session {id:?} has not finished after {:.0} s (a call in flight \
+        return error(Error::Unavailable(format!(
+            "the release of session {id:?} has not finished after {:.0} s (a call in flight \
                  has not ended yet); retry the DELETE for the final trace",
-                wait.as_secs_f64()
-            ),
-        );
+            wait.as_secs_f64()
+        )));
     }
     let Some(last) = done.last.get().cloned() else {
-        return unknown(id);
+        return unknown(&Method::DELETE, id);
     };
     let mut answer = match final_trace(state, id, &last).await {
         Ok(a) => a,
@@ -849,10 +837,7 @@ fn pause_answer(result: Result<intercept_core::PauseStatus, intercept_core::Erro
             StatusCode::OK,
             &serde_json::to_value(status).unwrap_or(Value::Null),
         ),
-        Err(e) => error(
-            StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-            e.to_string(),
-        ),
+        Err(e) => error(e),
     }
 }
 

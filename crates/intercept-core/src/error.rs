@@ -78,6 +78,8 @@ pub enum ErrorKind {
     Internal,
     /// The client asked to upgrade to a transport the server does not speak (WebSocket).
     UpgradeRequired,
+    /// What was asked for existed but is no longer held (a released session's trace).
+    Gone,
 }
 
 impl ErrorKind {
@@ -104,6 +106,7 @@ impl ErrorKind {
             ErrorKind::HookFailed => "hook_failed",
             ErrorKind::Internal => "internal",
             ErrorKind::UpgradeRequired => "upgrade_required",
+            ErrorKind::Gone => "gone",
         }
     }
 }
@@ -143,10 +146,11 @@ pub enum Error {
     /// The rollout was released.
     #[error("rollout concluded")]
     RolloutConcluded,
-    /// The rollout stopped; the string is the stop condition.
+    /// The rollout stopped, for this reason.
     #[error("rollout stopped: {0}")]
-    RolloutStopped(String),
-    /// The upstream answered with an error status; `body` is its text.
+    RolloutStopped(crate::session::StopReason),
+    /// The upstream answered with an error status; `body` is its text. Built with
+    /// [`Error::upstream_status`], which classifies it.
     #[error("upstream {status}: {body}")]
     UpstreamStatus {
         /// The upstream's status code.
@@ -155,6 +159,10 @@ pub enum Error {
         body: String,
         /// The upstream's `retry-after` header, if any.
         retry_after: Option<String>,
+        /// The upstream says the prompt exceeds the model's context
+        /// ([`is_context_length_error`] of the status and body, decided when the answer
+        /// was read).
+        context_length: bool,
     },
     /// The upstream did not answer in time.
     #[error("upstream timed out: {0}")]
@@ -182,6 +190,9 @@ pub enum Error {
     /// A conflict with existing state.
     #[error("{0}")]
     Conflict(String),
+    /// What was asked for existed but is no longer held (410); the message says why.
+    #[error("{0}")]
+    Gone(String),
     /// A session's request or response hook failed (an [`Error::Internal`] it returned);
     /// the call is answered 502, like any failure between the harness and the model.
     /// Hooks that mean a particular answer return that error instead (for example
@@ -222,6 +233,29 @@ fn paused_message(held: bool, retry_after: u64) -> String {
 }
 
 impl Error {
+    /// An [`Error::UpstreamStatus`] for an upstream's error answer, classified from its
+    /// status and text as it is read (see [`Error::is_context_length`]).
+    pub fn upstream_status(status: u16, body: String, retry_after: Option<String>) -> Self {
+        Error::UpstreamStatus {
+            context_length: is_context_length_error(status, &body),
+            status,
+            body,
+            retry_after,
+        }
+    }
+
+    /// Whether the upstream said the prompt exceeds the model's context: such an error
+    /// stops the rollout with [`crate::StopReason::ContextLength`] (a clean truncation).
+    pub fn is_context_length(&self) -> bool {
+        matches!(
+            self,
+            Error::UpstreamStatus {
+                context_length: true,
+                ..
+            }
+        )
+    }
+
     /// Builds an [`Error::InvalidRequest`].
     pub fn invalid(message: impl Into<String>) -> Self {
         Error::InvalidRequest(message.into())
@@ -255,6 +289,7 @@ impl Error {
             Error::Cancelled(_) => ErrorKind::Cancelled,
             Error::Tunnel { .. } => ErrorKind::Tunnel,
             Error::Conflict(_) => ErrorKind::Conflict,
+            Error::Gone(_) => ErrorKind::Gone,
             Error::HookFailed(_) => ErrorKind::HookFailed,
             Error::Internal(_) => ErrorKind::Internal,
             Error::Paused { .. } => ErrorKind::Paused,
@@ -272,6 +307,7 @@ impl Error {
             Error::NotFound { .. } => 404,
             Error::MethodNotAllowed { .. } => 405,
             Error::RolloutConcluded | Error::Conflict(_) => 409,
+            Error::Gone(_) => 410,
             Error::UpstreamStatus { status, .. } => *status,
             Error::UpstreamTimeout(_) => 504,
             Error::UpstreamUnavailable(_) | Error::Cancelled(_) => 503,
@@ -297,6 +333,7 @@ impl Error {
             | Error::RolloutStopped(_)
             | Error::ClientDisconnected(_)
             | Error::Conflict(_)
+            | Error::Gone(_)
             | Error::UpgradeRequired { .. } => Blame::Client,
             Error::UpstreamStatus { .. }
             | Error::UpstreamTimeout(_)
@@ -402,14 +439,10 @@ mod tests {
         assert_eq!(Error::Unauthorized.status(), 401);
         assert_eq!(Error::RolloutConcluded.status(), 409);
         assert_eq!(
-            Error::RolloutStopped("max_turns".into()).to_string(),
+            Error::RolloutStopped(crate::StopReason::Limit("max_turns")).to_string(),
             "rollout stopped: max_turns"
         );
-        let e = Error::UpstreamStatus {
-            status: 429,
-            body: "slow down".into(),
-            retry_after: None,
-        };
+        let e = Error::upstream_status(429, "slow down".into(), None);
         assert_eq!(e.status(), 429);
         assert_eq!(e.blame(), Blame::Upstream);
         assert!(e.retryable());
@@ -440,7 +473,7 @@ mod tests {
         // `x-should-retry: false` goes on final answers only.
         for e in [
             Error::RolloutConcluded,
-            Error::RolloutStopped("max_turns".into()),
+            Error::RolloutStopped(crate::StopReason::Limit("max_turns")),
             Error::Unauthorized,
             Error::invalid("bad"),
         ] {
@@ -449,11 +482,7 @@ mod tests {
         for e in [
             rejected,
             held,
-            Error::UpstreamStatus {
-                status: 400,
-                body: "x".into(),
-                retry_after: None,
-            },
+            Error::upstream_status(400, "x".into(), None),
             Error::UpstreamUnavailable("x".into()),
             Error::Internal("x".into()),
             Error::HookFailed("x".into()),

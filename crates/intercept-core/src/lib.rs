@@ -66,7 +66,7 @@ pub use record::{CallError, CallRecord, TokenCapture, Usage};
 pub use secret::{Secret, SecretStr};
 pub use session::{
     CallInfo, HookAction, Limits, RecordSink, RolloutSession, Sampling, Session, SessionConfig,
-    SessionStatus, ToolAction, ToolPhase, Totals, Trace, Upstream,
+    SessionStatus, StopReason, ToolAction, ToolPhase, Totals, Trace, Upstream,
 };
 pub use slot::Slot;
 pub use tunnel::{BindAddr, Endpoint, Health, Tunnel};

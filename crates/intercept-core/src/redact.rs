@@ -104,10 +104,12 @@ impl Redactor {
                 status,
                 body,
                 retry_after,
+                context_length,
             } => E::UpstreamStatus {
                 status,
                 body: s(body),
                 retry_after: retry_after.map(s),
+                context_length,
             },
             E::UpstreamTimeout(m) => E::UpstreamTimeout(s(m)),
             E::UpstreamUnavailable(m) => E::UpstreamUnavailable(s(m)),
@@ -140,11 +142,11 @@ mod tests {
             b"{\"error\":\"bad key Bearer <redacted>\",\"again\":\"<redacted><redacted>\"}"
         );
         assert_eq!(r.str("nothing here"), "nothing here");
-        let e = r.error(crate::Error::UpstreamStatus {
-            status: 401,
-            body: format!("invalid {KEY}"),
-            retry_after: Some(KEY.into()),
-        });
+        let e = r.error(crate::Error::upstream_status(
+            401,
+            format!("invalid {KEY}"),
+            Some(KEY.into()),
+        ));
         assert!(!format!("{e:?}").contains(KEY), "{e:?}");
     }
 

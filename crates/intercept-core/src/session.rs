@@ -196,6 +196,39 @@ impl Totals {
     }
 }
 
+/// Why a rollout stopped. Its text ([`StopReason::as_str`]) is what traces, records, the
+/// control API and the harness's `rollout stopped: <reason>` show.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StopReason {
+    /// A limit of [`Limits`] was reached (`max_turns`, `max_input_tokens`,
+    /// `max_output_tokens`, `max_total_tokens`).
+    Limit(&'static str),
+    /// The upstream said the prompt exceeds the model's context (`context_length`).
+    ContextLength,
+    /// A request, response or tool hook stopped the rollout with this condition.
+    Hook(String),
+    /// The session's owner stopped it ([`Session::stop`]) with this condition.
+    Custom(String),
+}
+
+impl StopReason {
+    /// The condition's name.
+    pub fn as_str(&self) -> &str {
+        match self {
+            StopReason::Limit(name) => name,
+            StopReason::ContextLength => "context_length",
+            StopReason::Hook(name) | StopReason::Custom(name) => name,
+        }
+    }
+}
+
+impl fmt::Display for StopReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What a request hook decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -290,9 +323,9 @@ pub trait Session: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Checked before each call: `Err(reason)` refuses it with 400 `rollout stopped:
-    /// <reason>`. The default refuses once [`Session::stop_condition`] is set.
-    fn check(&self) -> Result<(), String> {
-        match self.stop_condition() {
+    /// <reason>`. The default refuses once [`Session::stop_reason`] is set.
+    fn check(&self) -> Result<(), StopReason> {
+        match self.stop_reason() {
             Some(reason) => Err(reason),
             None => Ok(()),
         }
@@ -347,6 +380,18 @@ pub trait Session: Send + Sync + fmt::Debug + 'static {
 
     /// Stops the rollout (the first condition wins). The default ignores it.
     fn stop(&self, _reason: &str) {}
+
+    /// Why the rollout stopped, typed. The default is [`Session::stop_condition`] as a
+    /// [`StopReason::Custom`].
+    fn stop_reason(&self) -> Option<StopReason> {
+        self.stop_condition().map(StopReason::Custom)
+    }
+
+    /// Stops the rollout for `reason` (the first condition wins); the server stops
+    /// rollouts through this. The default is [`Session::stop`] with the reason's text.
+    fn stop_with(&self, reason: StopReason) {
+        self.stop(reason.as_str())
+    }
 
     /// The rollout's shared state document (`GET /state`).
     fn state(&self) -> serde_json::Value {
@@ -472,7 +517,7 @@ impl Trace {
 struct Inner {
     calls: Vec<CallRecord>,
     totals: Totals,
-    stop: Option<String>,
+    stop: Option<StopReason>,
     state: serde_json::Value,
     released: bool,
     replays: u64,
@@ -538,7 +583,7 @@ impl RolloutSession {
         let inner = self.inner.lock();
         Trace {
             id: self.config.id.clone(),
-            stop_condition: inner.stop.clone(),
+            stop_condition: inner.stop.as_ref().map(|r| r.as_str().to_owned()),
             calls: inner.calls.clone(),
             replays: inner.replays,
         }
@@ -599,14 +644,14 @@ impl Session for RolloutSession {
         &self.config.network
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), StopReason> {
         let mut inner = self.inner.lock();
         if let Some(stop) = &inner.stop {
             return Err(stop.clone());
         }
         if let Some(hit) = inner.totals.exceeded(&self.config.limits) {
-            inner.stop = Some(hit.to_owned());
-            return Err(hit.to_owned());
+            inner.stop = Some(StopReason::Limit(hit));
+            return Err(StopReason::Limit(hit));
         }
         Ok(())
     }
@@ -632,13 +677,25 @@ impl Session for RolloutSession {
     }
 
     fn stop_condition(&self) -> Option<String> {
-        self.inner.lock().stop.clone()
+        self.inner
+            .lock()
+            .stop
+            .as_ref()
+            .map(|r| r.as_str().to_owned())
     }
 
     fn stop(&self, reason: &str) {
+        self.stop_with(StopReason::Custom(reason.to_owned()));
+    }
+
+    fn stop_reason(&self) -> Option<StopReason> {
+        self.inner.lock().stop.clone()
+    }
+
+    fn stop_with(&self, reason: StopReason) {
         let mut inner = self.inner.lock();
         if inner.stop.is_none() {
-            inner.stop = Some(reason.to_owned());
+            inner.stop = Some(reason);
         }
     }
 
@@ -771,7 +828,7 @@ mod tests {
         assert!(s.check().is_ok());
         s.stop("first");
         s.stop("second");
-        assert_eq!(s.check(), Err("first".to_string()));
+        assert_eq!(s.check(), Err(StopReason::Custom("first".to_string())));
         assert_eq!(s.status(), SessionStatus::Stopped);
         s.on_release();
         assert_eq!(s.status(), SessionStatus::Released);

@@ -67,7 +67,7 @@ impl Session for PySession {
         self.inner.capture_tokens()
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), intercept_core::StopReason> {
         self.inner.check()
     }
 
@@ -142,6 +142,14 @@ impl Session for PySession {
 
     fn stop(&self, reason: &str) {
         self.inner.stop(reason);
+    }
+
+    fn stop_reason(&self) -> Option<intercept_core::StopReason> {
+        self.inner.stop_reason()
+    }
+
+    fn stop_with(&self, reason: intercept_core::StopReason) {
+        self.inner.stop_with(reason);
     }
 
     fn state(&self) -> serde_json::Value {

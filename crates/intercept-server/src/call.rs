@@ -15,13 +15,12 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use intercept_core::capture::{CapturedTokens, TokenCollector};
-use intercept_core::error::is_context_length_error;
 use intercept_core::record::epoch_seconds;
 use intercept_core::redact::Redactor;
 use intercept_core::sse::{SseEvent, SseSplitter};
 use intercept_core::{
     Assembled, CallError, CallInfo, CallRecord, Dialect, Error, HookAction, JsonBody, Prepared,
-    RawJson, Relay, Summary, TokenCapture,
+    RawJson, Relay, Session, StopReason, Summary, TokenCapture,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::sleep_until;
@@ -45,30 +44,111 @@ const ERROR_BODY_LIMIT: u64 = 64 * 1024;
 
 /// A model call accepted for the upstream.
 pub(crate) struct Call {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) entry: Arc<Entry>,
+    shared: Arc<Shared>,
+    entry: Arc<Entry>,
     /// Held for its `Drop`: keeps the session unsealed until the call recorded.
-    pub(crate) _guard: InflightGuard,
-    pub(crate) dialect: Arc<dyn Dialect>,
+    _guard: InflightGuard,
+    dialect: Arc<dyn Dialect>,
+    prepared: Prepared,
+    seq: u64,
+    body: JsonBody,
+    headers: HeaderMap,
+    started: SystemTime,
+    /// Ownership of this attempt for retry coalescing (non-streamed calls).
+    claim: Option<crate::retry::FlightClaim>,
+    /// Counts the call in flight for pause; carries the pause epoch it was admitted in.
+    admission: crate::pause::Admission,
+    /// Token capture, when the session asked for it and the dialect can.
+    capture: Capture,
+    /// Index (in the upstream's engines) of the engine last tried; `usize::MAX`: none.
+    engine: AtomicUsize,
+    /// The `model` the harness's request named, before the session's was imposed.
+    requested_model: Option<String>,
+    /// What network-policy mediation removed (for the record).
+    policy: Option<intercept_core::PolicyEvent>,
+}
+
+/// What admitting a call produced: the rollout entered, the pause admission, and for a
+/// non-streamed call its claim on the attempt (retry coalescing).
+pub(crate) struct Admitted {
+    pub(crate) entry: Arc<Entry>,
+    pub(crate) guard: InflightGuard,
+    pub(crate) admission: crate::pause::Admission,
+    pub(crate) claim: Option<crate::retry::FlightClaim>,
+}
+
+/// The request as prepared for the upstream: the dialect's reading of it, the body after
+/// the session's model, sampling, hooks and network policy, and the token capture.
+pub(crate) struct Outgoing {
     pub(crate) prepared: Prepared,
     pub(crate) seq: u64,
     pub(crate) body: JsonBody,
     pub(crate) headers: HeaderMap,
-    pub(crate) started: SystemTime,
-    /// Ownership of this attempt for retry coalescing (non-streamed calls).
-    pub(crate) claim: Option<crate::retry::FlightClaim>,
-    /// Counts the call in flight for pause; carries the pause epoch it was admitted in.
-    pub(crate) admission: crate::pause::Admission,
-    /// Token capture, when the session asked for it and the dialect can.
-    pub(crate) capture: Option<TokenCollector>,
-    /// Whether the call captures tokens (`capture` is taken once the relay starts).
-    pub(crate) capturing: bool,
-    /// Index (in the upstream's engines) of the engine last tried; `usize::MAX`: none.
-    pub(crate) engine: AtomicUsize,
-    /// The `model` the harness's request named, before the session's was imposed.
     pub(crate) requested_model: Option<String>,
-    /// What network-policy mediation removed (for the record).
     pub(crate) policy: Option<intercept_core::PolicyEvent>,
+    pub(crate) capture: Option<TokenCollector>,
+}
+
+impl Call {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        dialect: Arc<dyn Dialect>,
+        admitted: Admitted,
+        outgoing: Outgoing,
+    ) -> Self {
+        Call {
+            shared,
+            entry: admitted.entry,
+            _guard: admitted.guard,
+            dialect,
+            prepared: outgoing.prepared,
+            seq: outgoing.seq,
+            body: outgoing.body,
+            headers: outgoing.headers,
+            started: SystemTime::now(),
+            claim: admitted.claim,
+            admission: admitted.admission,
+            capture: Capture::new(outgoing.capture),
+            engine: AtomicUsize::new(usize::MAX),
+            requested_model: outgoing.requested_model,
+            policy: outgoing.policy,
+        }
+    }
+
+    /// Cancelled when the rollout is released or the server stops.
+    pub(crate) fn cancel(&self) -> &tokio_util::sync::CancellationToken {
+        &self.entry.cancel
+    }
+}
+
+/// A call's token capture: off, or on with its collector until the relay takes it (the
+/// record still knows capture was asked for).
+pub(crate) enum Capture {
+    Off,
+    On(TokenCollector),
+    Taken,
+}
+
+impl Capture {
+    pub(crate) fn new(collector: Option<TokenCollector>) -> Self {
+        collector.map_or(Capture::Off, Capture::On)
+    }
+
+    /// The collector, for the relay.
+    fn take(&mut self) -> Option<TokenCollector> {
+        match std::mem::replace(self, Capture::Taken) {
+            Capture::On(c) => Some(c),
+            Capture::Off => {
+                *self = Capture::Off;
+                None
+            }
+            Capture::Taken => None,
+        }
+    }
+
+    fn asked(&self) -> bool {
+        !matches!(self, Capture::Off)
+    }
 }
 
 /// Where a call sends its response head. The harness's connection stays marked busy
@@ -135,6 +215,14 @@ enum HookOutcome {
     Unchanged,
     Rewritten(serde_json::Value),
     Stop(String),
+}
+
+/// Stops the rollout for a hook's `reason` and answers the condition that holds (the
+/// first one wins).
+pub(crate) fn stopped_by_hook(session: &dyn Session, reason: String) -> Error {
+    let reason = StopReason::Hook(reason);
+    session.stop_with(reason.clone());
+    Error::RolloutStopped(session.stop_reason().unwrap_or(reason))
 }
 
 /// Whether the response head of a stream went out.
@@ -268,11 +356,9 @@ impl Call {
     /// A context-length error stops the rollout with `context_length` (a clean truncation):
     /// the harness then gets 400 `rollout stopped: context_length`. Other errors pass.
     fn stop_on_context_length(&self, e: &Error) -> Error {
-        if matches!(e, Error::UpstreamStatus { .. })
-            && is_context_length_error(e.status(), &e.to_string())
-        {
-            self.entry.session.stop("context_length");
-            Error::RolloutStopped("context_length".into())
+        if e.is_context_length() {
+            self.entry.session.stop_with(StopReason::ContextLength);
+            Error::RolloutStopped(StopReason::ContextLength)
         } else {
             e.clone()
         }
@@ -376,14 +462,10 @@ impl Call {
             Ok(b) => redactor.str(&String::from_utf8_lossy(&b)).into_owned(),
             Err(_) => String::from("(error body unreadable or over 64 KiB)"),
         };
-        let upstream = Error::UpstreamStatus {
-            status,
-            body: text,
-            retry_after,
-        };
-        if is_context_length_error(status, &upstream.to_string()) {
-            self.entry.session.stop("context_length");
-            (upstream, Error::RolloutStopped("context_length".into()))
+        let upstream = Error::upstream_status(status, text, retry_after);
+        if upstream.is_context_length() {
+            self.entry.session.stop_with(StopReason::ContextLength);
+            (upstream, Error::RolloutStopped(StopReason::ContextLength))
         } else {
             (upstream.clone(), upstream)
         }
@@ -426,61 +508,8 @@ impl Call {
         let (outcome, response) = match result {
             Ok(Ok((body, content_type, head_at))) => match self.dialect.summarize(&body) {
                 Ok(summary) => {
-                    // Token capture: the harness (and the record's `response`) get the
-                    // reply without what the harness did not ask for.
-                    let body = match &mut capture {
-                        Some(c) => c.strip_json(&body),
-                        None => body,
-                    };
-                    // A response hook may rewrite the answer or stop the rollout.
-                    let mut served = body.clone();
-                    let mut stop: Option<String> = None;
-                    let mut hook_error: Option<Error> = None;
-                    if self.entry.session.inspects_responses() {
-                        match serde_json::from_slice::<serde_json::Value>(&body) {
-                            Ok(value) => match self.response_hook(&value).await {
-                                Ok(HookOutcome::Unchanged) => {}
-                                Ok(HookOutcome::Rewritten(v)) => {
-                                    served =
-                                        Bytes::from(serde_json::to_vec(&v).unwrap_or_default());
-                                }
-                                Ok(HookOutcome::Stop(reason)) => stop = Some(reason),
-                                Err(e) => hook_error = Some(e),
-                            },
-                            Err(e) => hook_error = Some(Error::UpstreamMalformed(e.to_string())),
-                        }
-                    }
-                    let mut outcome = Outcome {
-                        status: 200,
-                        response: Some(RawJson::new(body)),
-                        summary,
-                        ttfb_ms: Some(ms_since(self.started, head_at)),
-                        client_disconnected: false,
-                        error: None,
-                        tokens: None,
-                        truncated: false,
-                    };
-                    if let Some(e) = hook_error {
-                        outcome.error = Some(CallError::from(&e));
-                        outcome.status = e.status();
-                        (outcome, error_response(&*self.dialect, &e))
-                    } else if let Some(reason) = stop {
-                        self.entry.session.stop(&reason);
-                        let e = Error::RolloutStopped(
-                            self.entry.session.stop_condition().unwrap_or(reason),
-                        );
-                        outcome.status = e.status();
-                        (outcome, error_response(&*self.dialect, &e))
-                    } else {
-                        if let Some(claim) = self.claim.take() {
-                            claim.served(served.clone());
-                        }
-                        let mut resp = json_response(StatusCode::OK, served);
-                        if let Some(ct) = content_type {
-                            resp.headers_mut().insert(http::header::CONTENT_TYPE, ct);
-                        }
-                        (outcome, resp)
-                    }
+                    self.serve_json(body, content_type, head_at, summary, &mut capture)
+                        .await
                 }
                 Err(e) => {
                     let answered = self.stop_on_context_length(&e);
@@ -509,6 +538,70 @@ impl Call {
         outcome.tokens = capture.map(TokenCollector::finish);
         self.record(outcome);
         let _ = reply.send(response);
+    }
+
+    /// A 2xx JSON answer and its summary: token capture strips what the harness did not
+    /// ask for, the response hook may rewrite it or stop the rollout; the outcome to
+    /// record and the answer to send.
+    async fn serve_json(
+        &mut self,
+        body: Bytes,
+        content_type: Option<HeaderValue>,
+        head_at: Instant,
+        summary: Summary,
+        capture: &mut Option<TokenCollector>,
+    ) -> (Outcome, Response<ResponseBody>) {
+        // Token capture: the harness (and the record's `response`) get the
+        // reply without what the harness did not ask for.
+        let body = match capture {
+            Some(c) => c.strip_json(&body),
+            None => body,
+        };
+        // A response hook may rewrite the answer or stop the rollout.
+        let mut served = body.clone();
+        let mut stop: Option<String> = None;
+        let mut hook_error: Option<Error> = None;
+        if self.entry.session.inspects_responses() {
+            match serde_json::from_slice::<serde_json::Value>(&body) {
+                Ok(value) => match self.response_hook(&value).await {
+                    Ok(HookOutcome::Unchanged) => {}
+                    Ok(HookOutcome::Rewritten(v)) => {
+                        served = Bytes::from(serde_json::to_vec(&v).unwrap_or_default());
+                    }
+                    Ok(HookOutcome::Stop(reason)) => stop = Some(reason),
+                    Err(e) => hook_error = Some(e),
+                },
+                Err(e) => hook_error = Some(Error::UpstreamMalformed(e.to_string())),
+            }
+        }
+        let mut outcome = Outcome {
+            status: 200,
+            response: Some(RawJson::new(body)),
+            summary,
+            ttfb_ms: Some(ms_since(self.started, head_at)),
+            client_disconnected: false,
+            error: None,
+            tokens: None,
+            truncated: false,
+        };
+        if let Some(e) = hook_error {
+            outcome.error = Some(CallError::from(&e));
+            outcome.status = e.status();
+            (outcome, error_response(&*self.dialect, &e))
+        } else if let Some(reason) = stop {
+            let e = stopped_by_hook(&*self.entry.session, reason);
+            outcome.status = e.status();
+            (outcome, error_response(&*self.dialect, &e))
+        } else {
+            if let Some(claim) = self.claim.take() {
+                claim.served(served.clone());
+            }
+            let mut resp = json_response(StatusCode::OK, served);
+            if let Some(ct) = content_type {
+                resp.headers_mut().insert(http::header::CONTENT_TYPE, ct);
+            }
+            (outcome, resp)
+        }
     }
 
     /// Ends a stream that failed before relaying began: an HTTP error when the response
@@ -839,8 +932,7 @@ impl Call {
         outcome.tokens = capture.map(TokenCollector::finish);
         self.record(outcome);
         if let Some(reason) = stopped {
-            self.entry.session.stop(&reason);
-            let e = Error::RolloutStopped(self.entry.session.stop_condition().unwrap_or(reason));
+            let e = stopped_by_hook(&*self.entry.session, reason);
             let event = self.dialect.error_event(e.status(), &e.to_string());
             send_or_cancel(&tx, event, &cancel).await;
         } else if !client_gone {
@@ -924,7 +1016,7 @@ impl Call {
         }
         self.shared.stats.record(&outcome.error);
         // A call that failed before the relay began still says capture was asked for.
-        let tokens = match (outcome.tokens, self.capturing) {
+        let tokens = match (outcome.tokens, self.capture.asked()) {
             (Some(t), _) => t,
             (None, true) => CapturedTokens {
                 status: TokenCapture::Missing,
@@ -989,37 +1081,22 @@ pub(crate) async fn aux_call(
     req: http::Request<Incoming>,
 ) -> Response<ResponseBody> {
     let fail = |e: Error| error_response(&*dialect, &e);
-    let Some(secret) = dialect
-        .secret(req.headers())
-        .map(intercept_core::SecretStr::new)
-    else {
-        return fail(Error::Unauthorized);
-    };
-    let Some(entry) = shared.registry.by_model(secret) else {
-        return fail(if shared.registry.was_released(secret) {
-            Error::RolloutConcluded
-        } else {
-            Error::Unauthorized
-        });
-    };
-    let Some(_guard) = entry.enter() else {
-        return fail(Error::RolloutConcluded);
+    let (entry, _guard) = match crate::server::authenticate(&shared, dialect.secret(req.headers()))
+    {
+        Ok(a) => a,
+        Err(e) => return fail(e),
     };
     let (parts, body) = req.into_parts();
-    let limit = shared.config.body_limit;
-    let read = tokio::select! {
-        biased;
-        _ = entry.cancel.cancelled() => return fail(Error::RolloutConcluded),
-        r = read_all(body, limit) => r,
-    };
-    let bytes = match read {
+    let bytes = match crate::server::read_body(
+        &shared,
+        body,
+        Some(&entry.cancel),
+        "the request body",
+    )
+    .await
+    {
         Ok(b) => b,
-        Err(ReadError::TooLarge { .. }) => return fail(Error::PayloadTooLarge { limit }),
-        Err(ReadError::Body(e)) => {
-            return fail(Error::invalid(format!(
-                "could not read the request body: {e}"
-            )))
-        }
+        Err(e) => return fail(e),
     };
     let mut body = match JsonBody::parse(bytes) {
         Ok(b) => b,
@@ -1073,11 +1150,11 @@ pub(crate) async fn aux_call(
     };
     match result {
         Ok((status, body)) if status.is_success() => json_response(status, redactor.bytes(body)),
-        Ok((status, body)) => fail(Error::UpstreamStatus {
-            status: status.as_u16(),
-            body: redactor.str(&String::from_utf8_lossy(&body)).into_owned(),
-            retry_after: None,
-        }),
+        Ok((status, body)) => fail(Error::upstream_status(
+            status.as_u16(),
+            redactor.str(&String::from_utf8_lossy(&body)).into_owned(),
+            None,
+        )),
         Err(e) => fail(redactor.error(e)),
     }
 }

@@ -70,7 +70,9 @@ mod upstream;
 
 pub use config::ServerConfig;
 pub use http_body::ResponseBody;
-pub use respond::{GENERATED_HEADER, SHOULD_RETRY_HEADER};
+pub use respond::{
+    control_type, render, render_message, Shape, GENERATED_HEADER, SHOULD_RETRY_HEADER,
+};
 pub use serve::{
     serve_connections, Busy, Connection, ServeOptions, CANCEL_DRAIN, DEFAULT_MAX_CONNECTIONS,
 };

@@ -118,6 +118,35 @@ pub(crate) enum Decision {
     Claim(FlightClaim),
 }
 
+/// A non-streamed call's identity for retry matching.
+pub(crate) struct Attempt {
+    pub(crate) fingerprint: Fingerprint,
+    /// The SDK marked it a retry.
+    pub(crate) marked: bool,
+}
+
+/// The retry stage's first half, before any refusal: `Err` is the answer recorded for
+/// this very request (a marked retry of the last served body), to replay; otherwise the
+/// attempt, to [`coalesce_or_claim`] once the call is admitted.
+pub(crate) async fn replay_or_fingerprint(
+    entry: &Entry,
+    headers: &HeaderMap,
+    body: &intercept_core::JsonBody,
+) -> Result<Attempt, Bytes> {
+    let marked = is_marked_retry(headers);
+    let fingerprint = Fingerprint::of(body.source()).await;
+    match replay(entry, &fingerprint, marked) {
+        Some(recorded) => {
+            tracing::debug!(session = entry.session.id(), "intercept replay");
+            Err(recorded)
+        }
+        None => Ok(Attempt {
+            fingerprint,
+            marked,
+        }),
+    }
+}
+
 /// Replay check (before any refusal): a marked retry of the last served body gets the
 /// recorded response. A fresh identical request supersedes the record.
 pub(crate) fn replay(entry: &Entry, request: &Fingerprint, marked: bool) -> Option<Bytes> {

@@ -14,7 +14,7 @@ use hyper::body::{Body, Incoming};
 use hyper::service::Service;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use intercept_core::{ChatDialect, Dialect as _, Error};
+use intercept_core::{ChatDialect, Error};
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
@@ -65,24 +65,37 @@ const MAX_REFUSING: usize = 1024;
 /// How long a turned-away connection may take to send its request head and read its 503.
 const REFUSE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The answer of a connection over the cap: an [`Error::Unavailable`] in the OpenAI shape
-/// with the marker header, as [`crate::respond`] renders every error, written as bytes
-/// because the connection is never handed to hyper.
+/// The answer of a connection over the cap: an [`Error::Unavailable`] rendered by
+/// [`crate::respond::render`] like every error (OpenAI shape, marker header), written as
+/// bytes because the connection is never handed to hyper; it adds when to come back
+/// (`retry-after: 1`, `x-should-retry: true`) and that the connection closes.
 fn over_capacity(limit: usize) -> Vec<u8> {
     let error = Error::Unavailable(format!(
         "the server is at max_connections ({limit} connections at once); retry shortly"
     ));
-    let body = ChatDialect.error_body(error.status(), &error.to_string());
+    let resp = crate::respond::render(&error, crate::respond::Shape::Dialect(&ChatDialect));
+    let status = resp.status();
     let mut out = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
-         {}: {}\r\nretry-after: 1\r\n{}: true\r\nconnection: close\r\n\
-         content-length: {}\r\n\r\n",
-        crate::respond::GENERATED_HEADER,
-        error.blame().as_str(),
-        crate::respond::SHOULD_RETRY_HEADER,
-        body.len()
+        "HTTP/1.1 {} {}\r\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("")
     )
     .into_bytes();
+    for (name, value) in resp.headers() {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let body = resp.into_body();
+    out.extend_from_slice(
+        format!(
+            "retry-after: 1\r\n{}: true\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+            crate::respond::SHOULD_RETRY_HEADER,
+            body.len()
+        )
+        .as_bytes(),
+    );
     out.extend_from_slice(&body);
     out
 }

@@ -27,8 +27,8 @@ use tracing::{debug, info, warn};
 use crate::call::Call;
 use crate::config::ServerConfig;
 use crate::http_body::ResponseBody;
-use crate::registry::{Entry, Registry};
-use crate::respond::{error_response, json_response, plain_error};
+use crate::registry::{Entry, InflightGuard, Registry};
+use crate::respond::{error_response, flat_error, json_response, plain_error};
 use crate::upstream::{read_all, ReadError, UpstreamClient};
 
 /// Counters of a server, readable at any time.
@@ -518,19 +518,6 @@ pub const STATE_ROUTE_HEADER: &str = "x-intercept-state-route";
 /// shared tool servers work unchanged.
 const LEGACY_STATE_ROUTE_HEADER: &str = "x-verifiers-state-route";
 
-/// A flat `{"error": <text>}` body, as the state and task channels answer.
-fn flat_error(error: &Error) -> Response<ResponseBody> {
-    let status = StatusCode::from_u16(error.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let body = serde_json::json!({ "error": error.to_string() });
-    let mut resp = json_response(status, serde_json::to_vec(&body).unwrap_or_default());
-    if let Ok(v) = http::HeaderValue::from_str(error.blame().as_str()) {
-        resp.headers_mut()
-            .insert(crate::respond::GENERATED_HEADER, v);
-    }
-    crate::respond::mark_final(error, resp.headers_mut());
-    resp
-}
-
 /// `GET /state`, `PUT /state`, `GET /task`: the state capability (the state secret, never
 /// the model secret).
 async fn state_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ResponseBody> {
@@ -583,15 +570,9 @@ async fn state_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Re
         },
         (_, &Method::GET) => ok(session.state()),
         _ => {
-            let limit = shared.config.body_limit;
-            let bytes = match read_all(req.into_body(), limit).await {
+            let bytes = match read_body(&shared, req.into_body(), None, "the body").await {
                 Ok(b) => b,
-                Err(ReadError::TooLarge { .. }) => {
-                    return flat_error(&Error::PayloadTooLarge { limit })
-                }
-                Err(ReadError::Body(e)) => {
-                    return flat_error(&Error::invalid(format!("could not read the body: {e}")))
-                }
+                Err(e) => return flat_error(&e),
             };
             let value: serde_json::Value = match serde_json::from_slice(&bytes) {
                 Ok(v) => v,
@@ -612,20 +593,11 @@ async fn state_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Re
 /// `POST /tool`: a harness-run tool's result passes the session's tool hook (model
 /// secret, `Authorization: Bearer` only).
 async fn tool_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ResponseBody> {
-    let Some(secret) = intercept_core::dialect::bearer(req.headers()).map(SecretStr::new) else {
-        return flat_error(&Error::Unauthorized);
-    };
-    let Some(entry) = shared.registry.by_model(secret) else {
-        let released = shared.registry.was_released(secret);
-        return flat_error(&if released {
-            Error::RolloutConcluded
-        } else {
-            Error::Unauthorized
-        });
-    };
-    let Some(_guard) = entry.enter() else {
-        return flat_error(&Error::RolloutConcluded);
-    };
+    let (entry, _guard) =
+        match authenticate(&shared, intercept_core::dialect::bearer(req.headers())) {
+            Ok(a) => a,
+            Err(e) => return flat_error(&e),
+        };
     let session = entry.session.clone();
     let ok = |v: &intercept_core::ToolAction| {
         json_response(StatusCode::OK, serde_json::to_vec(v).unwrap_or_default())
@@ -633,16 +605,9 @@ async fn tool_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Res
     if let Some(reason) = session.stop_condition() {
         return ok(&intercept_core::ToolAction::Stop { reason });
     }
-    let bytes = match read_all(req.into_body(), shared.config.body_limit).await {
+    let bytes = match read_body(&shared, req.into_body(), None, "the body").await {
         Ok(b) => b,
-        Err(ReadError::TooLarge { .. }) => {
-            return flat_error(&Error::PayloadTooLarge {
-                limit: shared.config.body_limit,
-            })
-        }
-        Err(ReadError::Body(e)) => {
-            return flat_error(&Error::invalid(format!("could not read the body: {e}")))
-        }
+        Err(e) => return flat_error(&e),
     };
     #[derive(serde::Deserialize)]
     struct ToolCall {
@@ -662,7 +627,7 @@ async fn tool_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Res
     }
     match session.on_tool(call.phase, &call.message).await {
         Ok(intercept_core::ToolAction::Stop { reason }) => {
-            session.stop(&reason);
+            session.stop_with(intercept_core::StopReason::Hook(reason.clone()));
             ok(&intercept_core::ToolAction::Stop {
                 reason: session.stop_condition().unwrap_or(reason),
             })
@@ -701,43 +666,169 @@ fn models(shared: &Shared, req: &Request<Incoming>) -> Response<ResponseBody> {
     )
 }
 
+/// Authenticates a request by its model secret: the rollout's entry, entered (the
+/// in-flight guard keeps it unsealed until the request is done). An unknown secret is
+/// 401, a released rollout's 409.
+pub(crate) fn authenticate(
+    shared: &Shared,
+    secret: Option<&str>,
+) -> Result<(Arc<Entry>, InflightGuard), Error> {
+    let secret = SecretStr::new(secret.ok_or(Error::Unauthorized)?);
+    let Some(entry) = shared.registry.by_model(secret) else {
+        return Err(if shared.registry.was_released(secret) {
+            Error::RolloutConcluded
+        } else {
+            Error::Unauthorized
+        });
+    };
+    let guard = entry.enter().ok_or(Error::RolloutConcluded)?;
+    Ok((entry, guard))
+}
+
+/// Reads a request body up to the configured limit; `what` names it in the error. With
+/// `cancel`, the read ends with 409 when the rollout is released: a harness that stops
+/// sending its body holds nothing.
+pub(crate) async fn read_body(
+    shared: &Shared,
+    body: Incoming,
+    cancel: Option<&CancellationToken>,
+    what: &str,
+) -> Result<bytes::Bytes, Error> {
+    let limit = shared.config.body_limit;
+    let read = match cancel {
+        Some(cancel) => tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return Err(Error::RolloutConcluded),
+            r = read_all(body, limit) => r,
+        },
+        None => read_all(body, limit).await,
+    };
+    read.map_err(|e| match e {
+        ReadError::TooLarge { .. } => Error::PayloadTooLarge { limit },
+        ReadError::Body(e) => Error::invalid(format!("could not read {what}: {e}")),
+    })
+}
+
+/// Admits a model call: the pause gate (wait for resume, or be refused), a retry's
+/// replay (non-streamed calls; before any refusal, so a retried call that was served
+/// gets its answer), the rollout's refusals (released, stopped, limits), then retry
+/// coalescing. `Err` is the answer: an error, or a replayed or coalesced reply.
+async fn admit(
+    shared: &Shared,
+    dialect: &dyn Dialect,
+    entry: Arc<Entry>,
+    guard: InflightGuard,
+    headers: &http::HeaderMap,
+    body: &JsonBody,
+    stream: bool,
+) -> Result<crate::call::Admitted, Response<ResponseBody>> {
+    let fail = |e: Error| error_response(dialect, &e);
+    let session = &entry.session;
+    let admission = shared
+        .gate
+        .admit(&entry.cancel, || {
+            if entry.is_released() {
+                Error::RolloutConcluded
+            } else {
+                Error::Cancelled("the server is shutting down; retry on another server".into())
+            }
+        })
+        .await
+        .map_err(|e| {
+            debug!(session = session.id(), error = ?e.to_string(), "call not admitted");
+            fail(e)
+        })?;
+    let retry = match stream {
+        true => None,
+        false => match crate::retry::replay_or_fingerprint(&entry, headers, body).await {
+            Ok(retry) => Some(retry),
+            Err(recorded) => {
+                session.on_replay();
+                return Err(json_response(StatusCode::OK, recorded));
+            }
+        },
+    };
+    if entry.is_released() {
+        return Err(fail(Error::RolloutConcluded));
+    }
+    if let Some(reason) = session.stop_reason() {
+        return Err(fail(Error::RolloutStopped(reason)));
+    }
+    let claim = match retry {
+        None => None,
+        Some(retry) => {
+            match crate::retry::coalesce_or_claim(&entry, retry.fingerprint, retry.marked) {
+                crate::retry::Decision::Claim(c) => Some(c),
+                crate::retry::Decision::Coalesce(rx) => {
+                    debug!(session = session.id(), "intercept coalesce");
+                    drop(guard);
+                    return Err(match crate::retry::wait(rx).await {
+                        Some(b) => {
+                            session.on_replay();
+                            json_response(StatusCode::OK, b)
+                        }
+                        None => fail(Error::UpstreamUnavailable("upstream attempt failed".into())),
+                    });
+                }
+            }
+        }
+    };
+    if let Err(reason) = session.check() {
+        return Err(fail(Error::RolloutStopped(reason)));
+    }
+    Ok(crate::call::Admitted {
+        entry,
+        guard,
+        admission,
+        claim,
+    })
+}
+
+/// Prepares an admitted call's request: the session's request hook (which may rewrite
+/// it or stop the rollout), network-policy mediation, and token capture.
+async fn prepare(
+    dialect: &dyn Dialect,
+    session: &dyn Session,
+    info: &CallInfo,
+    body: &mut JsonBody,
+) -> Result<
+    (
+        Option<intercept_core::PolicyEvent>,
+        Option<intercept_core::capture::TokenCollector>,
+    ),
+    Error,
+> {
+    match session.on_request(info, body).await {
+        Ok(HookAction::Stop(reason)) => return Err(crate::call::stopped_by_hook(session, reason)),
+        Ok(_) => {}
+        Err(e) => return Err(Error::from_hook("request hook failed", e)),
+    }
+    let policy = crate::network::mediate(dialect, session.network(), session.id(), body)?;
+    let capture = match session.capture_tokens() {
+        true => dialect.capture_tokens(body)?,
+        false => None,
+    };
+    Ok((policy, capture))
+}
+
+/// A model call, as stages: authenticate, read and parse, admit, prepare; then the
+/// [`Call`] sends, relays and records (`call.rs`).
 async fn model_call(
     shared: Arc<Shared>,
     dialect: Arc<dyn Dialect>,
     req: Request<Incoming>,
 ) -> Response<ResponseBody> {
     let fail = |e: Error| error_response(&*dialect, &e);
-    let Some(secret) = dialect.secret(req.headers()).map(SecretStr::new) else {
-        return fail(Error::Unauthorized);
-    };
-    let Some(entry) = shared.registry.by_model(secret) else {
-        return fail(if shared.registry.was_released(secret) {
-            Error::RolloutConcluded
-        } else {
-            Error::Unauthorized
-        });
-    };
-    let Some(guard) = entry.enter() else {
-        return fail(Error::RolloutConcluded);
+    let (entry, guard) = match authenticate(&shared, dialect.secret(req.headers())) {
+        Ok(a) => a,
+        Err(e) => return fail(e),
     };
     let session = entry.session.clone();
     let (parts, body) = req.into_parts();
     let connection = parts.extensions.get::<crate::serve::Connection>().cloned();
-    let limit = shared.config.body_limit;
-    // A harness that stops sending its body holds nothing: release cancels the read.
-    let read = tokio::select! {
-        biased;
-        _ = entry.cancel.cancelled() => return fail(Error::RolloutConcluded),
-        r = read_all(body, limit) => r,
-    };
-    let bytes = match read {
+    let bytes = match read_body(&shared, body, Some(&entry.cancel), "the request body").await {
         Ok(b) => b,
-        Err(ReadError::TooLarge { .. }) => return fail(Error::PayloadTooLarge { limit }),
-        Err(ReadError::Body(e)) => {
-            return fail(Error::invalid(format!(
-                "could not read the request body: {e}"
-            )))
-        }
+        Err(e) => return fail(e),
     };
     let mut body = match JsonBody::parse(bytes) {
         Ok(b) => b,
@@ -748,116 +839,47 @@ async fn model_call(
         Ok(p) => p,
         Err(e) => return fail(e),
     };
-    // Pause (weight sync): wait for resume, or be refused; nothing is served meanwhile.
-    let admission = match shared
-        .gate
-        .admit(&entry.cancel, || {
-            if entry.is_released() {
-                Error::RolloutConcluded
-            } else {
-                Error::Cancelled("the server is shutting down; retry on another server".into())
-            }
-        })
-        .await
+    let admitted = match admit(
+        &shared,
+        &*dialect,
+        entry,
+        guard,
+        &parts.headers,
+        &body,
+        prepared.stream,
+    )
+    .await
     {
         Ok(a) => a,
-        Err(e) => {
-            debug!(session = session.id(), error = ?e.to_string(), "call not admitted");
-            return fail(e);
-        }
+        Err(answer) => return answer,
     };
-    // Retry atomicity (non-streamed calls): replay before any refusal check.
-    let retry = if prepared.stream {
-        None
-    } else {
-        let marked = crate::retry::is_marked_retry(&parts.headers);
-        let fingerprint = crate::retry::Fingerprint::of(body.source()).await;
-        if let Some(recorded) = crate::retry::replay(&entry, &fingerprint, marked) {
-            debug!(session = session.id(), "intercept replay");
-            session.on_replay();
-            return json_response(StatusCode::OK, recorded);
-        }
-        Some((fingerprint, marked))
-    };
-    if entry.is_released() {
-        return fail(Error::RolloutConcluded);
-    }
-    if let Some(reason) = session.stop_condition() {
-        return fail(Error::RolloutStopped(reason));
-    }
-    let claim = match retry {
-        None => None,
-        Some((fingerprint, marked)) => {
-            match crate::retry::coalesce_or_claim(&entry, fingerprint, marked) {
-                crate::retry::Decision::Claim(c) => Some(c),
-                crate::retry::Decision::Coalesce(rx) => {
-                    debug!(session = session.id(), "intercept coalesce");
-                    drop(guard);
-                    return match crate::retry::wait(rx).await {
-                        Some(b) => {
-                            session.on_replay();
-                            json_response(StatusCode::OK, b)
-                        }
-                        None => fail(Error::UpstreamUnavailable("upstream attempt failed".into())),
-                    };
-                }
-            }
-        }
-    };
-    if let Err(reason) = session.check() {
-        return fail(Error::RolloutStopped(reason));
-    }
-    let seq = entry.next_seq();
+    let seq = admitted.entry.next_seq();
     let info = CallInfo {
         dialect: dialect.kind(),
         stream: prepared.stream,
         seq,
     };
-    match session.on_request(&info, &mut body).await {
-        Ok(HookAction::Continue) => {}
-        Ok(HookAction::Stop(reason)) => {
-            session.stop(&reason);
-            return fail(Error::RolloutStopped(
-                session.stop_condition().unwrap_or(reason),
-            ));
-        }
-        Ok(_) => {}
-        Err(e) => return fail(Error::from_hook("request hook failed", e)),
-    }
-    let policy =
-        match crate::network::mediate(&*dialect, session.network(), session.id(), &mut body) {
-            Ok(p) => p,
-            Err(e) => return fail(e),
-        };
-    let capture = if session.capture_tokens() {
-        match dialect.capture_tokens(&mut body) {
-            Ok(c) => c,
-            Err(e) => return fail(e),
-        }
-    } else {
-        None
+    let (policy, capture) = match prepare(&*dialect, &*session, &info, &mut body).await {
+        Ok(p) => p,
+        Err(e) => return fail(e),
     };
     debug!(session = session.id(), seq, stream = prepared.stream, path = %parts.uri.path(), "intercept");
-    let call = Call {
-        shared: shared.clone(),
-        entry,
-        _guard: guard,
-        dialect: dialect.clone(),
-        prepared,
-        seq,
-        body,
-        headers: parts.headers,
-        started: SystemTime::now(),
-        claim,
-        admission,
-        capturing: capture.is_some(),
-        capture,
-        engine: std::sync::atomic::AtomicUsize::new(usize::MAX),
-        requested_model,
-        policy,
-    };
+    let call = Call::new(
+        shared.clone(),
+        dialect.clone(),
+        admitted,
+        crate::call::Outgoing {
+            prepared,
+            seq,
+            body,
+            headers: parts.headers,
+            requested_model,
+            policy,
+            capture,
+        },
+    );
     let (tx, rx) = oneshot::channel();
-    let tx = crate::call::Reply::new(tx, connection.map(|c| c.busy(call.entry.cancel.clone())));
+    let tx = crate::call::Reply::new(tx, connection.map(|c| c.busy(call.cancel().clone())));
     // The call runs in this task (the harness's connection): here until the response
     // head exists, then in the response body. Dropped unfinished (the harness went
     // away), it goes on as a task of the server's tracker, to its record.

@@ -245,12 +245,8 @@ fn transport_error(host: &str, e: &(dyn std::error::Error + 'static)) -> Error {
     let mut timed_out = false;
     let mut source = e.source();
     while let Some(s) = source {
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            timed_out |= io.kind() == std::io::ErrorKind::TimedOut;
-        }
-        let text = s.to_string();
-        timed_out |= text.contains("timed out");
-        causes.push(text);
+        timed_out |= is_timeout(s);
+        causes.push(s.to_string());
         source = s.source();
     }
     let cause = if causes.is_empty() {
@@ -268,6 +264,19 @@ fn transport_error(host: &str, e: &(dyn std::error::Error + 'static)) -> Error {
     } else {
         Error::UpstreamUnavailable(format!("connection to {host} failed: {cause}"))
     }
+}
+
+/// Whether one cause of a transport failure is a timeout, by its type: an I/O error of
+/// kind `TimedOut` (the connector's connect timeout is one), a hyper timeout or an
+/// elapsed tokio timer.
+fn is_timeout(cause: &(dyn std::error::Error + 'static)) -> bool {
+    if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+        return io.kind() == std::io::ErrorKind::TimedOut;
+    }
+    if let Some(h) = cause.downcast_ref::<hyper::Error>() {
+        return h.is_timeout();
+    }
+    cause.is::<tokio::time::error::Elapsed>()
 }
 
 /// The incoming headers minus those never forwarded (and those `Connection` names).

@@ -255,11 +255,7 @@ impl StreamAssembler for CompletionsAssembler {
 
     fn finish(mut self: Box<Self>) -> Result<Assembled, Error> {
         if let Some(message) = self.upstream_error.take() {
-            return Err(Error::UpstreamStatus {
-                status: 502,
-                body: message,
-                retry_after: None,
-            });
+            return Err(Error::upstream_status(502, message, None));
         }
         if let Some(e) = self.errors.drain(..).next() {
             return Err(Error::UpstreamMalformed(e));

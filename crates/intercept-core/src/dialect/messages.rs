@@ -87,11 +87,7 @@ fn read_message(v: &Value) -> Result<Summary, Error> {
             .and_then(|e| e.get("message"))
             .and_then(Value::as_str)
             .unwrap_or("error");
-        return Err(Error::UpstreamStatus {
-            status: 502,
-            body: message.to_owned(),
-            retry_after: None,
-        });
+        return Err(Error::upstream_status(502, message.to_owned(), None));
     }
     if !obj.get("content").is_some_and(Value::is_array) {
         return Err(Error::UpstreamMalformed(
@@ -434,11 +430,7 @@ impl StreamAssembler for MessagesAssembler {
 
     fn finish(mut self: Box<Self>) -> Result<Assembled, Error> {
         if let Some((status, message)) = self.upstream_error.take() {
-            return Err(Error::UpstreamStatus {
-                status,
-                body: message,
-                retry_after: None,
-            });
+            return Err(Error::upstream_status(status, message, None));
         }
         if let Some(e) = self.unreadable.take() {
             return Err(Error::UpstreamMalformed(e));

@@ -103,11 +103,7 @@ fn read_response(v: &Value) -> Result<Summary, Error> {
         } else {
             body
         };
-        return Err(Error::UpstreamStatus {
-            status: http,
-            body,
-            retry_after: None,
-        });
+        return Err(Error::upstream_status(http, body, None));
     }
     let output = obj.get("output").and_then(Value::as_array);
     let has_calls = output.into_iter().flatten().any(|item| {
@@ -387,11 +383,7 @@ impl StreamAssembler for ResponsesAssembler {
 
     fn finish(self: Box<Self>) -> Result<Assembled, Error> {
         if let Some(message) = self.upstream_error {
-            return Err(Error::UpstreamStatus {
-                status: 502,
-                body: message,
-                retry_after: None,
-            });
+            return Err(Error::upstream_status(502, message, None));
         }
         let Some(response) = self.terminal else {
             return Err(Error::UpstreamMalformed(match self.unreadable {
@@ -473,10 +465,7 @@ mod tests {
         let e = ResponsesDialect
             .summarize(br#"{"status":"failed","error":{"code":"context_length_exceeded","message":"too long"}}"#)
             .expect_err("failed");
-        assert!(crate::error::is_context_length_error(
-            e.status(),
-            &e.to_string()
-        ));
+        assert!(e.is_context_length(), "{e}");
     }
 
     #[test]
