@@ -14,6 +14,8 @@
 //! | `no-placeholders` | no placeholder macros or ignored tests in the Rust sources under `crates/`, `xtask/` and `tests/` |
 //! | `workspace-lints` | every member's `Cargo.toml` has `[lints] workspace = true` |
 //! | `crate-docs` | every member's library root (`src/lib.rs`) starts with a `//!` crate doc |
+//! | `code-map` | every `src/*.rs` file (but `lib.rs`) and module folder of a library crate under `crates/` is named in that crate's section of `docs/architecture.md` |
+//! | `timeless-docs` | `docs/*.md` and the READMEs never say "being built", "today", "comes later" or "for now": a page says what the code does |
 
 use std::fmt;
 use std::fs;
@@ -68,6 +70,8 @@ pub fn check(root: &Path) -> Result<Vec<Violation>> {
     all.extend(one_way_deps(root)?);
     all.extend(manifest_rules(root)?);
     all.extend(no_placeholders(root)?);
+    all.extend(code_map(root)?);
+    all.extend(timeless_docs(root)?);
     Ok(all)
 }
 
@@ -463,6 +467,142 @@ pub fn find_placeholders(source: &str) -> Vec<(usize, String, &'static str)> {
     out
 }
 
+/// The page whose code map [`code_map`] checks.
+pub const ARCHITECTURE: &str = "docs/architecture.md";
+
+/// `code-map`: see the module docs.
+pub fn code_map(root: &Path) -> Result<Vec<Violation>> {
+    let page_path = root.join(ARCHITECTURE);
+    let page = fs::read_to_string(&page_path)
+        .with_context(|| format!("could not read {}", page_path.display()))?;
+    let crates = root.join("crates");
+    let mut dirs: Vec<PathBuf> = fs::read_dir(&crates)
+        .with_context(|| format!("could not list {}", crates.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("src/lib.rs").is_file())
+        .collect();
+    dirs.sort();
+    let mut out = Vec::new();
+    for dir in dirs {
+        let name = dir
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        let mut entries: Vec<(String, bool)> = fs::read_dir(dir.join("src"))
+            .with_context(|| format!("could not list {}/src", dir.display()))?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let file = e.file_name().to_string_lossy().into_owned();
+                let is_dir = e.file_type().ok()?.is_dir();
+                (is_dir || file.ends_with(".rs")).then_some((file, is_dir))
+            })
+            .collect();
+        entries.sort();
+        out.extend(code_map_violations(&page, &name, &entries));
+    }
+    Ok(out)
+}
+
+/// The `code-map` rule for one crate: `entries` are its `src/` entries (name, is a
+/// folder). A file is named as `` `name.rs` ``, a folder as `` `name/`` (the folder or a
+/// file in it), inside the crate's `` ### `crates/<crate>` `` section.
+pub fn code_map_violations(page: &str, krate: &str, entries: &[(String, bool)]) -> Vec<Violation> {
+    let location = format!("{ARCHITECTURE} (crates/{krate})");
+    let Some(section) = crate_section(page, krate) else {
+        return vec![Violation {
+            rule: "code-map",
+            location,
+            detail: format!("no `### `crates/{krate}`` section: add one to the code map"),
+        }];
+    };
+    entries
+        .iter()
+        .filter(|(file, is_dir)| *is_dir || file != "lib.rs")
+        .filter(|(file, is_dir)| {
+            let needle = if *is_dir {
+                format!("`{file}/")
+            } else {
+                format!("`{file}`")
+            };
+            !section.contains(&needle)
+        })
+        .map(|(file, is_dir)| Violation {
+            rule: "code-map",
+            location: location.clone(),
+            detail: format!(
+                "src/{file}{} is not named in the crate's code map: say in a line what it holds",
+                if *is_dir { "/" } else { "" }
+            ),
+        })
+        .collect()
+}
+
+/// The text of a crate's section: from its `###` heading to the next heading.
+fn crate_section<'a>(page: &'a str, krate: &str) -> Option<&'a str> {
+    let heading = format!("### `crates/{krate}`");
+    let start = page.find(&heading)? + heading.len();
+    let rest = &page[start..];
+    let end = rest
+        .match_indices("\n#")
+        .map(|(i, _)| i)
+        .next()
+        .unwrap_or(rest.len());
+    Some(&rest[..end])
+}
+
+/// Words that date a page: what it says must be what the code does.
+pub const DATED_PHRASES: &[&str] = &["being built", "today", "comes later", "for now"];
+
+/// `timeless-docs`: see the module docs.
+pub fn timeless_docs(root: &Path) -> Result<Vec<Violation>> {
+    let mut files = vec![root.join("README.md"), root.join("python/README.md")];
+    let docs = root.join("docs");
+    let mut pages: Vec<PathBuf> = fs::read_dir(&docs)
+        .with_context(|| format!("could not list {}", docs.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    pages.sort();
+    files.extend(pages);
+    let mut out = Vec::new();
+    for file in files.into_iter().filter(|f| f.is_file()) {
+        let text = fs::read_to_string(&file)
+            .with_context(|| format!("could not read {}", file.display()))?;
+        for (line, phrase) in find_dated_phrases(&text) {
+            out.push(Violation {
+                rule: "timeless-docs",
+                location: format!("{}:{line}", relative(root, &file)),
+                detail: format!(
+                    "\"{phrase}\": say what the code does (or measured, and when), not where it stands"
+                ),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The dated phrases of a text as (1-based line, phrase), matched case-insensitively as
+/// whole words (`today's` counts, `todays_value` does not).
+pub fn find_dated_phrases(text: &str) -> Vec<(usize, &'static str)> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let lower = line.to_lowercase();
+        for phrase in DATED_PHRASES {
+            let hit = lower.match_indices(phrase).any(|(at, _)| {
+                let before = lower[..at].chars().next_back();
+                let after = lower[at + phrase.len()..].chars().next();
+                let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+                !word(before) && !word(after)
+            });
+            if hit {
+                out.push((i + 1, *phrase));
+            }
+        }
+    }
+    out
+}
+
 /// Every `.rs` file under `dir`, skipping `target` and hidden folders.
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     let entries = fs::read_dir(dir).with_context(|| format!("could not list {}", dir.display()))?;
@@ -584,6 +724,41 @@ mod tests {
         let found: Vec<usize> = find_placeholders(&src).iter().map(|f| f.0).collect();
         assert_eq!(found, vec![1, 3, 4]);
         assert!(find_placeholders("fn todo() {}\n// ignored\n").is_empty());
+    }
+
+    #[test]
+    fn the_code_map_names_files_and_folders_in_the_crate_section() {
+        let page = "### `crates/a`\n\n- `x.rs`: x.\n- `dir/`: d. `other/sub.rs`\n\n### `crates/b`\n\n- `y.rs`\n";
+        let e = |f: &str, d: bool| (f.to_owned(), d);
+        let entries = [
+            e("lib.rs", false),
+            e("x.rs", false),
+            e("dir", true),
+            e("other", true),
+        ];
+        assert!(code_map_violations(page, "a", &entries).is_empty());
+        // `y.rs` is named, but in crate b's section, not a's.
+        let v = code_map_violations(page, "a", &[e("y.rs", false), e("gone", true)]);
+        assert_eq!(v.len(), 2, "{v:?}");
+        assert!(v[0].detail.contains("src/y.rs is not named"), "{}", v[0]);
+        assert!(v[1].detail.contains("src/gone/"), "{}", v[1]);
+        let missing = code_map_violations(page, "c", &entries);
+        assert_eq!(missing.len(), 1);
+        assert!(
+            missing[0].detail.contains("no `### `crates/c``"),
+            "{}",
+            missing[0]
+        );
+    }
+
+    #[test]
+    fn dated_phrases_are_whole_words_in_any_case() {
+        let text = "It works.\nToday's build\nthis is (for now) so\ntodays_value and todayish\nComes later.\n";
+        assert_eq!(
+            find_dated_phrases(text),
+            vec![(2, "today"), (3, "for now"), (5, "comes later")]
+        );
+        assert!(find_dated_phrases("being builtin\nthe forknow").is_empty());
     }
 
     #[test]

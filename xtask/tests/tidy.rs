@@ -42,3 +42,16 @@ fn sources_have_no_placeholders() {
         tidy::no_placeholders(&xtask::workspace_root()),
     );
 }
+
+#[test]
+fn every_library_file_is_in_the_code_map() {
+    assert_holds("code-map", tidy::code_map(&xtask::workspace_root()));
+}
+
+#[test]
+fn docs_are_timeless() {
+    assert_holds(
+        "timeless-docs",
+        tidy::timeless_docs(&xtask::workspace_root()),
+    );
+}
