@@ -14,6 +14,7 @@
 //! | `no-placeholders` | no placeholder macros or ignored tests in the Rust sources under `crates/`, `xtask/` and `tests/` |
 //! | `workspace-lints` | every member's `Cargo.toml` has `[lints] workspace = true` |
 //! | `crate-docs` | every member's library root (`src/lib.rs`) starts with a `//!` crate doc |
+//! | `config-docs` | the settings table of `docs/configuration.md` is the one `cargo xtask config-docs` renders from `intercept serve`'s settings |
 
 use std::fmt;
 use std::fs;
@@ -68,6 +69,7 @@ pub fn check(root: &Path) -> Result<Vec<Violation>> {
     all.extend(one_way_deps(root)?);
     all.extend(manifest_rules(root)?);
     all.extend(no_placeholders(root)?);
+    all.extend(config_docs(root)?);
     Ok(all)
 }
 
@@ -490,6 +492,30 @@ fn relative(root: &Path, path: &Path) -> String {
         .unwrap_or(path)
         .display()
         .to_string()
+}
+
+/// Rule `config-docs`: the settings table of `docs/configuration.md` is the one rendered
+/// from `intercept_cli::config::SETTINGS` (see [`crate::config_docs`]).
+pub fn config_docs(root: &Path) -> Result<Vec<Violation>> {
+    let path = crate::config_docs::page(root);
+    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let location = path
+        .strip_prefix(root)
+        .unwrap_or(&path)
+        .display()
+        .to_string();
+    let detail = match crate::config_docs::render(&text) {
+        Ok(rendered) if rendered == text => return Ok(Vec::new()),
+        Ok(_) => "the settings table differs from the settings of `intercept serve`; run \
+                  `cargo xtask config-docs`"
+            .to_owned(),
+        Err(e) => format!("{e:#}; put the settings table between its marker lines"),
+    };
+    Ok(vec![Violation {
+        rule: "config-docs",
+        location,
+        detail,
+    }])
 }
 
 #[cfg(test)]

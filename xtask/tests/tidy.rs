@@ -42,3 +42,8 @@ fn sources_have_no_placeholders() {
         tidy::no_placeholders(&xtask::workspace_root()),
     );
 }
+
+#[test]
+fn the_settings_table_is_generated() {
+    assert_holds("config-docs", tidy::config_docs(&xtask::workspace_root()));
+}

@@ -493,9 +493,11 @@ pub const SETTINGS: &[Setting] = &[
         key: "released_retention",
         value: "N",
         default: "4096",
-        doc: "Released sessions remembered: their ids answer stragglers 409, their status \
-            stays readable through the control API; the oldest are forgotten first (their \
-            JSONL files stay).",
+        doc: "Released sessions the control API remembers (a count of sessions): their \
+            status, trace and episode stay readable and their ids stay taken (creating one \
+            again answers 409); the oldest are forgotten first (their JSONL files stay). \
+            Late calls of a released session's harness get 409 from the servers, which \
+            remember released secrets on their own (`ServerConfig::released_secrets`).",
     },
     Setting {
         key: "released_trace_bytes",
