@@ -27,7 +27,8 @@ SERVER_SETTINGS = (
     "upstream_timeout",
     "inspect_memory",
     "stream_buffer",
-    "released_memory",
+    "released_secrets",
+    "released_memory",  # the former name of released_secrets
     "upstream_idle_per_host",
     "engine_retry_after",
 )
@@ -220,7 +221,8 @@ class Server(Interception):
 
     Server settings (seconds for durations): `listen`, `body_limit`, `keepalive`,
     `shutdown_grace`, `first_byte_timeout`, `disconnect_grace`, `connect_timeout`,
-    `upstream_timeout`, `inspect_memory`, `stream_buffer`, `released_memory`,
+    `upstream_timeout`, `inspect_memory`, `stream_buffer`, `released_secrets`
+    (formerly `released_memory`, still accepted),
     `upstream_idle_per_host`, `engine_retry_after` (see docs/configuration.md).
     """
 

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 
 pub mod benchmark;
+pub mod config_docs;
 pub mod tidy;
 
 /// The workspace root (the folder that holds the root `Cargo.toml`).

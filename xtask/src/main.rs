@@ -21,6 +21,9 @@ enum Task {
     Ci(CiArgs),
     /// Check the layering and hygiene rules (listed in docs/architecture.md).
     Tidy,
+    /// Rewrite the settings table of docs/configuration.md from the settings of
+    /// `intercept serve` (tidy fails while the committed table differs).
+    ConfigDocs,
     /// Run the demo on the embedded mock model (release build); extra arguments go to
     /// `intercept demo`.
     Demo(PassThrough),
@@ -90,6 +93,7 @@ fn main() -> ExitCode {
             },
         ),
         Task::Tidy => xtask::tidy::run(&root),
+        Task::ConfigDocs => xtask::config_docs::write(&root),
         Task::Demo(p) => xtask::demo(&root, &p.args),
         Task::Bench(b) if b.micro => xtask::benchmark::micro(&root, &b.args),
         Task::Bench(b) if b.pool => xtask::benchmark::pool(&root),

@@ -1,8 +1,15 @@
 //! Settings of `intercept serve`, layered as config file < environment (`INTERCEPT_*`) <
 //! command-line flags.
 //!
-//! Every layer goes through the same parser ([`ServeConfig::set`]), so a bad value is
-//! reported the same way wherever it came from, naming the key and its source:
+//! [`ServeConfig`] is the one description of the settings: a `serde` struct whose field
+//! names (or `rename`s) are the keys, whose `deserialize_with` functions hold each key's
+//! validation, and whose [`Default`] holds the defaults. [`SETTINGS`] is its documentation,
+//! one row per key in the same order: it gives the flags of `intercept serve`
+//! ([`crate::cli::ServeArgs`]) and the table of `docs/configuration.md`
+//! ([`settings_table`], written by `cargo xtask config-docs` and checked by `cargo xtask
+//! tidy`). [figment] merges the layers; every value goes through the same deserializer, so
+//! a bad value is reported the same way wherever it came from, naming the key and its
+//! source:
 //!
 //! ```
 //! use intercept_cli::config::{ServeConfig, Layers};
@@ -32,54 +39,14 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use figment::value::{Dict, Map, Value};
+use figment::{Figment, Metadata, Profile, Provider};
 use intercept_core::{NetworkPolicy, OnViolation, Secret};
 use intercept_pool::{
     ElasticConfig, ElasticEntry, InterceptionConfig, ServerEntry, SettingNames, StaticEntry,
 };
 use intercept_tunnel::{redact_url, LimiterBackend, TunnelConfig};
-
-/// Every setting key, as written in the config file (the environment variable is
-/// `INTERCEPT_` + the key in upper case, the flag is `--` + the key with `-` for `_`).
-pub const KEYS: &[&str] = &[
-    "upstream",
-    "upstream_api_key_env",
-    "allowed_key_envs",
-    "model",
-    "control",
-    "control_token",
-    "interception",
-    "multiplex",
-    "min_servers",
-    "max_servers",
-    "wait_timeout_secs",
-    "drain_timeout_secs",
-    "server_idle_timeout_secs",
-    "static_servers",
-    "tunnel",
-    "tunnel_url",
-    "tunnel_port",
-    "tunnel_host",
-    "bore_server",
-    "bore_port",
-    "bore_secret_env",
-    "frpc_sha256",
-    "rate_limit_backend",
-    "rate_limit_url",
-    "trace_dir",
-    "log",
-    "log_format",
-    "shutdown_grace_secs",
-    "header_read_timeout_secs",
-    "released_retention",
-    "released_trace_bytes",
-    "max_response_bytes",
-    "max_connections",
-    "upstream_write_idle_secs",
-    "upstream_read_idle_secs",
-    "network_allow",
-    "network_block",
-    "network_on_violation",
-];
+use serde::Deserialize;
 
 /// The prefix of the environment variables that configure the sidecar.
 pub const ENV_PREFIX: &str = "INTERCEPT_";
@@ -244,149 +211,527 @@ impl ConfigError {
     }
 }
 
-/// The resolved settings of `intercept serve`. [`Default`] gives the documented defaults.
-#[derive(Clone)]
+/// The documentation of one setting of `intercept serve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Setting {
+    /// The key as written in the config file; the environment variable is `INTERCEPT_` +
+    /// the key in upper case, the flag `--` + the key with `-` for `_`.
+    pub key: &'static str,
+    /// What the flag takes, as its help shows it (`N`, `SECS`, `none|custom|prime|bore`).
+    pub value: &'static str,
+    /// The default (Markdown).
+    pub default: &'static str,
+    /// What it does (Markdown).
+    pub doc: &'static str,
+}
+
+impl Setting {
+    /// The setting's environment variable (`INTERCEPT_MULTIPLEX`).
+    pub fn env(&self) -> String {
+        Source::Env.spell(self.key)
+    }
+
+    /// The first sentence of [`Setting::doc`] (up to a `. ` before a capital letter).
+    pub fn summary(&self) -> &'static str {
+        let ends = self.doc.match_indices(". ").find(|(i, _)| {
+            self.doc[i + 2..]
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_uppercase())
+        });
+        ends.map_or(self.doc, |(i, _)| &self.doc[..=i])
+    }
+
+    /// The setting's flag without its dashes (`max-servers`).
+    pub fn flag(&self) -> String {
+        self.key.replace('_', "-")
+    }
+}
+
+/// Every setting of `intercept serve`, in the order of [`ServeConfig`]'s fields and of the
+/// table in `docs/configuration.md`.
+pub const SETTINGS: &[Setting] = &[
+    Setting {
+        key: "upstream",
+        value: "URL|mock",
+        default: "none",
+        doc: "Default upstream of sessions that name none: an OpenAI-compatible base URL \
+            with its version segment (`http://127.0.0.1:8000/v1`), or `mock` for the \
+            embedded mock model. Without it every `POST /v1/sessions` must carry \
+            `upstream`.",
+    },
+    Setting {
+        key: "upstream_api_key_env",
+        value: "VAR",
+        default: "none",
+        doc: "*Name* of the environment variable holding the default upstream's API key (the \
+            key is never taken from the command line). Start fails if the variable is \
+            unset.",
+    },
+    Setting {
+        key: "allowed_key_envs",
+        value: "VAR,...",
+        default: "the `upstream_api_key_env` variable (none without it)",
+        doc: "Comma-separated names of the environment variables a session may name as \
+            `upstream.api_key_env` in `POST /v1/sessions`; any other is refused with 400.",
+    },
+    Setting {
+        key: "model",
+        value: "NAME",
+        default: "none (`mock-model` with `upstream = \"mock\"`)",
+        doc: "Default model of sessions that name none. Without it every session must carry \
+            `model`.",
+    },
+    Setting {
+        key: "control",
+        value: "ADDR",
+        default: "`127.0.0.1:0`",
+        doc: "Control API address. Loopback only (`127.0.0.1`, `[::1]`); port 0 picks a free \
+            port, reported on the ready line.",
+    },
+    Setting {
+        key: "control_token",
+        value: "TOKEN",
+        default: "generated (128 random bits)",
+        doc: "Bearer token of the control API. Also `INTERCEPT_CONTROL_TOKEN`. Printed once, \
+            on the ready line; never logged.",
+    },
+    Setting {
+        key: "interception",
+        value: "server|static|elastic",
+        default: "`server`",
+        doc: "Interception shape: `server` (one interception server), `static` \
+            (`static_servers` identical servers, all started up front, least-loaded first) \
+            or `elastic` (servers of `multiplex` sessions each, started on demand, healed \
+            when their tunnel dies, shrunk when idle; see [pools.md](pools.md)). The \
+            sidecar defaults to `server` (unlike the library's `InterceptionConfig`, which \
+            defaults to `elastic`): without a tunnel one server multiplexes any number of \
+            sessions and there is nothing to scale. With a tunnel, choose `elastic`.",
+    },
+    Setting {
+        key: "multiplex",
+        value: "N",
+        default: "32",
+        doc: "Sessions per server (and so per tunnel) of an elastic pool; at least 1. \
+            Validated but unused by `server` and `static`.",
+    },
+    Setting {
+        key: "min_servers",
+        value: "N",
+        default: "1 with a tunnel, else 0",
+        doc: "Elastic: servers warmed at start, regrown after a retirement, never shrunk \
+            below. At most `max_servers`.",
+    },
+    Setting {
+        key: "max_servers",
+        value: "N",
+        default: "256",
+        doc: "Elastic: cap on servers; beyond it session creation waits up to \
+            `wait_timeout_secs` (300 s) for a free seat, then fails (503) naming the cap.",
+    },
+    Setting {
+        key: "wait_timeout_secs",
+        value: "SECS",
+        default: "300",
+        doc: "Elastic: seconds session creation waits for a seat (all servers full at \
+            `max_servers`, or servers still starting) before it fails with 503, naming \
+            this key. Greater than 0.",
+    },
+    Setting {
+        key: "drain_timeout_secs",
+        value: "SECS",
+        default: "120",
+        doc: "Elastic: seconds the sessions of a server whose tunnel could not be repaired \
+            may finish before the server is torn down anyway. Greater than 0.",
+    },
+    Setting {
+        key: "server_idle_timeout_secs",
+        value: "SECS",
+        default: "300",
+        doc: "Elastic: seconds a server must be empty before idle shrink may stop it (never \
+            below `min_servers`); the pool's `idle_timeout`. Greater than 0.",
+    },
+    Setting {
+        key: "static_servers",
+        value: "N",
+        default: "1",
+        doc: "Static: how many identical servers (each with its own tunnel of the configured \
+            kind).",
+    },
+    Setting {
+        key: "tunnel",
+        value: "none|custom|prime|bore",
+        default: "`none`",
+        doc: "How servers are exposed: `none` (loopback; every harness on this host), \
+            `custom` (your own URL), `prime` (Prime Intellect's tunnel service) or `bore` \
+            (a self-hosted bore server). Any value but `none` means a tunnel is \
+            *required*: each server (each elastic server, each static server) gets one.",
+    },
+    Setting {
+        key: "tunnel_url",
+        value: "URL",
+        default: "none; required with `custom`",
+        doc: "Custom: the public `http(s)` URL that forwards to `tunnel_port`.",
+    },
+    Setting {
+        key: "tunnel_port",
+        value: "PORT",
+        default: "none; required with `custom`",
+        doc: "Custom: the local port the URL forwards to; the server listens there.",
+    },
+    Setting {
+        key: "tunnel_host",
+        value: "IP",
+        default: "`0.0.0.0`",
+        doc: "Custom: the address the server binds.",
+    },
+    Setting {
+        key: "bore_server",
+        value: "HOST",
+        default: "none; required with `bore`",
+        doc: "Bore: host name or IP of the `bore server` (no scheme, no port).",
+    },
+    Setting {
+        key: "bore_port",
+        value: "PORT",
+        default: "7835",
+        doc: "Bore: the bore server's control port.",
+    },
+    Setting {
+        key: "bore_secret_env",
+        value: "VAR",
+        default: "none",
+        doc: "Bore: *name* of the environment variable holding the bore server's secret \
+            (never taken from a flag). Start fails if the variable is unset.",
+    },
+    Setting {
+        key: "frpc_sha256",
+        value: "HEX",
+        default: "none",
+        doc: "Prime: the SHA-256 (64 hex digits) of the frp release tarball for this \
+            platform. Without it, frpc must be installed (`FRPC_PATH` or \
+            `~/.prime/bin/frpc`): an unpinned download is never made. Refused with any \
+            other tunnel.",
+    },
+    Setting {
+        key: "rate_limit_backend",
+        value: "file|redis",
+        default: "`file`",
+        doc: "Prime and bore: where the tunnel start rate limiter keeps its window: `file` \
+            (every process of this host, under a file lock) or `redis` (a fleet of hosts \
+            sharing `rate_limit_url`; see [tunnels.md](tunnels.md#a-fleet-of-hosts)). With \
+            bore, `redis` also turns the limiter on. When Redis cannot be reached or does \
+            not answer within 5 s the start fails closed: 503, counted in \
+            `intercept_tunnel_limiter_unavailable_total`.",
+    },
+    Setting {
+        key: "rate_limit_url",
+        value: "URL",
+        default: "none; required with `redis`",
+        doc: "The Redis server of `rate_limit_backend = redis`: \
+            `redis://[user:password@]host[:port][/db]`. The password is hidden in logs; \
+            `INTERCEPT_RATE_LIMIT_URL` keeps it off the command line.",
+    },
+    Setting {
+        key: "trace_dir",
+        value: "DIR",
+        default: "none",
+        doc: "When set, each call record is appended to `<dir>/<session id>.jsonl` as the \
+            call ends (created if missing), and a released session's episode is written to \
+            `<dir>/<session id>.episode.json`.",
+    },
+    Setting {
+        key: "log",
+        value: "FILTER",
+        default: "`$RUST_LOG`, else `info`",
+        doc: "Log filter in `RUST_LOG` syntax, e.g. `intercept_server=debug,info`. Logs go \
+            to stderr.",
+    },
+    Setting {
+        key: "log_format",
+        value: "text|json",
+        default: "`text`",
+        doc: "`text` or `json` (one JSON object per line).",
+    },
+    Setting {
+        key: "shutdown_grace_secs",
+        value: "SECS",
+        default: "30",
+        doc: "On SIGINT/SIGTERM, in-flight calls may finish for this long; the rest are \
+            cancelled (and recorded as cancelled).",
+    },
+    Setting {
+        key: "network_allow",
+        value: "PATTERNS",
+        default: "`*`",
+        doc: "Network policy of sessions created without a `network` field: comma-separated \
+            host patterns the provider may reach (`*`, `*.domain`, hosts); empty means \
+            none.",
+    },
+    Setting {
+        key: "network_block",
+        value: "PATTERNS",
+        default: "none",
+        doc: "Comma-separated host patterns never allowed (default policy).",
+    },
+    Setting {
+        key: "network_on_violation",
+        value: "strip|reject",
+        default: "`strip`",
+        doc: "`strip` or `reject` (default policy).",
+    },
+    Setting {
+        key: "header_read_timeout_secs",
+        value: "SECS",
+        default: "30",
+        doc: "A client of the harness ports or the control API must send a whole request \
+            head within this many seconds of opening the connection (or of the previous \
+            answer), else the connection is closed. This is also the idle timeout of \
+            kept-alive connections; it never cuts an answer being sent. `0`: no limit.",
+    },
+    Setting {
+        key: "released_retention",
+        value: "N",
+        default: "4096",
+        doc: "Released sessions the control API remembers (a count of sessions): their \
+            status, trace and episode stay readable and their ids stay taken (creating one \
+            again answers 409); the oldest are forgotten first (their JSONL files stay). \
+            Late calls of a released session's harness get 409 from the servers, which \
+            remember released secrets on their own (`ServerConfig::released_secrets`).",
+    },
+    Setting {
+        key: "released_trace_bytes",
+        value: "BYTES",
+        default: "268435456 (256 MiB)",
+        doc: "Without `trace_dir`: bytes of released traces (with their episodes) held in \
+            memory so `GET /v1/sessions/{id}/trace` and `/episode` still answer; the \
+            oldest are dropped first (their ids stay remembered; reading them answers \
+            410), the newest always stays. With `trace_dir` nothing is held: released \
+            traces are read back from their files.",
+    },
+    Setting {
+        key: "max_connections",
+        value: "N",
+        default: "16384",
+        doc: "`max_connections` of the servers, and the same cap for the control API: \
+            connections served at once; one beyond it is answered 503 with `Retry-After: \
+            1` and closed. `0`: no cap. With the open-file limit raised at start (see \
+            [sidecar.md](sidecar.md#lifecycle)) the cap, not the descriptors, is what a \
+            flood of connections meets first.",
+    },
+    Setting {
+        key: "max_response_bytes",
+        value: "BYTES",
+        default: "268435456 (256 MiB)",
+        doc: "`max_response_bytes` of the servers: the largest upstream answer read for one \
+            call (a JSON body, declared or received, or all the bytes of a stream). Past \
+            it the call fails with 502 (`upstream_malformed`, naming the limit and the \
+            bytes received), the upstream connection is closed, and the record is marked \
+            `truncated`; a stream already under way ends with the dialect's error event.",
+    },
+    Setting {
+        key: "upstream_write_idle_secs",
+        value: "SECS",
+        default: "30",
+        doc: "`upstream_write_idle` of the servers: seconds a plain-HTTP upstream may take \
+            no byte of a request before the call fails (504). `0` turns it off.",
+    },
+    Setting {
+        key: "upstream_read_idle_secs",
+        value: "SECS",
+        default: "0 (off)",
+        doc: "`upstream_read_idle` of the servers: seconds a plain-HTTP upstream may send \
+            nothing, once it has the request, before the call fails. `0` turns it off.",
+    },
+];
+
+/// The keys of every setting, in [`SETTINGS`] order.
+pub fn keys() -> impl Iterator<Item = &'static str> {
+    SETTINGS.iter().map(|s| s.key)
+}
+
+/// The Markdown table of [`SETTINGS`] (`| key | default | what it does |`), as
+/// `docs/configuration.md` holds it.
+pub fn settings_table() -> String {
+    let mut out =
+        String::from("| key | default | what it does |\n|-----|---------|--------------|\n");
+    for s in SETTINGS {
+        out.push_str(&format!("| `{}` | {} | {} |\n", s.key, s.default, s.doc));
+    }
+    out
+}
+
+/// A Redis URL (`redis://[user:password@]host[:port][/db]`), its password hidden when
+/// shown with `{:?}`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisUrl(String);
+
+impl RedisUrl {
+    /// The URL, password included.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact_url(&self.0))
+    }
+}
+
+/// The resolved settings of `intercept serve`. [`Default`] gives the documented defaults;
+/// [`ServeConfig::from_layers`] reads them from a file, the environment and flags. Each
+/// field is a key of [`SETTINGS`] (the `_secs` keys are held as [`Duration`]s).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ServeConfig {
     /// Default upstream of sessions that name none (`None`: each session must name one).
+    #[serde(deserialize_with = "value::upstream")]
     pub upstream: Option<UpstreamSetting>,
     /// The environment variable holding the default upstream's API key.
+    #[serde(deserialize_with = "value::key_env")]
     pub upstream_api_key_env: Option<String>,
     /// The environment variables a session may name as `upstream.api_key_env` in
     /// `POST /v1/sessions` (`None`: only [`ServeConfig::upstream_api_key_env`]). Any other
     /// is refused, so the control token cannot send the sidecar's other variables
     /// upstream.
+    #[serde(deserialize_with = "value::env_names")]
     pub allowed_key_envs: Option<Vec<String>>,
-    /// Non-fatal findings of [`ServeConfig::from_layers`] (unknown `INTERCEPT_*`
-    /// environment variables), for the binary to log once logging is up.
-    pub warnings: Vec<String>,
     /// Default model of sessions that name none (with the mock: `mock-model`).
+    #[serde(deserialize_with = "value::model")]
     pub model: Option<String>,
     /// Where the control API listens (loopback only; default `127.0.0.1:0`).
+    #[serde(deserialize_with = "value::control")]
     pub control: SocketAddr,
     /// The control API token (generated when `None`).
+    #[serde(deserialize_with = "value::token")]
     pub control_token: Option<Secret>,
     /// The interception shape (default [`Shape::Server`]).
+    #[serde(deserialize_with = "value::shape")]
     pub interception: Shape,
     /// Sessions per server of an elastic pool (default 32; validated, unused by the
     /// other shapes).
+    #[serde(deserialize_with = "value::positive")]
     pub multiplex: usize,
     /// Servers an elastic pool keeps up (`None`: 1 with a tunnel, else 0).
+    #[serde(deserialize_with = "value::some_count")]
     pub min_servers: Option<usize>,
     /// Cap on an elastic pool's servers (default 256).
+    #[serde(deserialize_with = "value::positive")]
     pub max_servers: usize,
     /// Elastic: how long session creation waits for a seat before it fails with 503
     /// (default 300 s).
+    #[serde(
+        rename = "wait_timeout_secs",
+        deserialize_with = "value::positive_secs"
+    )]
     pub wait_timeout: Duration,
     /// Elastic: how long an unhealthy server's sessions may finish before it is torn
     /// down anyway (default 120 s).
+    #[serde(
+        rename = "drain_timeout_secs",
+        deserialize_with = "value::positive_secs"
+    )]
     pub drain_timeout: Duration,
     /// Elastic: servers empty this long beyond `min_servers` are stopped (default 300 s).
+    #[serde(
+        rename = "server_idle_timeout_secs",
+        deserialize_with = "value::positive_secs"
+    )]
     pub server_idle_timeout: Duration,
     /// Servers of a static pool (default 1).
+    #[serde(deserialize_with = "value::positive")]
     pub static_servers: usize,
     /// The tunnel (default [`TunnelSetting::None`]).
+    #[serde(deserialize_with = "value::tunnel")]
     pub tunnel: TunnelSetting,
     /// `custom`: the public URL that reaches the server.
+    #[serde(deserialize_with = "value::tunnel_url")]
     pub tunnel_url: Option<String>,
     /// `custom`: the local port the URL forwards to (the server listens there).
+    #[serde(deserialize_with = "value::port")]
     pub tunnel_port: Option<u16>,
     /// `custom`: the address the server binds (default `0.0.0.0`).
+    #[serde(deserialize_with = "value::ip")]
     pub tunnel_host: Option<IpAddr>,
     /// `bore`: the host running `bore server`.
+    #[serde(deserialize_with = "value::host")]
     pub bore_server: Option<String>,
     /// `bore`: its control port (default 7835).
+    #[serde(deserialize_with = "value::port")]
     pub bore_port: Option<u16>,
     /// `bore`: the environment variable holding the bore server's secret, if it has one.
+    #[serde(deserialize_with = "value::secret_env")]
     pub bore_secret_env: Option<String>,
     /// `prime`: the pinned SHA-256 (hex) of the frp release tarball for this platform,
     /// which allows frpc to be downloaded when it is not installed.
+    #[serde(deserialize_with = "value::sha256")]
     pub frpc_sha256: Option<String>,
     /// `prime` and `bore`: where the tunnel start rate limiter keeps its window: a
     /// host-wide file (the default) or a Redis server shared by a fleet of hosts.
+    #[serde(deserialize_with = "value::limiter")]
     pub rate_limit_backend: LimiterBackend,
-    /// The Redis server of `rate_limit_backend = redis` (`redis://host:port/db`).
-    pub rate_limit_url: Option<String>,
+    /// The Redis server of `rate_limit_backend = redis`.
+    #[serde(deserialize_with = "value::redis_url")]
+    pub rate_limit_url: Option<RedisUrl>,
     /// Directory of the JSONL trace files (`<dir>/<session id>.jsonl`).
+    #[serde(deserialize_with = "value::dir")]
     pub trace_dir: Option<PathBuf>,
     /// Log filter (`RUST_LOG` syntax); `None` uses `RUST_LOG`, else `info`.
+    #[serde(deserialize_with = "value::log")]
     pub log: Option<String>,
     /// Log format.
+    #[serde(deserialize_with = "value::log_format")]
     pub log_format: LogFormat,
     /// On shutdown, in-flight calls may finish for this long before they are cancelled.
+    #[serde(rename = "shutdown_grace_secs", deserialize_with = "value::secs")]
     pub shutdown_grace: Duration,
+    /// Default network policy: the hosts the model provider may reach (`*`, `*.domain`,
+    /// hosts; default `*`).
+    #[serde(deserialize_with = "value::allow")]
+    pub network_allow: Vec<String>,
+    /// Default network policy: the hosts never allowed (default none).
+    #[serde(deserialize_with = "value::block")]
+    pub network_block: Vec<String>,
+    /// Default network policy: what a forbidden capability gets (default strip).
+    #[serde(deserialize_with = "value::on_violation")]
+    pub network_on_violation: OnViolation,
     /// An HTTP/1 request head (harness ports and control API) must be complete this
     /// long after the connection opened or its previous answer, else the connection is
     /// closed; `None` (`0` in the settings): no limit.
+    #[serde(
+        rename = "header_read_timeout_secs",
+        deserialize_with = "value::header_timeout"
+    )]
     pub header_read_timeout: Option<Duration>,
-    /// Released sessions whose traces stay readable through the control API.
+    /// Released sessions the control API remembers (their status, trace and episode
+    /// stay readable); not the server's `released_secrets`.
+    #[serde(deserialize_with = "value::count")]
     pub released_retention: usize,
     /// Bytes of released traces (and their episodes) held in memory when there is no
     /// trace directory; the oldest are dropped first (their ids stay remembered).
+    #[serde(deserialize_with = "value::bytes")]
     pub released_trace_bytes: usize,
-    /// Largest upstream answer read for one call (default 256 MiB); past it the call
-    /// fails with 502 and its record is marked `truncated`.
-    pub max_response_bytes: u64,
     /// Connections served at once by each harness port and by the control API (default
     /// 16,384; `None`, `0` in the settings: no cap).
+    #[serde(deserialize_with = "value::connections")]
     pub max_connections: Option<usize>,
+    /// Largest upstream answer read for one call (default 256 MiB); past it the call
+    /// fails with 502 and its record is marked `truncated`.
+    #[serde(deserialize_with = "value::positive_bytes")]
+    pub max_response_bytes: u64,
     /// A plain-HTTP upstream that takes no byte of a request for this long fails the
     /// call (default 30 s; `None`: no limit).
+    #[serde(rename = "upstream_write_idle_secs", deserialize_with = "value::idle")]
     pub upstream_write_idle: Option<Duration>,
     /// A plain-HTTP upstream that sends nothing for this long once it has the request
     /// fails the call (default `None`: no limit).
+    #[serde(rename = "upstream_read_idle_secs", deserialize_with = "value::idle")]
     pub upstream_read_idle: Option<Duration>,
-    /// Network policy of sessions that name none (default unrestricted).
-    pub network: NetworkPolicy,
-}
-
-impl fmt::Debug for ServeConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ServeConfig")
-            .field("upstream", &self.upstream)
-            .field("upstream_api_key_env", &self.upstream_api_key_env)
-            .field("allowed_key_envs", &self.allowed_key_envs)
-            .field("model", &self.model)
-            .field("control", &self.control)
-            .field(
-                "control_token",
-                &self.control_token.as_ref().map(|_| "<set>"),
-            )
-            .field("interception", &self.interception)
-            .field("multiplex", &self.multiplex)
-            .field("min_servers", &self.min_servers)
-            .field("max_servers", &self.max_servers)
-            .field("wait_timeout", &self.wait_timeout)
-            .field("drain_timeout", &self.drain_timeout)
-            .field("server_idle_timeout", &self.server_idle_timeout)
-            .field("static_servers", &self.static_servers)
-            .field("tunnel", &self.tunnel)
-            .field("tunnel_url", &self.tunnel_url)
-            .field("tunnel_port", &self.tunnel_port)
-            .field("tunnel_host", &self.tunnel_host)
-            .field("bore_server", &self.bore_server)
-            .field("bore_port", &self.bore_port)
-            .field("bore_secret_env", &self.bore_secret_env)
-            .field("frpc_sha256", &self.frpc_sha256)
-            .field("rate_limit_backend", &self.rate_limit_backend)
-            .field(
-                "rate_limit_url",
-                &self.rate_limit_url.as_deref().map(redact_url),
-            )
-            .field("trace_dir", &self.trace_dir)
-            .field("log", &self.log)
-            .field("log_format", &self.log_format)
-            .field("shutdown_grace", &self.shutdown_grace)
-            .field("header_read_timeout", &self.header_read_timeout)
-            .field("released_retention", &self.released_retention)
-            .field("released_trace_bytes", &self.released_trace_bytes)
-            .field("max_response_bytes", &self.max_response_bytes)
-            .field("max_connections", &self.max_connections)
-            .field("upstream_write_idle", &self.upstream_write_idle)
-            .field("upstream_read_idle", &self.upstream_read_idle)
-            .field("warnings", &self.warnings)
-            .field("network", &self.network)
-            .finish()
-    }
+    /// Non-fatal findings of [`ServeConfig::from_layers`] (unknown `INTERCEPT_*`
+    /// environment variables), for the binary to log once logging is up.
+    #[serde(skip)]
+    pub warnings: Vec<String>,
 }
 
 impl Default for ServeConfig {
@@ -395,7 +740,6 @@ impl Default for ServeConfig {
             upstream: None,
             upstream_api_key_env: None,
             allowed_key_envs: None,
-            warnings: Vec::new(),
             model: None,
             control: SocketAddr::from(([127, 0, 0, 1], 0)),
             control_token: None,
@@ -421,14 +765,17 @@ impl Default for ServeConfig {
             log: None,
             log_format: LogFormat::Text,
             shutdown_grace: Duration::from_secs(30),
+            network_allow: vec!["*".to_owned()],
+            network_block: Vec::new(),
+            network_on_violation: OnViolation::Strip,
             header_read_timeout: Some(Duration::from_secs(30)),
             released_retention: 4096,
             released_trace_bytes: 256 << 20,
-            max_response_bytes: 256 << 20,
             max_connections: Some(intercept_server::DEFAULT_MAX_CONNECTIONS),
+            max_response_bytes: 256 << 20,
             upstream_write_idle: Some(Duration::from_secs(30)),
             upstream_read_idle: None,
-            network: NetworkPolicy::default(),
+            warnings: Vec::new(),
         }
     }
 }
@@ -444,58 +791,114 @@ pub struct Layers<'a> {
     pub flags: &'a [(&'a str, String)],
 }
 
+/// One layer of settings for figment: its values, named by where they came from.
+struct Layer {
+    source: Source,
+    values: Dict,
+}
+
+impl Provider for Layer {
+    fn metadata(&self) -> Metadata {
+        Metadata::named(self.source.to_string())
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        Ok(Profile::Default.collect(self.values.clone()))
+    }
+}
+
+impl Layer {
+    fn strings<'a>(source: Source, pairs: impl Iterator<Item = (&'a str, &'a str)>) -> Self {
+        let values = pairs
+            .map(|(k, v)| (k.to_owned(), Value::from(v.to_owned())))
+            .collect();
+        Layer { source, values }
+    }
+
+    /// The error figment found in the values of `layers`, naming the key as its source
+    /// spells it.
+    fn error(e: figment::Error, layers: &[Layer]) -> ConfigError {
+        let name = e.metadata.as_ref().map(|m| m.name.as_ref());
+        let source = layers
+            .iter()
+            .find(|l| Some(l.source.to_string().as_str()) == name)
+            .or(layers.last())
+            .map_or(Source::Flag, |l| l.source.clone());
+        match e.kind {
+            figment::error::Kind::UnknownField(key, _) => unknown(&source.spell(&key), &source),
+            kind => ConfigError::BadValue {
+                key: source.spell(e.path.last().map_or("", String::as_str)),
+                origin: source,
+                message: match kind {
+                    figment::error::Kind::Message(m) => m,
+                    other => other.to_string(),
+                },
+            },
+        }
+    }
+}
+
 impl ServeConfig {
     /// Builds the settings from the layers, lowest first: file, environment, flags.
+    ///
+    /// Every value is checked in its own layer first, so a bad one fails the start even
+    /// when a higher layer overrides it.
     pub fn from_layers(layers: Layers<'_>) -> Result<Self, ConfigError> {
-        let mut config = ServeConfig::default();
+        let mut parts = Vec::with_capacity(3);
         if let Some((path, text)) = layers.file {
-            let source = Source::File(path.to_owned());
             let table: toml::Table = text.parse().map_err(|e| ConfigError::File {
                 path: path.to_owned(),
                 message: format!("not valid TOML: {e}"),
             })?;
-            for (key, value) in &table {
-                let raw = match value {
-                    toml::Value::String(s) => s.clone(),
-                    toml::Value::Integer(i) => i.to_string(),
-                    toml::Value::Float(f) => f.to_string(),
-                    toml::Value::Boolean(b) => b.to_string(),
-                    _ => {
-                        if !KEYS.contains(&key.as_str()) {
-                            return Err(unknown(key, &source));
-                        }
-                        return Err(ConfigError::BadValue {
-                            key: key.clone(),
-                            origin: source,
-                            message: "expected a string or a number, not a table or array".into(),
-                        });
-                    }
-                };
-                config.set(&source, key, &raw)?;
-            }
-        }
-        for (name, value) in layers.env {
-            let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
-                continue;
+            let values = match Value::serialize(&table) {
+                Ok(Value::Dict(_, values)) => values,
+                _ => {
+                    return Err(ConfigError::File {
+                        path: path.to_owned(),
+                        message: "not a table of settings".into(),
+                    })
+                }
             };
+            parts.push(Layer {
+                source: Source::File(path.to_owned()),
+                values,
+            });
+        }
+        let mut warnings = Vec::new();
+        let env = layers.env.iter().filter_map(|(name, value)| {
+            let rest = name.strip_prefix(ENV_PREFIX)?;
             if name == CONFIG_ENV {
-                continue;
+                return None;
             }
             let key = rest.to_ascii_lowercase();
-            if !KEYS.contains(&key.as_str()) || rest != rest.to_ascii_uppercase() {
-                // Scripts export variables of their own with this prefix (`INTERCEPT_BIN`):
-                // a warning, not an error (an unknown key in a file or a flag is one).
-                config.warnings.push(format!(
-                    "ignoring the environment variable {name}: not a setting (did you mean {}?)",
-                    closest_key(&key, &Source::Env)
-                ));
-                continue;
+            match SETTINGS.iter().find(|s| s.key == key) {
+                Some(s) if rest == rest.to_ascii_uppercase() => Some((s.key, value.as_str())),
+                _ => {
+                    // Scripts export variables of their own with this prefix
+                    // (`INTERCEPT_BIN`): a warning, not an error (an unknown key in a file
+                    // or a flag is one).
+                    warnings.push(format!(
+                        "ignoring the environment variable {name}: not a setting (did you \
+                         mean {}?)",
+                        closest_key(&key, &Source::Env)
+                    ));
+                    None
+                }
             }
-            config.set(&Source::Env, &key, value)?;
+        });
+        parts.push(Layer::strings(Source::Env, env));
+        let flags = layers.flags.iter().map(|(k, v)| (*k, v.as_str()));
+        parts.push(Layer::strings(Source::Flag, flags));
+
+        let mut figment = Figment::new();
+        for part in &parts {
+            Figment::from(part)
+                .extract::<ServeConfig>()
+                .map_err(|e| Layer::error(e, std::slice::from_ref(part)))?;
+            figment = figment.merge(part);
         }
-        for (key, value) in layers.flags {
-            config.set(&Source::Flag, key, value)?;
-        }
+        let mut config: ServeConfig = figment.extract().map_err(|e| Layer::error(e, &parts))?;
+        config.warnings = warnings;
         config.check()?;
         Ok(config)
     }
@@ -638,6 +1041,7 @@ impl ServeConfig {
                 ));
             }
         }
+        self.network()?;
         Ok(())
     }
 
@@ -684,7 +1088,7 @@ impl ServeConfig {
             if let Some(limit) = limit {
                 limit.enabled = true;
                 limit.backend = LimiterBackend::Redis;
-                limit.url.clone_from(&self.rate_limit_url);
+                limit.url = self.rate_limit_url.as_ref().map(|u| u.expose().to_owned());
             }
         }
         // Messages that ask for a setting name the sidecar's own.
@@ -747,349 +1151,6 @@ impl ServeConfig {
             }),
         }
     }
-
-    /// Applies one setting; `key` is the file spelling (e.g. `shutdown_grace_secs`).
-    pub fn set(&mut self, source: &Source, key: &str, raw: &str) -> Result<(), ConfigError> {
-        let bad = |message: String| ConfigError::BadValue {
-            key: source.spell(key),
-            origin: source.clone(),
-            message,
-        };
-        let raw_trimmed = raw.trim();
-        match key {
-            "upstream" => {
-                self.upstream = Some(parse_upstream(raw_trimmed).map_err(bad)?);
-            }
-            "upstream_api_key_env" => {
-                if !is_env_name(raw_trimmed) {
-                    return Err(bad(format!(
-                        "{raw_trimmed:?} is not an environment variable name (letters, digits \
-                         and `_`); give the name of the variable that holds the key, never \
-                         the key itself"
-                    )));
-                }
-                self.upstream_api_key_env = Some(raw_trimmed.to_owned());
-            }
-            "allowed_key_envs" => {
-                let names: Vec<String> = raw_trimmed
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|n| !n.is_empty())
-                    .map(str::to_owned)
-                    .collect();
-                if let Some(bad_name) = names.iter().find(|n| !is_env_name(n)) {
-                    return Err(bad(format!(
-                        "{bad_name:?} is not an environment variable name (letters, digits \
-                         and `_`); give a comma-separated list of variable names"
-                    )));
-                }
-                self.allowed_key_envs = Some(names);
-            }
-            "model" => {
-                if raw_trimmed.is_empty() {
-                    return Err(bad("the model name is empty".into()));
-                }
-                self.model = Some(raw_trimmed.to_owned());
-            }
-            "control" => {
-                let addr: SocketAddr = raw_trimmed.parse().map_err(|_| {
-                    bad(format!(
-                        "{raw_trimmed:?} is not an address; expected IP:PORT such as \
-                         127.0.0.1:0"
-                    ))
-                })?;
-                if !addr.ip().is_loopback() {
-                    return Err(bad(format!(
-                        "{addr} is not a loopback address; the control API only listens on \
-                         loopback (e.g. 127.0.0.1:7700)"
-                    )));
-                }
-                self.control = addr;
-            }
-            "control_token" => {
-                if raw.is_empty() || !raw.chars().all(|c| c.is_ascii_graphic()) {
-                    return Err(bad(
-                        "the token must be non-empty printable ASCII without spaces".into(),
-                    ));
-                }
-                self.control_token = Some(Secret::new(raw));
-            }
-            "interception" => {
-                self.interception = match raw_trimmed {
-                    "server" => Shape::Server,
-                    "static" => Shape::Static,
-                    "elastic" => Shape::Elastic,
-                    other => {
-                        return Err(bad(format!(
-                            "{other:?} is not a shape; expected server, static or elastic"
-                        )))
-                    }
-                };
-            }
-            "multiplex" => {
-                self.multiplex = match raw_trimmed.parse::<usize>() {
-                    Ok(n) if n > 0 => n,
-                    _ => return Err(bad(format!("{raw_trimmed:?} is not a positive integer"))),
-                };
-            }
-            "min_servers" => {
-                self.min_servers =
-                    Some(raw_trimmed.parse::<usize>().map_err(|_| {
-                        bad(format!("{raw_trimmed:?} is not a non-negative integer"))
-                    })?);
-            }
-            "max_servers" | "static_servers" => {
-                let n = match raw_trimmed.parse::<usize>() {
-                    Ok(n) if n > 0 => n,
-                    _ => return Err(bad(format!("{raw_trimmed:?} is not a positive integer"))),
-                };
-                if key == "max_servers" {
-                    self.max_servers = n;
-                } else {
-                    self.static_servers = n;
-                }
-            }
-            "tunnel" => {
-                self.tunnel = match raw_trimmed {
-                    "none" => TunnelSetting::None,
-                    "custom" => TunnelSetting::Custom,
-                    "prime" => TunnelSetting::Prime,
-                    "bore" => TunnelSetting::Bore,
-                    other => {
-                        return Err(bad(format!(
-                            "{other:?} is not a tunnel; expected none, custom, prime or bore"
-                        )))
-                    }
-                };
-            }
-            "tunnel_url" => {
-                self.tunnel_url = Some(check_base_url(raw_trimmed).map_err(|e| {
-                    bad(e.replace(
-                        "expected e.g. http://127.0.0.1:8000/v1",
-                        "expected the public URL, e.g. https://rollouts.example.com",
-                    ))
-                })?);
-            }
-            "tunnel_port" | "bore_port" => {
-                let port = match raw_trimmed.parse::<u16>() {
-                    Ok(p) if p > 0 => p,
-                    _ => {
-                        return Err(bad(format!(
-                            "{raw_trimmed:?} is not a port; expected 1 to 65535"
-                        )))
-                    }
-                };
-                if key == "tunnel_port" {
-                    self.tunnel_port = Some(port);
-                } else {
-                    self.bore_port = Some(port);
-                }
-            }
-            "tunnel_host" => {
-                self.tunnel_host = Some(raw_trimmed.parse::<IpAddr>().map_err(|_| {
-                    bad(format!(
-                        "{raw_trimmed:?} is not an IP address; expected e.g. 0.0.0.0 or 127.0.0.1"
-                    ))
-                })?);
-            }
-            "bore_server" => {
-                if raw_trimmed.is_empty()
-                    || (raw_trimmed.contains(['/', ' ', ':'])
-                        && raw_trimmed.parse::<IpAddr>().is_err())
-                {
-                    return Err(bad(format!(
-                        "{raw_trimmed:?} is not a host name or IP address (give the port as \
-                         bore_port, without a scheme)"
-                    )));
-                }
-                self.bore_server = Some(raw_trimmed.to_owned());
-            }
-            "wait_timeout_secs" | "drain_timeout_secs" | "server_idle_timeout_secs" => {
-                let secs = raw_trimmed
-                    .parse::<f64>()
-                    .ok()
-                    .and_then(|s| Duration::try_from_secs_f64(s).ok())
-                    .filter(|d| !d.is_zero())
-                    .ok_or_else(|| {
-                        bad(format!("{raw_trimmed:?} is not a number of seconds (> 0)"))
-                    })?;
-                match key {
-                    "wait_timeout_secs" => self.wait_timeout = secs,
-                    "drain_timeout_secs" => self.drain_timeout = secs,
-                    _ => self.server_idle_timeout = secs,
-                }
-            }
-            "frpc_sha256" => {
-                let hex = raw_trimmed.to_ascii_lowercase();
-                if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(bad(format!(
-                        "{raw_trimmed:?} is not a SHA-256 (64 hex digits) of the frp release \
-                         tarball for this platform"
-                    )));
-                }
-                self.frpc_sha256 = Some(hex);
-            }
-            "rate_limit_backend" => {
-                self.rate_limit_backend = match raw_trimmed {
-                    "file" => LimiterBackend::File,
-                    "redis" => LimiterBackend::Redis,
-                    other => {
-                        return Err(bad(format!(
-                            "{other:?} is not a rate limiter backend; expected file (one \
-                             host) or redis (a fleet sharing rate_limit_url)"
-                        )))
-                    }
-                };
-            }
-            "rate_limit_url" => {
-                if !(raw_trimmed.starts_with("redis://")
-                    || raw_trimmed.starts_with("redis+unix://")
-                    || raw_trimmed.starts_with("unix://"))
-                {
-                    return Err(bad(format!(
-                        "{:?} is not a Redis URL; expected redis://[user:password@]host[:port][/db]",
-                        redact_url(raw_trimmed)
-                    )));
-                }
-                self.rate_limit_url = Some(raw_trimmed.to_owned());
-            }
-            "bore_secret_env" => {
-                if !is_env_name(raw_trimmed) {
-                    return Err(bad(format!(
-                        "{raw_trimmed:?} is not an environment variable name (letters, digits \
-                         and `_`); give the name of the variable that holds the secret, never \
-                         the secret itself"
-                    )));
-                }
-                self.bore_secret_env = Some(raw_trimmed.to_owned());
-            }
-            "trace_dir" => {
-                if raw_trimmed.is_empty() {
-                    return Err(bad("the directory is empty".into()));
-                }
-                self.trace_dir = Some(PathBuf::from(raw_trimmed));
-            }
-            "log" => {
-                tracing_subscriber::EnvFilter::try_new(raw_trimmed).map_err(|e| {
-                    bad(format!(
-                        "{raw_trimmed:?} is not a log filter ({e}); expected e.g. `info` or \
-                         `intercept_server=debug,info`"
-                    ))
-                })?;
-                self.log = Some(raw_trimmed.to_owned());
-            }
-            "log_format" => {
-                self.log_format = match raw_trimmed {
-                    "text" => LogFormat::Text,
-                    "json" => LogFormat::Json,
-                    other => {
-                        return Err(bad(format!(
-                            "{other:?} is not a format; expected text or json"
-                        )))
-                    }
-                };
-            }
-            "shutdown_grace_secs" => {
-                self.shutdown_grace = raw_trimmed
-                    .parse::<f64>()
-                    .ok()
-                    .and_then(|s| Duration::try_from_secs_f64(s).ok())
-                    .ok_or_else(|| {
-                        bad(format!("{raw_trimmed:?} is not a number of seconds (>= 0)"))
-                    })?;
-            }
-            "header_read_timeout_secs" => {
-                let secs = raw_trimmed
-                    .parse::<f64>()
-                    .ok()
-                    .and_then(|s| Duration::try_from_secs_f64(s).ok())
-                    .ok_or_else(|| {
-                        bad(format!(
-                            "{raw_trimmed:?} is not a number of seconds (>= 0; 0: no limit)"
-                        ))
-                    })?;
-                self.header_read_timeout = (!secs.is_zero()).then_some(secs);
-            }
-            "released_retention" => {
-                self.released_retention = raw_trimmed
-                    .parse::<usize>()
-                    .map_err(|_| bad(format!("{raw_trimmed:?} is not a non-negative integer")))?;
-            }
-            "released_trace_bytes" => {
-                self.released_trace_bytes = raw_trimmed
-                    .parse::<usize>()
-                    .map_err(|_| bad(format!("{raw_trimmed:?} is not a number of bytes")))?;
-            }
-            "max_connections" => {
-                let n = raw_trimmed.parse::<usize>().map_err(|_| {
-                    bad(format!(
-                        "{raw_trimmed:?} is not a number of connections (an integer; 0: no cap)"
-                    ))
-                })?;
-                self.max_connections = (n > 0).then_some(n);
-            }
-            "max_response_bytes" => {
-                self.max_response_bytes = raw_trimmed
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|n| *n > 0)
-                    .ok_or_else(|| {
-                        bad(format!(
-                            "{raw_trimmed:?} is not a number of bytes (an integer > 0)"
-                        ))
-                    })?;
-            }
-            "upstream_write_idle_secs" | "upstream_read_idle_secs" => {
-                let limit = raw_trimmed
-                    .parse::<f64>()
-                    .ok()
-                    .and_then(|s| Duration::try_from_secs_f64(s).ok())
-                    .ok_or_else(|| {
-                        bad(format!(
-                            "{raw_trimmed:?} is not a number of seconds (>= 0; 0 turns the \
-                             timeout off)"
-                        ))
-                    })?;
-                let limit = (!limit.is_zero()).then_some(limit);
-                if key == "upstream_write_idle_secs" {
-                    self.upstream_write_idle = limit;
-                } else {
-                    self.upstream_read_idle = limit;
-                }
-            }
-            "network_allow" | "network_block" => {
-                let list: Vec<&str> = raw_trimmed
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|p| !p.is_empty())
-                    .collect();
-                let (allow, block) = if key == "network_allow" {
-                    (
-                        list.iter().map(|p| (*p).to_owned()).collect(),
-                        self.network.block_patterns(),
-                    )
-                } else {
-                    (
-                        self.network.allow_patterns(),
-                        list.iter().map(|p| (*p).to_owned()).collect(),
-                    )
-                };
-                self.network = NetworkPolicy::new(&allow, &block)
-                    .map_err(|e| bad(format!("{e}; expected comma-separated host patterns")))?
-                    .with_on_violation(self.network.on_violation());
-            }
-            "network_on_violation" => {
-                let mode = match raw_trimmed {
-                    "strip" => OnViolation::Strip,
-                    "reject" => OnViolation::Reject,
-                    other => return Err(bad(format!("{other:?} is not strip or reject"))),
-                };
-                self.network = self.network.clone().with_on_violation(mode);
-            }
-            _ => return Err(unknown(&source.spell(key), source)),
-        }
-        Ok(())
-    }
 }
 
 impl ServeConfig {
@@ -1101,14 +1162,28 @@ impl ServeConfig {
             None => self.upstream_api_key_env.iter().cloned().collect(),
         }
     }
+
+    /// The network policy of sessions created without one (`network_allow`,
+    /// `network_block`, `network_on_violation`).
+    pub fn network(&self) -> Result<NetworkPolicy, ConfigError> {
+        NetworkPolicy::new(&self.network_allow, &self.network_block)
+            .map(|p| p.with_on_violation(self.network_on_violation))
+            .map_err(|message| ConfigError::Inconsistent {
+                key: if message.starts_with("network.block") {
+                    "network_block"
+                } else {
+                    "network_allow"
+                }
+                .into(),
+                message,
+            })
+    }
 }
 
 /// The known key closest to `key` (edit distance), spelled for `source`.
 fn closest_key(key: &str, source: &Source) -> String {
-    let best = KEYS
-        .iter()
+    let best = keys()
         .min_by_key(|k| strsim::levenshtein(k, key))
-        .copied()
         .unwrap_or("upstream");
     source.spell(best)
 }
@@ -1121,8 +1196,7 @@ fn unknown(key: &str, source: &Source) -> ConfigError {
     ConfigError::UnknownKey {
         key: key.to_owned(),
         origin: source.clone(),
-        known: KEYS
-            .iter()
+        known: keys()
             .map(|k| source.spell(k))
             .collect::<Vec<_>>()
             .join(", "),
@@ -1142,13 +1216,425 @@ pub(crate) fn check_base_url(raw: &str) -> Result<String, String> {
     }
 }
 
-fn parse_upstream(raw: &str) -> Result<UpstreamSetting, String> {
-    if raw == "mock" {
-        return Ok(UpstreamSetting::Mock);
+/// The `deserialize_with` functions of [`ServeConfig`]'s fields: each takes the value as
+/// text (a TOML string, number or boolean, an environment variable, a flag), trimmed
+/// (but for `control_token`), and checks it, saying what is wrong and what is expected.
+mod value {
+    use serde::de::{self, Deserializer};
+
+    use super::*;
+
+    /// A value as text: every scalar of a TOML file, and every variable and flag.
+    struct Raw(String);
+
+    impl<'de> Deserialize<'de> for Raw {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_any(RawVisitor)
+        }
     }
-    check_base_url(raw)
-        .map(UpstreamSetting::Url)
-        .map_err(|e| format!("{e}, or `mock`"))
+
+    struct RawVisitor;
+
+    const NOT_SCALAR: &str = "expected a string or a number, not a table or array";
+
+    impl<'de> de::Visitor<'de> for RawVisitor {
+        type Value = Raw;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a string or a number")
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Raw, E> {
+            Ok(Raw(v.to_owned()))
+        }
+        fn visit_string<E: de::Error>(self, v: String) -> Result<Raw, E> {
+            Ok(Raw(v))
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Raw, E> {
+            Ok(Raw(v.to_string()))
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Raw, E> {
+            Ok(Raw(v.to_string()))
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<Raw, E> {
+            Ok(Raw(v.to_string()))
+        }
+        fn visit_bool<E: de::Error>(self, v: bool) -> Result<Raw, E> {
+            Ok(Raw(v.to_string()))
+        }
+        fn visit_seq<A: de::SeqAccess<'de>>(self, _: A) -> Result<Raw, A::Error> {
+            Err(de::Error::custom(NOT_SCALAR))
+        }
+        fn visit_map<A: de::MapAccess<'de>>(self, _: A) -> Result<Raw, A::Error> {
+            Err(de::Error::custom(NOT_SCALAR))
+        }
+    }
+
+    /// The value as trimmed text, checked by `parse`.
+    fn parse<'de, D, T>(d: D, parse: impl FnOnce(&str) -> Result<T, String>) -> Result<T, D::Error>
+    where
+        D: Deserializer<'de>,
+    {
+        let Raw(raw) = Raw::deserialize(d)?;
+        parse(raw.trim()).map_err(de::Error::custom)
+    }
+
+    /// One of `names` (the value as given is its setting's spelling).
+    fn one_of<T: Copy>(
+        raw: &str,
+        names: &[(&str, T)],
+        error: impl FnOnce(&str) -> String,
+    ) -> Result<T, String> {
+        names
+            .iter()
+            .find(|(name, _)| *name == raw)
+            .map(|(_, v)| *v)
+            .ok_or_else(|| error(raw))
+    }
+
+    fn seconds(raw: &str) -> Option<Duration> {
+        raw.parse::<f64>()
+            .ok()
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+    }
+
+    fn list(raw: &str) -> Vec<String> {
+        raw.split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn env_name(raw: &str, what: &str) -> Result<String, String> {
+        if is_env_name(raw) {
+            Ok(raw.to_owned())
+        } else {
+            Err(format!(
+                "{raw:?} is not an environment variable name (letters, digits and `_`); give \
+                 the name of the variable that holds the {what}, never the {what} itself"
+            ))
+        }
+    }
+
+    pub(super) fn upstream<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<UpstreamSetting>, D::Error> {
+        parse(d, |raw| {
+            if raw == "mock" {
+                return Ok(Some(UpstreamSetting::Mock));
+            }
+            check_base_url(raw)
+                .map(|url| Some(UpstreamSetting::Url(url)))
+                .map_err(|e| format!("{e}, or `mock`"))
+        })
+    }
+
+    pub(super) fn key_env<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        parse(d, |raw| env_name(raw, "key").map(Some))
+    }
+
+    pub(super) fn secret_env<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        parse(d, |raw| env_name(raw, "secret").map(Some))
+    }
+
+    pub(super) fn env_names<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Vec<String>>, D::Error> {
+        parse(d, |raw| {
+            let names = list(raw);
+            match names.iter().find(|n| !is_env_name(n)) {
+                Some(bad) => Err(format!(
+                    "{bad:?} is not an environment variable name (letters, digits and `_`); \
+                     give a comma-separated list of variable names"
+                )),
+                None => Ok(Some(names)),
+            }
+        })
+    }
+
+    pub(super) fn model<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        parse(d, |raw| {
+            if raw.is_empty() {
+                return Err("the model name is empty".into());
+            }
+            Ok(Some(raw.to_owned()))
+        })
+    }
+
+    pub(super) fn control<'de, D: Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+        parse(d, |raw| {
+            let addr: SocketAddr = raw.parse().map_err(|_| {
+                format!("{raw:?} is not an address; expected IP:PORT such as 127.0.0.1:0")
+            })?;
+            if !addr.ip().is_loopback() {
+                return Err(format!(
+                    "{addr} is not a loopback address; the control API only listens on \
+                     loopback (e.g. 127.0.0.1:7700)"
+                ));
+            }
+            Ok(addr)
+        })
+    }
+
+    /// The token as given, not trimmed: a space is refused, not dropped.
+    pub(super) fn token<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Secret>, D::Error> {
+        let Raw(raw) = Raw::deserialize(d)?;
+        if raw.is_empty() || !raw.chars().all(|c| c.is_ascii_graphic()) {
+            return Err(de::Error::custom(
+                "the token must be non-empty printable ASCII without spaces",
+            ));
+        }
+        Ok(Some(Secret::new(raw)))
+    }
+
+    pub(super) fn shape<'de, D: Deserializer<'de>>(d: D) -> Result<Shape, D::Error> {
+        let names = [
+            ("server", Shape::Server),
+            ("static", Shape::Static),
+            ("elastic", Shape::Elastic),
+        ];
+        parse(d, |raw| {
+            one_of(raw, &names, |other| {
+                format!("{other:?} is not a shape; expected server, static or elastic")
+            })
+        })
+    }
+
+    pub(super) fn tunnel<'de, D: Deserializer<'de>>(d: D) -> Result<TunnelSetting, D::Error> {
+        let names = [
+            ("none", TunnelSetting::None),
+            ("custom", TunnelSetting::Custom),
+            ("prime", TunnelSetting::Prime),
+            ("bore", TunnelSetting::Bore),
+        ];
+        parse(d, |raw| {
+            one_of(raw, &names, |other| {
+                format!("{other:?} is not a tunnel; expected none, custom, prime or bore")
+            })
+        })
+    }
+
+    pub(super) fn limiter<'de, D: Deserializer<'de>>(d: D) -> Result<LimiterBackend, D::Error> {
+        let names = [
+            ("file", LimiterBackend::File),
+            ("redis", LimiterBackend::Redis),
+        ];
+        parse(d, |raw| {
+            one_of(raw, &names, |other| {
+                format!(
+                    "{other:?} is not a rate limiter backend; expected file (one host) or \
+                     redis (a fleet sharing rate_limit_url)"
+                )
+            })
+        })
+    }
+
+    pub(super) fn log_format<'de, D: Deserializer<'de>>(d: D) -> Result<LogFormat, D::Error> {
+        let names = [("text", LogFormat::Text), ("json", LogFormat::Json)];
+        parse(d, |raw| {
+            one_of(raw, &names, |other| {
+                format!("{other:?} is not a format; expected text or json")
+            })
+        })
+    }
+
+    pub(super) fn on_violation<'de, D: Deserializer<'de>>(d: D) -> Result<OnViolation, D::Error> {
+        let names = [
+            ("strip", OnViolation::Strip),
+            ("reject", OnViolation::Reject),
+        ];
+        parse(d, |raw| {
+            one_of(raw, &names, |other| {
+                format!("{other:?} is not strip or reject")
+            })
+        })
+    }
+
+    pub(super) fn positive<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+        parse(d, |raw| match raw.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("{raw:?} is not a positive integer")),
+        })
+    }
+
+    pub(super) fn count<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+        parse(d, |raw| {
+            raw.parse::<usize>()
+                .map_err(|_| format!("{raw:?} is not a non-negative integer"))
+        })
+    }
+
+    pub(super) fn some_count<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+        count(d).map(Some)
+    }
+
+    pub(super) fn bytes<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+        parse(d, |raw| {
+            raw.parse::<usize>()
+                .map_err(|_| format!("{raw:?} is not a number of bytes"))
+        })
+    }
+
+    pub(super) fn positive_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        parse(d, |raw| {
+            raw.parse::<u64>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("{raw:?} is not a number of bytes (an integer > 0)"))
+        })
+    }
+
+    pub(super) fn connections<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+        parse(d, |raw| {
+            let n = raw.parse::<usize>().map_err(|_| {
+                format!("{raw:?} is not a number of connections (an integer; 0: no cap)")
+            })?;
+            Ok((n > 0).then_some(n))
+        })
+    }
+
+    pub(super) fn positive_secs<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        parse(d, |raw| {
+            seconds(raw)
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| format!("{raw:?} is not a number of seconds (> 0)"))
+        })
+    }
+
+    pub(super) fn secs<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        parse(d, |raw| {
+            seconds(raw).ok_or_else(|| format!("{raw:?} is not a number of seconds (>= 0)"))
+        })
+    }
+
+    pub(super) fn header_timeout<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        parse(d, |raw| {
+            let secs = seconds(raw)
+                .ok_or_else(|| format!("{raw:?} is not a number of seconds (>= 0; 0: no limit)"))?;
+            Ok((!secs.is_zero()).then_some(secs))
+        })
+    }
+
+    pub(super) fn idle<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        parse(d, |raw| {
+            let secs = seconds(raw).ok_or_else(|| {
+                format!("{raw:?} is not a number of seconds (>= 0; 0 turns the timeout off)")
+            })?;
+            Ok((!secs.is_zero()).then_some(secs))
+        })
+    }
+
+    pub(super) fn tunnel_url<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        parse(d, |raw| {
+            check_base_url(raw).map(Some).map_err(|e| {
+                e.replace(
+                    "expected e.g. http://127.0.0.1:8000/v1",
+                    "expected the public URL, e.g. https://rollouts.example.com",
+                )
+            })
+        })
+    }
+
+    pub(super) fn port<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u16>, D::Error> {
+        parse(d, |raw| match raw.parse::<u16>() {
+            Ok(p) if p > 0 => Ok(Some(p)),
+            _ => Err(format!("{raw:?} is not a port; expected 1 to 65535")),
+        })
+    }
+
+    pub(super) fn ip<'de, D: Deserializer<'de>>(d: D) -> Result<Option<IpAddr>, D::Error> {
+        parse(d, |raw| {
+            raw.parse::<IpAddr>().map(Some).map_err(|_| {
+                format!("{raw:?} is not an IP address; expected e.g. 0.0.0.0 or 127.0.0.1")
+            })
+        })
+    }
+
+    pub(super) fn host<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        parse(d, |raw| {
+            if raw.is_empty() || (raw.contains(['/', ' ', ':']) && raw.parse::<IpAddr>().is_err()) {
+                return Err(format!(
+                    "{raw:?} is not a host name or IP address (give the port as bore_port, \
+                     without a scheme)"
+                ));
+            }
+            Ok(Some(raw.to_owned()))
+        })
+    }
+
+    pub(super) fn sha256<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        parse(d, |raw| {
+            let hex = raw.to_ascii_lowercase();
+            if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(format!(
+                    "{raw:?} is not a SHA-256 (64 hex digits) of the frp release tarball for \
+                     this platform"
+                ));
+            }
+            Ok(Some(hex))
+        })
+    }
+
+    pub(super) fn redis_url<'de, D: Deserializer<'de>>(d: D) -> Result<Option<RedisUrl>, D::Error> {
+        parse(d, |raw| {
+            if !["redis://", "redis+unix://", "unix://"]
+                .iter()
+                .any(|scheme| raw.starts_with(scheme))
+            {
+                return Err(format!(
+                    "{:?} is not a Redis URL; expected redis://[user:password@]host[:port][/db]",
+                    redact_url(raw)
+                ));
+            }
+            Ok(Some(RedisUrl(raw.to_owned())))
+        })
+    }
+
+    pub(super) fn dir<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::Error> {
+        parse(d, |raw| {
+            if raw.is_empty() {
+                return Err("the directory is empty".into());
+            }
+            Ok(Some(PathBuf::from(raw)))
+        })
+    }
+
+    pub(super) fn log<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        parse(d, |raw| {
+            tracing_subscriber::EnvFilter::try_new(raw).map_err(|e| {
+                format!(
+                    "{raw:?} is not a log filter ({e}); expected e.g. `info` or \
+                     `intercept_server=debug,info`"
+                )
+            })?;
+            Ok(Some(raw.to_owned()))
+        })
+    }
+
+    /// Host patterns, comma-separated; `on` names the list in the message
+    /// (`network.allow: ...`).
+    fn patterns(raw: &str, allow: bool) -> Result<Vec<String>, String> {
+        let list = list(raw);
+        let none: [&str; 0] = [];
+        let checked = if allow {
+            NetworkPolicy::new(&list, &none)
+        } else {
+            NetworkPolicy::new(&["*"], &list)
+        };
+        checked
+            .map(|_| list)
+            .map_err(|e| format!("{e}; expected comma-separated host patterns"))
+    }
+
+    pub(super) fn allow<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+        parse(d, |raw| patterns(raw, true))
+    }
+
+    pub(super) fn block<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+        parse(d, |raw| patterns(raw, false))
+    }
 }
 
 #[cfg(test)]
@@ -1259,6 +1745,84 @@ mod tests {
         assert!(matches!(e, ConfigError::BadValue { ref key, .. } if key == "model"));
         let e = err(Some("this is = = not toml"), &[], &[]);
         assert!(matches!(e, ConfigError::File { .. }), "{e}");
+    }
+
+    #[test]
+    fn settings_document_every_field_in_order() {
+        let probe = Layer::strings(Source::Flag, [("?", "")].into_iter());
+        let e = Figment::from(probe).extract::<ServeConfig>().unwrap_err();
+        let figment::error::Kind::UnknownField(_, fields) = e.kind else {
+            panic!("{e}")
+        };
+        assert_eq!(fields, keys().collect::<Vec<_>>());
+        let table = settings_table();
+        assert_eq!(table.lines().count(), SETTINGS.len() + 2);
+        assert!(
+            table.contains("| `multiplex` | 32 | Sessions per server"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn messages_name_the_key_and_the_source() {
+        let cases = [
+            (
+                err(None, &[], &[("multiplex", "zero")]),
+                "invalid value for `--multiplex` (command line): \"zero\" is not a positive \
+                 integer",
+            ),
+            (
+                err(None, &[("INTERCEPT_MULTIPLEX", " lots ")], &[]),
+                "invalid value for `INTERCEPT_MULTIPLEX` (environment): \"lots\" is not a \
+                 positive integer",
+            ),
+            (
+                err(Some("multiplex = 0\n"), &[], &[]),
+                "invalid value for `multiplex` (config file i.toml): \"0\" is not a positive \
+                 integer",
+            ),
+            (
+                err(Some("shutdown_grace_secs = -1.5\n"), &[], &[]),
+                "invalid value for `shutdown_grace_secs` (config file i.toml): \"-1.5\" is not \
+                 a number of seconds (>= 0)",
+            ),
+            (
+                err(Some("model = [1]\n"), &[], &[]),
+                "invalid value for `model` (config file i.toml): expected a string or a number, \
+                 not a table or array",
+            ),
+            // A bad value fails even when a higher layer overrides it.
+            (
+                err(
+                    Some("multiplex = \"x\"\n"),
+                    &[("INTERCEPT_MULTIPLEX", "8")],
+                    &[],
+                ),
+                "invalid value for `multiplex` (config file i.toml): \"x\" is not a positive \
+                 integer",
+            ),
+            (
+                err(None, &[("INTERCEPT_MULTIPLEX", "x")], &[("multiplex", "8")]),
+                "invalid value for `INTERCEPT_MULTIPLEX` (environment): \"x\" is not a \
+                 positive integer",
+            ),
+        ];
+        for (e, message) in cases {
+            assert_eq!(e.to_string(), message);
+        }
+        let e = err(Some("multiplx = 3\n"), &[], &[]).to_string();
+        assert!(
+            e.starts_with(
+                "unknown setting `multiplx` (config file i.toml); known settings: upstream, \
+                 upstream_api_key_env, "
+            ),
+            "{e}"
+        );
+        let e = err(None, &[], &[("nope", "1")]).to_string();
+        assert!(
+            e.starts_with("unknown setting `--nope` (command line); known settings: --upstream, "),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1537,18 +2101,18 @@ mod tests {
         assert_eq!(c.released_trace_bytes, 1 << 20);
         assert_eq!(c.max_response_bytes, 2 << 20);
         assert_eq!(c.max_connections, None);
-        assert!(c.network.is_restricted());
-        assert!(c.network.allows_host("docs.python.org"));
-        assert!(!c.network.allows_host("evil.python.org"));
-        assert_eq!(c.network.on_violation(), OnViolation::Reject);
-        assert!(!ServeConfig::default().network.is_restricted());
+        assert!(c.network().unwrap().is_restricted());
+        assert!(c.network().unwrap().allows_host("docs.python.org"));
+        assert!(!c.network().unwrap().allows_host("evil.python.org"));
+        assert_eq!(c.network().unwrap().on_violation(), OnViolation::Reject);
+        assert!(!ServeConfig::default().network().unwrap().is_restricted());
         let none = ServeConfig::from_layers(Layers {
             file: None,
             env: &[],
             flags: &[("network_allow", String::new())],
         })
         .unwrap();
-        assert!(!none.network.allows_host("python.org"));
+        assert!(!none.network().unwrap().allows_host("python.org"));
     }
 
     #[test]

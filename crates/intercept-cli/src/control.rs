@@ -421,7 +421,7 @@ async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
         task: request.task,
         network: request
             .network
-            .unwrap_or_else(|| state.config.network.clone()),
+            .unwrap_or_else(|| state.default_network.clone()),
     })
     .with_capture_tokens(request.capture_tokens)
     .with_sink(state.metrics.clone() as Arc<dyn RecordSink>);

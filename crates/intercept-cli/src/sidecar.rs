@@ -19,7 +19,8 @@ use anyhow::Context as _;
 use bytes::Bytes;
 use hyper::service::service_fn;
 use intercept_core::{
-    Interception, RolloutSession, Secret, ServerStatus, SessionStatus, SlotGuard, Totals, Upstream,
+    Interception, NetworkPolicy, RolloutSession, Secret, ServerStatus, SessionStatus, SlotGuard,
+    Totals, Upstream,
 };
 use intercept_server::ServerConfig;
 use intercept_test::{MockConfig, MockUpstream};
@@ -138,6 +139,8 @@ pub(crate) struct ControlState {
     pub(crate) config: ServeConfig,
     pub(crate) default_upstream: Option<Upstream>,
     pub(crate) default_model: Option<String>,
+    /// The network policy of sessions created without one (`network_*`).
+    pub(crate) default_network: NetworkPolicy,
     /// The interception (any shape), started.
     pub(crate) server: Arc<dyn Interception>,
     pub(crate) tunnels: Arc<TunnelCounters>,
@@ -399,6 +402,7 @@ impl Sidecar {
             .clone()
             .unwrap_or_else(Secret::generate);
         let state = Arc::new(ControlState {
+            default_network: config.network()?,
             config,
             default_upstream,
             default_model,

@@ -35,7 +35,9 @@ struct Settings {
     upstream_timeout: Option<f64>,
     inspect_memory: Option<usize>,
     stream_buffer: Option<usize>,
-    released_memory: Option<usize>,
+    /// `ServerConfig::released_secrets`; `released_memory`, its former name, still works.
+    #[serde(alias = "released_memory")]
+    released_secrets: Option<usize>,
     upstream_idle_per_host: Option<usize>,
     engine_retry_after: Option<f64>,
 }
@@ -101,8 +103,8 @@ impl Settings {
             }
             c.stream_buffer = v;
         }
-        if let Some(v) = self.released_memory {
-            c.released_memory = v;
+        if let Some(v) = self.released_secrets {
+            c.released_secrets = v;
         }
         if let Some(v) = self.upstream_idle_per_host {
             c.upstream_idle_per_host = v;

@@ -62,9 +62,12 @@ pub struct ServerConfig {
     pub inspect_memory: usize,
     /// Events buffered between the upstream and a slow harness (default 16).
     pub stream_buffer: usize,
-    /// Released secrets remembered so that stragglers get 409 `rollout concluded`
-    /// instead of 401 (default 65 536; the oldest are forgotten first).
-    pub released_memory: usize,
+    /// Secrets of released sessions (two each: model and state) remembered so that
+    /// stragglers get 409 `rollout concluded` instead of 401 (default 65 536; the oldest
+    /// are forgotten first). A count of secrets in this server's registry; the sidecar's
+    /// `released_retention` is another setting, a count of sessions its control API
+    /// remembers.
+    pub released_secrets: usize,
     /// Idle upstream connections kept per upstream host (default 256).
     pub upstream_idle_per_host: usize,
     /// When an upstream has several engines and one refuses connections, new calls skip
@@ -97,7 +100,7 @@ impl Default for ServerConfig {
             upstream_read_idle: None,
             inspect_memory: 4 << 20,
             stream_buffer: 16,
-            released_memory: 65_536,
+            released_secrets: 65_536,
             upstream_idle_per_host: 256,
             engine_retry_after: Duration::from_secs(5),
             service_secrets: Vec::new(),
@@ -131,7 +134,7 @@ impl fmt::Debug for ServerConfig {
             .field("upstream_write_idle", &self.upstream_write_idle)
             .field("upstream_read_idle", &self.upstream_read_idle)
             .field("stream_buffer", &self.stream_buffer)
-            .field("released_memory", &self.released_memory)
+            .field("released_secrets", &self.released_secrets)
             .field("engine_retry_after", &self.engine_retry_after)
             .field("listen", &self.listen)
             .field("tunnel", &self.tunnel.as_ref().map(|t| t.kind()))

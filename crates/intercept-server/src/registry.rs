@@ -136,19 +136,19 @@ pub(crate) struct Registry {
     by_id: DashMap<String, Arc<Entry>>,
     released: DashMap<Secret, ()>,
     released_order: Mutex<VecDeque<Secret>>,
-    released_memory: usize,
+    released_secrets: usize,
     load: AtomicUsize,
 }
 
 impl Registry {
-    pub(crate) fn new(released_memory: usize) -> Self {
+    pub(crate) fn new(released_secrets: usize) -> Self {
         Registry {
             by_model: DashMap::new(),
             by_state: DashMap::new(),
             by_id: DashMap::new(),
             released: DashMap::new(),
             released_order: Mutex::new(VecDeque::new()),
-            released_memory,
+            released_secrets,
             load: AtomicUsize::new(0),
         }
     }
@@ -195,13 +195,13 @@ impl Registry {
         self.by_state.remove(&entry.state_secret);
         self.by_id
             .remove_if(entry.session.id(), |_, e| Arc::ptr_eq(e, entry));
-        if self.released_memory > 0 {
+        if self.released_secrets > 0 {
             let mut order = self.released_order.lock();
             for secret in [&entry.model_secret, &entry.state_secret] {
                 self.released.insert(secret.clone(), ());
                 order.push_back(secret.clone());
             }
-            while order.len() > self.released_memory {
+            while order.len() > self.released_secrets {
                 if let Some(old) = order.pop_front() {
                     self.released.remove(&old);
                 }

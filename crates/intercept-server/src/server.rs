@@ -138,7 +138,7 @@ impl InterceptionServer {
     pub fn new(config: ServerConfig) -> Result<Self, Error> {
         let upstream = UpstreamClient::new(&config)?;
         let shared = Shared {
-            registry: Registry::new(config.released_memory),
+            registry: Registry::new(config.released_secrets),
             upstream,
             tasks: TaskTracker::new(),
             calls_cancel: CancellationToken::new(),
