@@ -1,13 +1,16 @@
 //! Project automation for intercept, run as `cargo xtask <task>` (the alias lives in
 //! `.cargo/config.toml`). This library holds the tasks so that tests can call them too.
 //!
-//! - [`ci()`]: fmt check, clippy with warnings denied, the test suite, doctests, tidy.
+//! - [`ci()`]: fmt check, clippy with warnings denied, unused dependencies
+//!   (cargo-machete), the build without TLS, the test suite, doctests, tidy.
 //! - [`tidy`]: the mechanical checks of the layering and hygiene rules
 //!   (`docs/architecture.md` says why each rule exists).
-//! - [`benchmark`]: the load benchmark (`cargo xtask bench`): direct vs intercept vs
-//!   nginx, scale figures, `target/bench/results.json`.
-//! - [`demo()`] and [`bench()`]: thin wrappers over `cargo run` and `cargo bench`
-//!   (`cargo xtask bench --micro` runs the criterion micro-benchmarks).
+//! - [`benchmark()`]: the load benchmark (`cargo xtask bench`): builds
+//!   `intercept-bench` in release mode and runs its `benchmark` program (direct vs
+//!   intercept vs nginx, scale figures, `target/bench/results.json`).
+//! - [`demo()`], [`bench()`] and [`bench_pool()`]: thin wrappers over `cargo run`,
+//!   `cargo bench` (`cargo xtask bench --micro`, the criterion micro-benchmarks) and
+//!   `cargo test` (`cargo xtask bench --pool`, the pool seating measurement).
 //!
 //! ```no_run
 //! // What `cargo xtask tidy` does, callable from a test:
@@ -24,7 +27,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
 
-pub mod benchmark;
 pub mod config_docs;
 pub mod tidy;
 
@@ -82,8 +84,13 @@ impl Step {
 
 /// Whether `cargo nextest` is installed.
 pub fn has_nextest() -> bool {
+    has_cargo_tool("nextest")
+}
+
+/// Whether `cargo <tool> --version` works (the tool is installed).
+fn has_cargo_tool(tool: &str) -> bool {
     cargo()
-        .args(["nextest", "--version"])
+        .args([tool, "--version"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -96,11 +103,16 @@ pub fn has_nextest() -> bool {
 ///
 /// 1. `fmt`: `cargo fmt --all --check`
 /// 2. `clippy`: `cargo clippy --workspace --all-targets --locked -- -D warnings`
-/// 3. `test`: `cargo nextest run --workspace --locked` when cargo-nextest is installed,
+/// 3. `machete`: `cargo machete`, which fails on a declared but unused dependency
+///    (skipped with a note when cargo-machete is not installed, except under CI, where
+///    `.ci/run` installs it)
+/// 4. `no-tls`: `cargo check -p intercept-pool --no-default-features --locked`, which
+///    builds the pool, the server and the tunnels without their `tls` feature
+/// 5. `test`: `cargo nextest run --workspace --locked` when cargo-nextest is installed,
 ///    else `cargo test --workspace --locked`
-/// 4. `doctest`: `cargo test --workspace --doc --locked` (only after nextest, which
-///    does not run doctests; `cargo test` already ran them in step 3)
-/// 5. `tidy`: [`tidy::run`]
+/// 6. `doctest`: `cargo test --workspace --doc --locked` (only after nextest, which
+///    does not run doctests; `cargo test` already ran them in step 5)
+/// 7. `tidy`: [`tidy::run`]
 ///
 /// The error names the step that failed.
 pub fn ci(root: &Path, options: &CiOptions) -> Result<()> {
@@ -120,6 +132,26 @@ pub fn ci(root: &Path, options: &CiOptions) -> Result<()> {
             ],
         ),
     ];
+    if has_cargo_tool("machete") {
+        steps.push(Step::cargo("machete", &["machete"]));
+    } else if std::env::var_os("CI").is_some() {
+        bail!("cargo-machete is not installed (CI requires it: `cargo install cargo-machete --locked`)");
+    } else {
+        println!(
+            "xtask ci: cargo-machete is not installed; unused dependencies are not checked \
+             (`cargo install cargo-machete --locked`)"
+        );
+    }
+    steps.push(Step::cargo(
+        "no-tls",
+        &[
+            "check",
+            "-p",
+            "intercept-pool",
+            "--no-default-features",
+            "--locked",
+        ],
+    ));
     if nextest {
         steps.push(Step::cargo(
             "test",
@@ -215,11 +247,91 @@ pub fn demo(root: &Path, args: &[OsString]) -> Result<()> {
     run_streaming(&mut cmd).context("the demo failed")
 }
 
+/// Options of [`benchmark()`]: the flags of `cargo xtask bench`, passed on to the
+/// `benchmark` program of `intercept-bench` (which documents them).
+#[derive(Debug, Clone, Default)]
+pub struct BenchOptions {
+    /// A few seconds per case instead of 10 (a smoke run).
+    pub quick: bool,
+    /// Also run the slow-stream ramp (at `streams`, or at its default points).
+    pub scale: bool,
+    /// Run the slow-stream ramp at these concurrencies (alone, unless `scale`).
+    pub streams: Option<Vec<usize>>,
+    /// Skip nginx even when it is installed.
+    pub no_nginx: bool,
+    /// Use the release binaries already built.
+    pub no_build: bool,
+    /// Rounds per load case (`None`: the program's default, 1 quick, 3 full).
+    pub rounds: Option<usize>,
+}
+
+impl BenchOptions {
+    /// The `benchmark` program's arguments.
+    pub fn args(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let flags = [
+            (self.quick, "--quick"),
+            (self.scale, "--scale"),
+            (self.no_nginx, "--no-nginx"),
+        ];
+        out.extend(flags.iter().filter(|f| f.0).map(|f| f.1.to_owned()));
+        if let Some(points) = &self.streams {
+            let points: Vec<String> = points.iter().map(ToString::to_string).collect();
+            out.push(format!("--streams={}", points.join(",")));
+        }
+        if let Some(rounds) = self.rounds {
+            out.push(format!("--rounds={rounds}"));
+        }
+        out
+    }
+}
+
+/// The load benchmark: builds `intercept-bench`'s programs in release mode (unless
+/// `no_build`) and runs its `benchmark` program, which starts the others from the same
+/// folder (see `crates/intercept-bench/src/bin/benchmark/main.rs`).
+pub fn benchmark(root: &Path, options: &BenchOptions) -> Result<()> {
+    let meta = metadata(root)?;
+    let target_dir = meta
+        .get("target_directory")
+        .and_then(serde_json::Value::as_str)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    if !options.no_build {
+        let mut cmd = cargo();
+        cmd.args(["build", "--release", "-p", "intercept-bench", "--bins"])
+            .current_dir(root);
+        run_streaming(&mut cmd).context("building the bench programs failed")?;
+    }
+    let program = target_dir.join("release").join("benchmark");
+    let mut cmd = Command::new(&program);
+    cmd.args(options.args()).current_dir(root);
+    run_streaming(&mut cmd).with_context(|| format!("{} failed", program.display()))
+}
+
+/// `cargo xtask bench --pool`: the pool seating measurement (elastic pool against a
+/// serial baseline, fake 1 s tunnel starts, simulated time), printed as a table.
+pub fn bench_pool(root: &Path) -> Result<()> {
+    let mut cmd = cargo();
+    cmd.args([
+        "test",
+        "--release",
+        "--locked",
+        "-p",
+        "intercept-pool",
+        "--test",
+        "pool_seat",
+        "--",
+        "--nocapture",
+    ])
+    .current_dir(root);
+    run_streaming(&mut cmd).context("the pool seating measurement failed")
+}
+
 /// Runs `cargo bench --workspace <args>` and says where the results went.
 ///
 /// This runs whatever benchmark targets the crates declare (criterion writes its
 /// reports under `<target-dir>/criterion/`). The load test of a running server is
-/// [`benchmark::run`].
+/// [`benchmark()`].
 pub fn bench(root: &Path, args: &[OsString]) -> Result<()> {
     let meta = metadata(root)?;
     let benches = bench_targets(&meta);
@@ -366,6 +478,29 @@ mod tests {
             {"name": "b", "targets": [{"name": "b", "kind": ["bin"]}]}
         ]});
         assert_eq!(bench_targets(&meta), vec!["a/hot".to_owned()]);
+    }
+
+    #[test]
+    fn bench_options_become_the_programs_flags() {
+        assert!(BenchOptions::default().args().is_empty());
+        let options = BenchOptions {
+            quick: true,
+            scale: true,
+            streams: Some(vec![1000, 2500]),
+            no_nginx: true,
+            no_build: true,
+            rounds: Some(5),
+        };
+        assert_eq!(
+            options.args(),
+            [
+                "--quick",
+                "--scale",
+                "--no-nginx",
+                "--streams=1000,2500",
+                "--rounds=5"
+            ]
+        );
     }
 
     #[test]

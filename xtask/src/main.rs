@@ -95,11 +95,11 @@ fn main() -> ExitCode {
         Task::Tidy => xtask::tidy::run(&root),
         Task::ConfigDocs => xtask::config_docs::write(&root),
         Task::Demo(p) => xtask::demo(&root, &p.args),
-        Task::Bench(b) if b.micro => xtask::benchmark::micro(&root, &b.args),
-        Task::Bench(b) if b.pool => xtask::benchmark::pool(&root),
-        Task::Bench(b) => xtask::benchmark::run(
+        Task::Bench(b) if b.micro => xtask::bench(&root, &b.args),
+        Task::Bench(b) if b.pool => xtask::bench_pool(&root),
+        Task::Bench(b) => xtask::benchmark(
             &root,
-            &xtask::benchmark::BenchOptions {
+            &xtask::BenchOptions {
                 quick: b.quick,
                 scale: b.scale,
                 streams: b.streams,

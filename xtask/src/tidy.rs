@@ -11,6 +11,7 @@
 //! | `one-way-deps` | dependencies point one way: the server and the tunnels never depend on each other, on the pool or on the cli; the pool never on the cli |
 //! | `server-names-no-tunnel` | `intercept-server`'s manifest names no `intercept-tunnel` dependency of any kind (not even for tests) |
 //! | `fakes-stay-in-tests` | no publishable crate has a normal dependency on the unpublished fakes (`intercept-test`) |
+//! | `workspace-deps-used` | every entry of the root `[workspace.dependencies]` is a dependency of some member (cargo-machete checks the members' own lists) |
 //! | `no-placeholders` | no placeholder macros or ignored tests in the Rust sources under `crates/`, `xtask/` and `tests/` |
 //! | `workspace-lints` | every member's `Cargo.toml` has `[lints] workspace = true` |
 //! | `crate-docs` | every member's library root (`src/lib.rs`) starts with a `//!` crate doc |
@@ -70,6 +71,7 @@ pub fn check(root: &Path) -> Result<Vec<Violation>> {
     all.extend(core_isolated(root)?);
     all.extend(one_way_deps(root)?);
     all.extend(manifest_rules(root)?);
+    all.extend(workspace_deps_used(root)?);
     all.extend(no_placeholders(root)?);
     all.extend(code_map(root)?);
     all.extend(timeless_docs(root)?);
@@ -352,6 +354,89 @@ pub fn manifest_rules(root: &Path) -> Result<Vec<Violation>> {
         }
     }
     Ok(out)
+}
+
+/// `workspace-deps-used`: see the module docs.
+pub fn workspace_deps_used(root: &Path) -> Result<Vec<Violation>> {
+    let manifest = root.join("Cargo.toml");
+    let text = fs::read_to_string(&manifest)
+        .with_context(|| format!("could not read {}", manifest.display()))?;
+    let meta = metadata(root)?;
+    let mut used = Vec::new();
+    for pkg in packages(&meta) {
+        for dep in pkg
+            .get("dependencies")
+            .and_then(|d| d.as_array())
+            .into_iter()
+            .flatten()
+        {
+            let name = dep
+                .get("rename")
+                .and_then(|r| r.as_str())
+                .or_else(|| dep.get("name").and_then(|n| n.as_str()));
+            used.extend(name.map(str::to_owned));
+        }
+    }
+    Ok(unused_workspace_deps(&text, &used)
+        .into_iter()
+        .map(|name| Violation {
+            rule: "workspace-deps-used",
+            location: "Cargo.toml".into(),
+            detail: format!(
+                "`{name}` is in [workspace.dependencies] but no member depends on it: \
+                 remove it"
+            ),
+        })
+        .collect())
+}
+
+/// The keys of a root manifest's `[workspace.dependencies]` table that are not in `used`.
+pub fn unused_workspace_deps(root_manifest: &str, used: &[String]) -> Vec<String> {
+    let mut in_table = false;
+    let mut out = Vec::new();
+    for line in root_manifest.lines() {
+        let line = strip_comment(line).trim();
+        if line.starts_with('[') {
+            let table: String = line
+                .trim_matches(|c| c == '[' || c == ']')
+                .chars()
+                .filter(|c| !c.is_whitespace())
+                .collect();
+            in_table = table == "workspace.dependencies";
+            continue;
+        }
+        if !in_table {
+            continue;
+        }
+        let Some((key, _)) = line.split_once('=') else {
+            continue;
+        };
+        let key = key.trim();
+        let key = key
+            .strip_suffix(".workspace")
+            .unwrap_or(key)
+            .trim_matches('"');
+        if !key.is_empty() && !used.iter().any(|u| u == key) {
+            out.push(key.to_owned());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod workspace_deps_tests {
+    use super::unused_workspace_deps;
+
+    #[test]
+    fn unused_workspace_entries_are_named() {
+        let manifest = "[workspace]\nmembers = [\"a\"]\n\n[workspace.dependencies]\n\
+                        # a comment = 1\nserde = { version = \"1\", features = [\"derive\"] }\n\
+                        reqwest = \"0.13\" # unused\n\n[workspace.lints.rust]\nunsafe_code = \"deny\"\n";
+        let used = vec!["serde".to_owned()];
+        assert_eq!(unused_workspace_deps(manifest, &used), vec!["reqwest"]);
+        let used = vec!["serde".to_owned(), "reqwest".to_owned()];
+        assert!(unused_workspace_deps(manifest, &used).is_empty());
+    }
 }
 
 /// Whether a manifest opts into the workspace lints: a `[lints]` table with

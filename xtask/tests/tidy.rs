@@ -36,6 +36,14 @@ fn manifests_use_workspace_lints_and_crates_have_docs() {
 }
 
 #[test]
+fn every_workspace_dependency_is_used() {
+    assert_holds(
+        "workspace-deps-used",
+        tidy::workspace_deps_used(&xtask::workspace_root()),
+    );
+}
+
+#[test]
 fn sources_have_no_placeholders() {
     assert_holds(
         "no-placeholders",

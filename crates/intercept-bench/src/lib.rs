@@ -1,9 +1,10 @@
-//! Load-test programs for intercept's benchmarks (`cargo xtask bench`): a fast mock
-//! upstream (`bench-upstream`), an interception server with many registered sessions
+//! Load-test programs for intercept's benchmarks (`cargo xtask bench`): the driver that
+//! runs the others, measures and reports (`benchmark`), a fast mock upstream
+//! (`bench-upstream`), an interception server with many registered sessions
 //! (`bench-proxy`), a load generator (`loadgen`), in-process scale figures
 //! (`bench-scale`), and the slow-stream rig: a cheap paced upstream (`slow-upstream`)
-//! and a lean streaming client (`slowgen`). This library holds what the binaries share, so tests can drive
-//! every piece in-process.
+//! and a lean streaming client (`slowgen`). This library holds what the binaries share,
+//! so tests can drive every piece in-process.
 //!
 //! ```no_run
 //! use std::time::Duration;

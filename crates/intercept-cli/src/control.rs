@@ -412,17 +412,17 @@ async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
         }
         None => None,
     };
-    let mut session = RolloutSession::new(SessionConfig {
-        id: id.clone(),
-        model,
-        sampling: request.sampling,
-        upstream,
-        limits: request.limits,
-        task: request.task,
-        network: request
-            .network
-            .unwrap_or_else(|| state.default_network.clone()),
-    })
+    let mut session = RolloutSession::new(
+        SessionConfig::new(id.clone(), model, upstream)
+            .with_sampling(request.sampling)
+            .with_limits(request.limits)
+            .with_task(request.task)
+            .with_network(
+                request
+                    .network
+                    .unwrap_or_else(|| state.default_network.clone()),
+            ),
+    )
     .with_capture_tokens(request.capture_tokens)
     .with_sink(state.metrics.clone() as Arc<dyn RecordSink>);
     if let Some(sink) = &sink {

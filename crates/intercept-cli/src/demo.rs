@@ -306,7 +306,7 @@ async fn talk(
         .ok_or_else(|| anyhow!("the session has no OPENAI_API_KEY"))?;
     let url = format!("{base}/chat/completions");
     let stream = index % 2 == 1;
-    let tools = index % 4 == 0;
+    let tools = index.is_multiple_of(4);
     let mut messages = vec![json!({"role": "system", "content": "You are a demo agent."})];
     for turn in 0..turns {
         let text = if tools && turn == 1 {

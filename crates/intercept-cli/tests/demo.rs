@@ -64,7 +64,7 @@ async fn demo_summary_matches_the_trace_files() {
         );
         assert_eq!(trace.records.len(), *calls, "{id}");
         let index: usize = id.trim_start_matches("demo-").parse().unwrap();
-        let expected = if index % 4 == 0 { 4 } else { 3 };
+        let expected = if index.is_multiple_of(4) { 4 } else { 3 };
         assert_eq!(*calls, expected, "{id}");
         let mut seqs: Vec<u64> = trace.records.iter().map(|r| r.seq).collect();
         seqs.sort();
@@ -78,7 +78,7 @@ async fn demo_summary_matches_the_trace_files() {
             assert_eq!(r.sampling["temperature"], 0.7);
             assert!(r.usage.completion_tokens > 0, "{id}: usage {:?}", r.usage);
         }
-        if index % 4 == 0 {
+        if index.is_multiple_of(4) {
             assert!(
                 trace
                     .records

@@ -14,10 +14,10 @@
 //!
 //! ```
 //! use bytes::Bytes;
-//! use intercept_core::capture::{CaptureShape, TokenCollector};
+//! use intercept_core::capture::{CaptureShape, HarnessAsked, TokenCollector};
 //! use intercept_core::TokenCapture;
 //!
-//! let mut c = TokenCollector::new(CaptureShape::Chat, false, false);
+//! let mut c = TokenCollector::new(CaptureShape::Chat, HarnessAsked::default());
 //! let reply = br#"{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"logprobs":{"content":[{"token":"hi","logprob":-0.5,"bytes":[104,105],"top_logprobs":[]}]},"finish_reason":"stop","token_ids":[6151]}],"prompt_token_ids":[1,2]}"#;
 //! let served = c.strip_json(&Bytes::from_static(reply));
 //! assert_eq!(&served[..], br#"{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"logprobs":null,"finish_reason":"stop","token_ids":null}],"prompt_token_ids":null}"#);
@@ -139,14 +139,24 @@ fn is_null(v: &RawValue) -> bool {
     v.get() == "null"
 }
 
+/// What the harness itself asked for, of what token capture adds to a request: that
+/// part is relayed to it as it is, the rest is captured and stripped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HarnessAsked {
+    /// The request asked for logprobs.
+    pub logprobs: bool,
+    /// The request asked for token ids (`return_token_ids`).
+    pub token_ids: bool,
+}
+
 impl TokenCollector {
-    /// A collector; `keep_logprobs` / `keep_token_ids` say whether the harness itself
-    /// asked for logprobs / token ids (then they are relayed as they are).
-    pub fn new(shape: CaptureShape, keep_logprobs: bool, keep_token_ids: bool) -> Self {
+    /// A collector for answers of `shape`; `asked` says what the harness asked for
+    /// itself (relayed as it is).
+    pub fn new(shape: CaptureShape, asked: HarnessAsked) -> Self {
         TokenCollector {
             shape,
-            keep_logprobs,
-            keep_token_ids,
+            keep_logprobs: asked.logprobs,
+            keep_token_ids: asked.token_ids,
             prompt: None,
             completion: None,
             logprobs: None,
@@ -355,7 +365,7 @@ mod tests {
         fn stream_strips_to_the_uncaptured_bytes(
             pieces in prop::collection::vec((prop::collection::vec(0u32..200_000, 0..4), -20.0f64..0.0), 1..6),
         ) {
-            let mut c = TokenCollector::new(CaptureShape::Chat, false, false);
+            let mut c = TokenCollector::new(CaptureShape::Chat, HarnessAsked::default());
             let mut ids_sent = Vec::new();
             let mut lps_sent = Vec::new();
             for (i, (ids, lp)) in pieces.iter().enumerate() {
@@ -378,7 +388,13 @@ mod tests {
 
     #[test]
     fn what_the_harness_asked_for_stays() {
-        let mut c = TokenCollector::new(CaptureShape::Chat, true, true);
+        let mut c = TokenCollector::new(
+            CaptureShape::Chat,
+            HarnessAsked {
+                logprobs: true,
+                token_ids: true,
+            },
+        );
         let body = Bytes::from_static(
             br#"{"choices":[{"index":0,"logprobs":{"content":[{"logprob":-1.0}]},"token_ids":[3]}],"prompt_token_ids":[1]}"#,
         );
@@ -388,7 +404,7 @@ mod tests {
 
     #[test]
     fn without_ids_the_capture_is_missing_and_bytes_pass() {
-        let mut c = TokenCollector::new(CaptureShape::Chat, false, false);
+        let mut c = TokenCollector::new(CaptureShape::Chat, HarnessAsked::default());
         let body = Bytes::from_static(
             br#"{"id":"x", "choices": [{"index": 0, "message": {"content": "hi"}, "logprobs": null}]}"#,
         );
@@ -402,7 +418,7 @@ mod tests {
 
     #[test]
     fn completions_shape_reads_per_choice_ids_and_token_logprobs() {
-        let mut c = TokenCollector::new(CaptureShape::Completions, false, false);
+        let mut c = TokenCollector::new(CaptureShape::Completions, HarnessAsked::default());
         let ev = Bytes::from_static(
             b"data: {\"choices\":[{\"index\":0,\"text\":\"a\",\"logprobs\":{\"tokens\":[\"a\"],\"token_logprobs\":[-0.25],\"top_logprobs\":null,\"text_offset\":[0]},\"finish_reason\":null,\"prompt_token_ids\":[9,8],\"token_ids\":[4]}]}\n\n",
         );

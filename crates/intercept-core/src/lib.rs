@@ -14,15 +14,11 @@
 //! use std::sync::Arc;
 //! use intercept_core::{RolloutSession, SessionConfig, Upstream, Limits, Slot, Secret};
 //!
-//! let session = Arc::new(RolloutSession::new(SessionConfig {
-//!     id: "rollout-7".into(),
-//!     model: "policy-model".into(),
-//!     sampling: Default::default(),
-//!     upstream: Upstream::new("http://127.0.0.1:8000/v1"),
-//!     limits: Limits { max_turns: Some(16), ..Limits::default() },
-//!     task: None,
-//!     network: Default::default(),
-//! }));
+//! let upstream = Upstream::new("http://127.0.0.1:8000/v1");
+//! let session = Arc::new(RolloutSession::new(
+//!     SessionConfig::new("rollout-7", "policy-model", upstream)
+//!         .with_limits(Limits { max_turns: Some(16), ..Limits::default() }),
+//! ));
 //! // A server registers the session and hands the rollout a slot:
 //! let slot = Slot {
 //!     base_url: "http://127.0.0.1:4100".into(),

@@ -419,7 +419,22 @@ pub trait Session: Send + Sync + fmt::Debug + 'static {
 }
 
 /// Configuration of a [`RolloutSession`].
+///
+/// Built with [`SessionConfig::new`] and the `with_*` methods (or deserialised), so that
+/// a new field, with its default, is not a breaking change; the fields stay public to
+/// read and to set.
+///
+/// ```
+/// use intercept_core::{Limits, SessionConfig, Upstream};
+///
+/// let upstream = Upstream::new("http://127.0.0.1:8000/v1");
+/// let config = SessionConfig::new("rollout-7", "policy-model", upstream)
+///     .with_limits(Limits { max_turns: Some(16), ..Limits::default() });
+/// assert_eq!(config.limits.max_turns, Some(16));
+/// assert!(config.task.is_none());
+/// ```
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SessionConfig {
     /// Rollout id.
     pub id: String,
@@ -439,6 +454,47 @@ pub struct SessionConfig {
     /// Network policy (see [`Session::network`]); unrestricted by default.
     #[serde(default)]
     pub network: crate::network::NetworkPolicy,
+}
+
+impl SessionConfig {
+    /// The configuration of rollout `id`, imposing `model` and calling `upstream`, with
+    /// the defaults for the rest: no sampling imposed, no limits, no task, an
+    /// unrestricted network.
+    pub fn new(id: impl Into<String>, model: impl Into<String>, upstream: Upstream) -> Self {
+        SessionConfig {
+            id: id.into(),
+            model: model.into(),
+            sampling: Sampling::default(),
+            upstream,
+            limits: Limits::default(),
+            task: None,
+            network: crate::network::NetworkPolicy::default(),
+        }
+    }
+
+    /// With this sampling imposed on every call.
+    pub fn with_sampling(mut self, sampling: Sampling) -> Self {
+        self.sampling = sampling;
+        self
+    }
+
+    /// With these limits.
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// With this task document (served on `GET /task`; `None`: none).
+    pub fn with_task(mut self, task: impl Into<Option<serde_json::Value>>) -> Self {
+        self.task = task.into();
+        self
+    }
+
+    /// With this network policy.
+    pub fn with_network(mut self, network: crate::network::NetworkPolicy) -> Self {
+        self.network = network;
+        self
+    }
 }
 
 /// Receives each call record as it is made (e.g. to append it to a JSONL file).
@@ -530,15 +586,13 @@ struct Inner {
 /// ```
 /// use intercept_core::{RolloutSession, SessionConfig, Upstream, Limits, Session};
 ///
-/// let session = RolloutSession::new(SessionConfig {
-///     id: "rollout-1".into(),
-///     model: "policy".into(),
-///     sampling: serde_json::json!({"temperature": 0.7}).as_object().cloned().unwrap_or_default(),
-///     upstream: Upstream::new("http://127.0.0.1:8000/v1"),
-///     limits: Limits { max_turns: Some(8), ..Limits::default() },
-///     task: None,
-///     network: Default::default(),
-/// });
+/// let sampling = serde_json::json!({"temperature": 0.7}).as_object().cloned().unwrap_or_default();
+/// let upstream = Upstream::new("http://127.0.0.1:8000/v1");
+/// let session = RolloutSession::new(
+///     SessionConfig::new("rollout-1", "policy", upstream)
+///         .with_sampling(sampling)
+///         .with_limits(Limits { max_turns: Some(8), ..Limits::default() }),
+/// );
 /// assert_eq!(session.model(), "policy");
 /// assert!(session.trace().calls.is_empty());
 /// ```

@@ -14,6 +14,7 @@ use intercept_core::{
 };
 use parking_lot::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
+use serde_with::{As, DurationSecondsWithFrac};
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -42,27 +43,27 @@ pub struct ElasticConfig {
     pub max_concurrent_starts: usize,
     /// How long an acquire waits for a seat (all servers full and the pool at
     /// `max_servers`, or servers still starting) before it fails (default 300 s).
-    #[serde(with = "secs")]
+    #[serde(with = "As::<DurationSecondsWithFrac<f64>>")]
     pub wait_timeout: Duration,
     /// Servers empty this long beyond `min_servers` are torn down, newest first
     /// (default 300 s).
-    #[serde(with = "secs")]
+    #[serde(with = "As::<DurationSecondsWithFrac<f64>>")]
     pub idle_timeout: Duration,
     /// How often endpoints are probed and idle servers looked for (default 10 s).
-    #[serde(with = "secs")]
+    #[serde(with = "As::<DurationSecondsWithFrac<f64>>")]
     pub health_interval: Duration,
     /// An unhealthy server's sessions may finish for this long before it is torn down
     /// anyway (default 120 s).
-    #[serde(with = "secs")]
+    #[serde(with = "As::<DurationSecondsWithFrac<f64>>")]
     pub drain_timeout: Duration,
     /// Attempts to start one server before its error is surfaced to the waiting acquires
     /// (default 4). Errors that say retrying cannot help are surfaced at once.
     pub start_attempts: u32,
     /// Delay after the first failed start; doubles per attempt (default 0.5 s).
-    #[serde(with = "secs")]
+    #[serde(with = "As::<DurationSecondsWithFrac<f64>>")]
     pub backoff_base: Duration,
     /// Largest delay between start attempts (default 30 s).
-    #[serde(with = "secs")]
+    #[serde(with = "As::<DurationSecondsWithFrac<f64>>")]
     pub backoff_max: Duration,
     /// How the pool's error messages name the settings they suggest raising; the
     /// defaults are this struct's field names. A front end with its own spelling (the
@@ -108,21 +109,6 @@ impl Default for ElasticConfig {
             backoff_max: Duration::from_secs(30),
             setting_names: SettingNames::default(),
         }
-    }
-}
-
-pub(crate) mod secs {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(crate) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_f64(d.as_secs_f64())
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let secs = f64::deserialize(d)?;
-        Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
     }
 }
 

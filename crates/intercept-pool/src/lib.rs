@@ -12,21 +12,20 @@
 //! let factory = Arc::new(InterceptionServerFactory::new(ServerConfig::default(), TunnelSource::None));
 //! let pool = ElasticPool::new(ElasticConfig { multiplex: 32, ..Default::default() }, factory)?;
 //! pool.start().await?;
-//! let session = Arc::new(RolloutSession::new(SessionConfig {
-//!     id: "rollout-1".into(),
-//!     model: "policy".into(),
-//!     sampling: Default::default(),
-//!     upstream: Upstream::new("http://127.0.0.1:8000/v1"),
-//!     limits: Default::default(),
-//!     task: None,
-//!     network: Default::default(),
-//! }));
+//! let upstream = Upstream::new("http://127.0.0.1:8000/v1");
+//! let session = Arc::new(RolloutSession::new(SessionConfig::new("rollout-1", "policy", upstream)));
 //! let slot = pool.acquire(session).await?; // a server comes up on demand
 //! println!("OPENAI_BASE_URL={}/v1", slot.base_url);
 //! slot.close().await;
 //! pool.stop().await
 //! # }
 //! ```
+//!
+//! # Cargo features
+//!
+//! - `tls` (default): turns on the `tls` features of intercept-server (`https://`
+//!   upstreams) and intercept-tunnel (the Prime API); off, the whole stack speaks plain
+//!   HTTP and pulls no TLS crate.
 
 mod config;
 mod elastic;

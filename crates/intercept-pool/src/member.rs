@@ -11,6 +11,19 @@ use intercept_core::{
 use intercept_server::{InterceptionServer, ServerConfig};
 
 /// One started server in a pool.
+///
+/// It repeats part of [`Interception`] (`acquire`, `load`, `stop`, `inflight`,
+/// `pause_status`) on purpose: it is the pool's view of one server, not a shape a
+/// harness drives. A pool
+/// never starts, pauses or resumes a member through it (members are started by the
+/// [`ServerFactory`] and kept in the pool's pause epoch by [`PoolMember::sync_pause`]),
+/// and it needs what `Interception` does not say: the endpoint's [`health`], an in-place
+/// [`repair`], the one-server `base_url`. Folding the two would give every interception
+/// shape (a pool too) these server-only methods, and every test fake the whole of
+/// `Interception`.
+///
+/// [`health`]: PoolMember::health
+/// [`repair`]: PoolMember::repair
 #[async_trait]
 pub trait PoolMember: Send + Sync + fmt::Debug {
     /// Registers a session on this server and returns its slot guard.

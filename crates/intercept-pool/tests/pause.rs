@@ -14,15 +14,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 fn session(id: &str, upstream: &MockUpstream) -> Arc<RolloutSession> {
-    Arc::new(RolloutSession::new(SessionConfig {
-        id: id.into(),
-        model: "policy".into(),
-        sampling: Default::default(),
-        upstream: Upstream::new(upstream.base_url()),
-        limits: Default::default(),
-        task: None,
-        network: Default::default(),
-    }))
+    Arc::new(RolloutSession::new(SessionConfig::new(
+        id,
+        "policy",
+        Upstream::new(upstream.base_url()),
+    )))
 }
 
 /// One chat call over a raw connection; returns the status code.

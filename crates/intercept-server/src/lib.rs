@@ -12,15 +12,8 @@
 //! # async fn run() -> Result<(), intercept_core::Error> {
 //! let server = InterceptionServer::new(ServerConfig::default())?;
 //! server.start().await?;
-//! let session = Arc::new(RolloutSession::new(SessionConfig {
-//!     id: "rollout-1".into(),
-//!     model: "policy".into(),
-//!     sampling: Default::default(),
-//!     upstream: Upstream::new("http://127.0.0.1:8000/v1"),
-//!     limits: Default::default(),
-//!     task: None,
-//!     network: Default::default(),
-//! }));
+//! let upstream = Upstream::new("http://127.0.0.1:8000/v1");
+//! let session = Arc::new(RolloutSession::new(SessionConfig::new("rollout-1", "policy", upstream)));
 //! let slot = server.acquire(session.clone()).await?;
 //! for (key, value) in slot.harness_env() {
 //!     std::env::set_var(key, value); // or pass to the harness process
@@ -51,6 +44,12 @@
 //!
 //! [`serve_connections`] is the server's accept loop (HTTP/1.1 and h2c, graceful
 //! shutdown), public so that other HTTP front ends (the sidecar's control API) share it.
+//!
+//! # Cargo features
+//!
+//! - `tls` (default): `https://` upstreams, through rustls with the webpki roots. Without
+//!   it (`default-features = false`, for plain-HTTP clusters) the server has no TLS stack,
+//!   and a call to an `https://` upstream fails with an error that names the feature.
 
 mod call;
 mod config;

@@ -102,15 +102,8 @@ struct Running {
 /// # async fn run() -> Result<(), intercept_core::Error> {
 /// let server = InterceptionServer::new(ServerConfig::default())?;
 /// server.start().await?;
-/// let session = Arc::new(RolloutSession::new(SessionConfig {
-///     id: "rollout-1".into(),
-///     model: "policy".into(),
-///     sampling: Default::default(),
-///     upstream: Upstream::new("http://127.0.0.1:8000/v1"),
-///     limits: Default::default(),
-///     task: None,
-///     network: Default::default(),
-/// }));
+/// let upstream = Upstream::new("http://127.0.0.1:8000/v1");
+/// let session = Arc::new(RolloutSession::new(SessionConfig::new("rollout-1", "policy", upstream)));
 /// let guard = server.acquire(session.clone()).await?;
 /// // Start the harness with guard.harness_env(); when it exits:
 /// guard.close().await;
@@ -231,25 +224,6 @@ impl InterceptionServer {
         &self.shared.stats
     }
 
-    /// Pauses new model calls (see [`Interception::pause`]); returns at once. Await
-    /// [`InterceptionServer::wait_idle`] to know when no call is being served.
-    pub fn pause(&self, mode: PauseMode) -> PauseStatus {
-        let status = self.shared.gate.pause(mode);
-        info!(mode = ?mode.kind(), inflight = status.inflight, epoch = status.epoch, "model calls paused");
-        status
-    }
-
-    /// Resumes model calls; the pause epoch goes up by one if the server was paused.
-    pub fn resume(&self) -> PauseStatus {
-        let status = self.shared.gate.resume();
-        info!(
-            epoch = status.epoch,
-            held = status.held,
-            "model calls resumed"
-        );
-        status
-    }
-
     /// Sets the pause state and epoch outright: pools use it to keep every server in
     /// step (a server started during a pause starts paused, in the pool's epoch).
     pub fn sync_pause(&self, mode: Option<PauseMode>, epoch: u64) -> PauseStatus {
@@ -262,7 +236,7 @@ impl InterceptionServer {
     }
 
     /// Waits until no admitted model call is in flight (streams still relaying count).
-    /// Paired with [`InterceptionServer::pause`]: once this returns, no call is being
+    /// Paired with [`Interception::pause`]: once this returns, no call is being
     /// served and none is admitted until resume.
     pub async fn wait_idle(&self) {
         self.shared.gate.idle().await
@@ -395,12 +369,24 @@ impl Interception for InterceptionServer {
         InterceptionServer::inflight(self)
     }
 
+    /// Pauses new model calls; returns at once (never fails). Await
+    /// [`InterceptionServer::wait_idle`] to know when no call is being served.
     async fn pause(&self, mode: PauseMode) -> Result<PauseStatus, Error> {
-        Ok(InterceptionServer::pause(self, mode))
+        let status = self.shared.gate.pause(mode);
+        info!(mode = ?mode.kind(), inflight = status.inflight, epoch = status.epoch, "model calls paused");
+        Ok(status)
     }
 
+    /// Resumes model calls; the pause epoch goes up by one if the server was paused
+    /// (never fails).
     async fn resume(&self) -> Result<PauseStatus, Error> {
-        Ok(InterceptionServer::resume(self))
+        let status = self.shared.gate.resume();
+        info!(
+            epoch = status.epoch,
+            held = status.held,
+            "model calls resumed"
+        );
+        Ok(status)
     }
 
     fn pause_status(&self) -> PauseStatus {

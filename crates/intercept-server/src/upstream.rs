@@ -7,7 +7,6 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
-use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -45,14 +44,22 @@ const BLOCKED: &[&str] = &[
     "connection",
 ];
 
+/// The connector of the general pooled client: TLS (HTTP/1.1 or HTTP/2 by ALPN) with the
+/// `tls` feature, else plain TCP (and `https://` upstreams are refused, see
+/// [`UpstreamClient::send_to`]).
+#[cfg(feature = "tls")]
+type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+#[cfg(not(feature = "tls"))]
+type Connector = HttpConnector;
+
 /// One HTTP(S) client with a keep-alive pool, shared by all sessions of a server.
 /// Connections are pooled per upstream host; no client retries (the harness's SDK
 /// retries on the relayed status). Plain `http://` upstreams use HTTP/1.1 connections
 /// that each call drives itself ([`H1Pool`]); `https://` ones a general pooled client
-/// (TLS, HTTP/1.1 or HTTP/2 by ALPN).
+/// (TLS, HTTP/1.1 or HTTP/2 by ALPN; only with the crate's `tls` feature).
 #[derive(Clone)]
 pub(crate) struct UpstreamClient {
-    client: Client<HttpsConnector<HttpConnector>, SliceBody>,
+    client: Client<Connector, SliceBody>,
     h1: Arc<H1Pool>,
 }
 
@@ -109,17 +116,20 @@ impl UpstreamClient {
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(config.connect_timeout));
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
+        #[cfg(feature = "tls")]
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_provider_and_webpki_roots(Arc::new(rustls::crypto::ring::default_provider()))
             .map_err(|e| Error::Internal(format!("TLS setup failed: {e}")))?
             .https_or_http()
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
+        #[cfg(not(feature = "tls"))]
+        let connector = http;
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_max_idle_per_host(config.upstream_idle_per_host)
-            .build(https);
+            .build(connector);
         let h1 = H1Pool::new(
             config.upstream_idle_per_host,
             config.connect_timeout,
@@ -200,6 +210,17 @@ impl UpstreamClient {
                 Ok(resp) => Ok(resp.map(UpstreamBody::Driven)),
                 Err(e) => Err(h1_failure(&host, e)),
             };
+        }
+        #[cfg(not(feature = "tls"))]
+        if req.uri().scheme_str() == Some("https") {
+            return Err(SendFailure {
+                error: Error::Internal(format!(
+                    "the upstream {host} is `https://`, and this intercept-server was built \
+                     without its `tls` feature (plain HTTP only)"
+                )),
+                // Nothing was sent: another (plain-HTTP) engine may take the call.
+                connect: true,
+            });
         }
         match self.client.request(req).await {
             Ok(resp) => Ok(resp.map(UpstreamBody::Pooled)),
@@ -371,6 +392,22 @@ pub(crate) enum ReadError<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Without the `tls` feature an `https://` upstream is refused, naming the feature,
+    /// and nothing is sent (`cargo test -p intercept-server --no-default-features`).
+    #[cfg(not(feature = "tls"))]
+    #[tokio::test]
+    async fn https_without_the_tls_feature_names_it() {
+        let client = UpstreamClient::new(&ServerConfig::default()).expect("client");
+        let req = Request::post("https://api.example.invalid/v1/chat/completions")
+            .body(SliceBody::new(Vec::new()))
+            .expect("request");
+        let failure = client.send_to(req).await.expect_err("refused");
+        assert!(failure.connect, "nothing was sent");
+        let text = failure.error.to_string();
+        assert!(text.contains("`tls` feature"), "{text}");
+        assert!(text.contains("api.example.invalid"), "{text}");
+    }
 
     #[test]
     fn forwards_feature_headers_and_drops_auth_and_framing() {

@@ -87,11 +87,13 @@ async fn answers_no_retry_can_change_say_x_should_retry_false_and_others_do_not(
     assert_eq!(should_retry(&a), None);
     // A paused server's 429 (reject) is retryable too.
     h.server
-        .pause(intercept_core::PauseMode::reject(Duration::from_secs(1)));
+        .pause(intercept_core::PauseMode::reject(Duration::from_secs(1)))
+        .await
+        .expect("pause");
     let a = post_json(&base, Some(&secret), &chat_body("x", false)).await;
     assert_eq!(a.status, 429, "{}", a.text());
     assert_eq!(should_retry(&a), None);
-    h.server.resume();
+    h.server.resume().await.expect("resume");
     // 400 stopped: the turn limit (one successful call) is reached.
     let a = post_json(&base, Some(&secret), &chat_body("x", false)).await;
     assert_eq!(a.status, 200, "{}", a.text());

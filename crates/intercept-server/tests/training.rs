@@ -23,15 +23,7 @@ async fn server(config: ServerConfig) -> InterceptionServer {
 }
 
 fn config(id: &str, upstream: Upstream) -> SessionConfig {
-    SessionConfig {
-        id: id.into(),
-        model: "policy-model".into(),
-        sampling: Default::default(),
-        upstream,
-        limits: Default::default(),
-        task: None,
-        network: Default::default(),
-    }
+    SessionConfig::new(id, "policy-model", upstream)
 }
 
 async fn rollout(
@@ -91,7 +83,10 @@ async fn hold_pause_under_load_serves_nothing_and_loses_nothing() {
     eng.block();
     let inflight: Vec<_> = (0..6).map(|i| call(i, i % 2 == 0)).collect();
     eng.wait_received(6).await;
-    let status = server.pause(PauseMode::hold(Duration::from_secs(30)));
+    let status = server
+        .pause(PauseMode::hold(Duration::from_secs(30)))
+        .await
+        .expect("pause");
     assert!(status.paused);
     assert_eq!(status.mode, Some(PauseKind::Hold));
     assert_eq!((status.epoch, status.inflight), (0, 6));
@@ -114,7 +109,7 @@ async fn hold_pause_under_load_serves_nothing_and_loses_nothing() {
     assert_eq!((status.inflight, status.held), (0, 10));
     assert_eq!(eng.received(), 6, "no call was served during the pause");
     // Resume: every held call completes, in the new epoch.
-    let status = server.resume();
+    let status = server.resume().await.expect("resume");
     assert!(!status.paused);
     assert_eq!(status.epoch, 1);
     for h in held {
@@ -147,7 +142,10 @@ async fn reject_pause_answers_429_with_retry_after_and_hold_times_out_with_503()
     )
     .await;
     let secret = guard.model_secret.expose().to_owned();
-    server.pause(PauseMode::reject(Duration::from_millis(2500)));
+    server
+        .pause(PauseMode::reject(Duration::from_millis(2500)))
+        .await
+        .expect("pause");
     let bodies: Vec<Value> = (0..8)
         .map(|i| chat_body(&format!("r{i}"), i % 2 == 0))
         .collect();
@@ -166,7 +164,10 @@ async fn reject_pause_answers_429_with_retry_after_and_hold_times_out_with_503()
     assert_eq!(eng.received(), 0);
     assert!(session.trace().calls.is_empty());
     // Hold with a short timeout: 503 with Retry-After once it elapses.
-    server.pause(PauseMode::hold(Duration::from_millis(50)));
+    server
+        .pause(PauseMode::hold(Duration::from_millis(50)))
+        .await
+        .expect("pause");
     let a = post_json(&guard.base_url, Some(&secret), &chat_body("late", false)).await;
     assert_eq!(a.status, 503, "{}", a.text());
     assert_eq!(a.headers["retry-after"], "1");
@@ -177,7 +178,7 @@ async fn reject_pause_answers_429_with_retry_after_and_hold_times_out_with_503()
     assert_eq!(a.status, 200, "{}", a.text());
     assert_eq!(session.trace().calls[0].epoch, 1);
     // Resuming twice does not move the epoch.
-    assert_eq!(server.resume().epoch, 1);
+    assert_eq!(server.resume().await.expect("resume").epoch, 1);
     guard.close().await;
     server.stop().await.expect("stop");
 }
@@ -191,7 +192,10 @@ async fn releasing_a_held_rollout_answers_409() {
         RolloutSession::new(config("held-release", Upstream::new(eng.base_url()))),
     )
     .await;
-    server.pause(PauseMode::hold(Duration::from_secs(30)));
+    server
+        .pause(PauseMode::hold(Duration::from_secs(30)))
+        .await
+        .expect("pause");
     let (url, secret) = (
         guard.base_url.clone(),
         guard.model_secret.expose().to_owned(),

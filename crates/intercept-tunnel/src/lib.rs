@@ -42,6 +42,12 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Cargo features
+//!
+//! - `tls` (default): HTTPS to the Prime tunnel API and the frpc download (rustls with
+//!   the webpki roots). Without it those requests fail with an error that names the
+//!   feature; `bore`, `custom` and frp with a configured server need no TLS.
 
 pub mod bore;
 pub mod config;

@@ -45,6 +45,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+use serde_with::{As, DurationSecondsWithFrac};
 
 use crate::error::TunnelError;
 
@@ -84,14 +85,14 @@ pub struct RateLimit {
     /// Starts allowed in any window.
     pub rate: u32,
     /// Window length (60 s by default).
-    #[serde(with = "secs")]
+    #[serde(with = "As::<DurationSecondsWithFrac<f64>>")]
     pub window: Duration,
     /// A caller that would wait longer than this fails fast (300 s by default).
-    #[serde(with = "secs")]
+    #[serde(with = "As::<DurationSecondsWithFrac<f64>>")]
     pub max_wait: Duration,
     /// Added to each start's completion time before it counts as ended (2 s by default):
     /// covers the provider counting a little later than the client saw the answer.
-    #[serde(with = "secs")]
+    #[serde(with = "As::<DurationSecondsWithFrac<f64>>")]
     pub margin: Duration,
     /// Where the window lives: a host-wide file (the default) or a fleet-wide Redis.
     pub backend: Backend,
@@ -108,7 +109,7 @@ pub struct RateLimit {
     pub key: Option<String>,
     /// The longest one Redis round trip (connecting included) may take before the
     /// limiter fails closed (5 s by default).
-    #[serde(with = "secs")]
+    #[serde(with = "As::<DurationSecondsWithFrac<f64>>")]
     pub timeout: Duration,
 }
 
@@ -163,21 +164,6 @@ pub fn redact_url(url: &str) -> String {
             format!("{}***{}", &url[..scheme + 3], &url[at..])
         }
         _ => url.to_owned(),
-    }
-}
-
-mod secs {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_f64(d.as_secs_f64())
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let secs = f64::deserialize(d)?;
-        Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
     }
 }
 

@@ -25,18 +25,19 @@ async fn setup(
     let upstream = MockUpstream::start().await.expect("mock");
     let server = InterceptionServer::new(ServerConfig::default()).expect("server");
     server.start().await.expect("start");
-    let session = Arc::new(RolloutSession::new(SessionConfig {
-        id: id.into(),
-        model: "policy-model".into(),
-        sampling: json!({"temperature": 0.2})
-            .as_object()
-            .cloned()
-            .unwrap_or_default(),
-        upstream: Upstream::new(upstream.base_url()).with_api_key("sk-ant-upstream"),
-        limits: Default::default(),
-        task: None,
-        network: Default::default(),
-    }));
+    let session = Arc::new(RolloutSession::new(
+        SessionConfig::new(
+            id,
+            "policy-model",
+            Upstream::new(upstream.base_url()).with_api_key("sk-ant-upstream"),
+        )
+        .with_sampling(
+            json!({"temperature": 0.2})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+        ),
+    ));
     let guard = server.acquire(session.clone()).await.expect("acquire");
     (upstream, server, session, guard)
 }

@@ -258,15 +258,11 @@ async fn tool_loop(stream: bool) {
     let server = InterceptionServer::new(ServerConfig::default()).expect("server");
     server.start().await.expect("start");
     let session = Arc::new(
-        RolloutSession::new(SessionConfig {
-            id: format!("episode-{stream}"),
-            model: "policy".into(),
-            sampling: Default::default(),
-            upstream: Upstream::new(engine.url.clone()),
-            limits: Default::default(),
-            task: None,
-            network: Default::default(),
-        })
+        RolloutSession::new(SessionConfig::new(
+            format!("episode-{stream}"),
+            "policy",
+            Upstream::new(engine.url.clone()),
+        ))
         .with_capture_tokens(true),
     );
     let guard = server.acquire(session.clone()).await.expect("acquire");

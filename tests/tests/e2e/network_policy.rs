@@ -32,15 +32,10 @@ async fn setup(
     let upstream = MockUpstream::start().await.expect("mock");
     let server = InterceptionServer::new(ServerConfig::default()).expect("server");
     server.start().await.expect("start");
-    let session = Arc::new(RolloutSession::new(SessionConfig {
-        id: id.into(),
-        model: "policy-model".into(),
-        sampling: Default::default(),
-        upstream: Upstream::new(upstream.base_url()),
-        limits: Default::default(),
-        task: None,
-        network,
-    }));
+    let session = Arc::new(RolloutSession::new(
+        SessionConfig::new(id, "policy-model", Upstream::new(upstream.base_url()))
+            .with_network(network),
+    ));
     let guard = server.acquire(session.clone()).await.expect("acquire");
     (upstream, server, session, guard)
 }

@@ -8,7 +8,7 @@ use async_openai::error::OpenAIError;
 use async_openai::types::chat::{CreateChatCompletionRequest, CreateChatCompletionResponse};
 use async_openai::Client;
 use futures_util::StreamExt;
-use intercept_core::{Interception, Limits, RolloutSession, SessionConfig, SlotGuard, Upstream};
+use intercept_core::{Interception, RolloutSession, SessionConfig, SlotGuard, Upstream};
 use intercept_server::{InterceptionServer, ServerConfig};
 use intercept_test::{MockUpstream, Reply};
 use serde_json::json;
@@ -27,18 +27,15 @@ async fn setup() -> Setup {
 
 impl Setup {
     async fn rollout(&self, id: &str) -> (Arc<RolloutSession>, SlotGuard, Client<OpenAIConfig>) {
-        let session = Arc::new(RolloutSession::new(SessionConfig {
-            id: id.into(),
-            model: "policy-model".into(),
-            sampling: json!({"temperature": 0.5})
-                .as_object()
-                .cloned()
-                .unwrap_or_default(),
-            upstream: Upstream::new(self.upstream.base_url()),
-            limits: Limits::default(),
-            task: None,
-            network: Default::default(),
-        }));
+        let session = Arc::new(RolloutSession::new(
+            SessionConfig::new(id, "policy-model", Upstream::new(self.upstream.base_url()))
+                .with_sampling(
+                    json!({"temperature": 0.5})
+                        .as_object()
+                        .cloned()
+                        .unwrap_or_default(),
+                ),
+        ));
         let guard = self.server.acquire(session.clone()).await.expect("acquire");
         // Exactly what a harness gets through its environment.
         let env: std::collections::HashMap<_, _> = guard.harness_env().into_iter().collect();

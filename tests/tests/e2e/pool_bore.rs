@@ -14,8 +14,7 @@ use async_openai::Client;
 use async_trait::async_trait;
 use futures_util::future::join_all;
 use intercept_core::{
-    BindAddr, Endpoint, Error, Health, Limits, RolloutSession, Session, SessionConfig, Tunnel,
-    Upstream,
+    BindAddr, Endpoint, Error, Health, RolloutSession, Session, SessionConfig, Tunnel, Upstream,
 };
 use intercept_pool::{
     make_interception_with, ElasticConfig, ElasticEntry, InterceptionConfig, TunnelSpec,
@@ -159,15 +158,11 @@ async fn elastic_pool_over_real_bore_tunnels() {
     // A burst of acquires: ceil(6 / 2) = 3 servers, each behind its own bore tunnel.
     let sessions: Vec<Arc<RolloutSession>> = (0..SESSIONS)
         .map(|i| {
-            Arc::new(RolloutSession::new(SessionConfig {
-                id: format!("bore-rollout-{i}"),
-                model: "policy-model".into(),
-                sampling: Default::default(),
-                upstream: Upstream::new(upstream.base_url()),
-                limits: Limits::default(),
-                task: None,
-                network: Default::default(),
-            }))
+            Arc::new(RolloutSession::new(SessionConfig::new(
+                format!("bore-rollout-{i}"),
+                "policy-model",
+                Upstream::new(upstream.base_url()),
+            )))
         })
         .collect();
     let guards = join_all(sessions.iter().map(|s| pool.acquire(s.clone())))

@@ -23,18 +23,14 @@ async fn setup(
     let upstream = MockUpstream::start().await.expect("mock");
     let server = InterceptionServer::new(ServerConfig::default()).expect("server");
     server.start().await.expect("start");
-    let session = Arc::new(RolloutSession::new(SessionConfig {
-        id: id.into(),
-        model: "policy-model".into(),
-        sampling: json!({"temperature": 0.3, "max_tokens": 256})
-            .as_object()
-            .cloned()
-            .unwrap_or_default(),
-        upstream: Upstream::new(upstream.base_url()),
-        limits: Default::default(),
-        task: None,
-        network: Default::default(),
-    }));
+    let session = Arc::new(RolloutSession::new(
+        SessionConfig::new(id, "policy-model", Upstream::new(upstream.base_url())).with_sampling(
+            json!({"temperature": 0.3, "max_tokens": 256})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+        ),
+    ));
     let guard = server.acquire(session.clone()).await.expect("acquire");
     let client = Client::with_config(
         OpenAIConfig::new()

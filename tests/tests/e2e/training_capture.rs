@@ -25,15 +25,11 @@ async fn harness(
     Client<OpenAIConfig>,
 ) {
     let session = Arc::new(
-        RolloutSession::new(SessionConfig {
-            id: id.into(),
-            model: "policy-model".into(),
-            sampling: Default::default(),
-            upstream: Upstream::new(upstream),
-            limits: Default::default(),
-            task: None,
-            network: Default::default(),
-        })
+        RolloutSession::new(SessionConfig::new(
+            id,
+            "policy-model",
+            Upstream::new(upstream),
+        ))
         .with_capture_tokens(capture),
     );
     let guard = server.acquire(session.clone()).await.expect("acquire");

@@ -92,15 +92,11 @@ async fn run(args: Args) -> Result<()> {
                 "policy",
                 upstream.clone(),
             )),
-            Record::Trace => Arc::new(RolloutSession::new(SessionConfig {
+            Record::Trace => Arc::new(RolloutSession::new(SessionConfig::new(
                 id,
-                model: "policy".into(),
-                sampling: Default::default(),
-                upstream: upstream.clone(),
-                limits: Default::default(),
-                task: None,
-                network: Default::default(),
-            })),
+                "policy",
+                upstream.clone(),
+            ))),
         };
         let guard = server.acquire(session).await?;
         secrets.push(guard.slot().model_secret.expose().to_owned());

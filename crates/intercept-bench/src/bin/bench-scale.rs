@@ -51,15 +51,11 @@ fn main() -> Result<()> {
 fn session(kind: Kind, i: usize, upstream: &Upstream) -> Arc<dyn Session> {
     let id = format!("rollout-{i:08}");
     match kind {
-        Kind::Rollout => Arc::new(RolloutSession::new(SessionConfig {
+        Kind::Rollout => Arc::new(RolloutSession::new(SessionConfig::new(
             id,
-            model: "policy-model".into(),
-            sampling: Default::default(),
-            upstream: upstream.clone(),
-            limits: Default::default(),
-            task: None,
-            network: Default::default(),
-        })),
+            "policy-model",
+            upstream.clone(),
+        ))),
         Kind::Count => Arc::new(CountingSession::new(id, "policy-model", upstream.clone())),
     }
 }

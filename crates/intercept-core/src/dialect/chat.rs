@@ -11,7 +11,7 @@ use super::{
     whitelisted, Assembled, Dialect, DialectKind, Prepared, Relay, StreamAssembler, Summary,
 };
 use crate::body::{JsonBody, RawJson};
-use crate::capture::{CaptureShape, TokenCollector};
+use crate::capture::{CaptureShape, HarnessAsked, TokenCollector};
 use crate::episode::{Message, Role};
 use crate::error::Error;
 use crate::record::Usage;
@@ -207,8 +207,10 @@ impl Dialect for ChatDialect {
         }
         Ok(Some(TokenCollector::new(
             CaptureShape::Chat,
-            keep_logprobs,
-            keep_token_ids,
+            HarnessAsked {
+                logprobs: keep_logprobs,
+                token_ids: keep_token_ids,
+            },
         )))
     }
 

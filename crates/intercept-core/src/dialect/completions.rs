@@ -9,7 +9,7 @@ use super::{
     whitelisted, Assembled, Dialect, DialectKind, Prepared, Relay, StreamAssembler, Summary,
 };
 use crate::body::JsonBody;
-use crate::capture::{CaptureShape, TokenCollector};
+use crate::capture::{CaptureShape, HarnessAsked, TokenCollector};
 use crate::error::Error;
 use crate::record::Usage;
 use crate::session::Sampling;
@@ -128,8 +128,10 @@ impl Dialect for CompletionsDialect {
         }
         Ok(Some(TokenCollector::new(
             CaptureShape::Completions,
-            keep_logprobs,
-            keep_token_ids,
+            HarnessAsked {
+                logprobs: keep_logprobs,
+                token_ids: keep_token_ids,
+            },
         )))
     }
 

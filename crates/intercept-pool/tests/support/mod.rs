@@ -19,15 +19,11 @@ use tokio::sync::watch;
 
 /// A session with this id.
 pub fn session(id: impl Into<String>) -> Arc<dyn Session> {
-    Arc::new(RolloutSession::new(SessionConfig {
-        id: id.into(),
-        model: "policy".into(),
-        sampling: Default::default(),
-        upstream: Upstream::new("http://127.0.0.1:9/v1"),
-        limits: Default::default(),
-        task: None,
-        network: Default::default(),
-    }))
+    Arc::new(RolloutSession::new(SessionConfig::new(
+        id,
+        "policy",
+        Upstream::new("http://127.0.0.1:9/v1"),
+    )))
 }
 
 /// A retryable tunnel failure.

@@ -16,8 +16,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use intercept_core::{
-    CallRecord, Interception, Limits, RecordSink, RolloutSession, SessionConfig, SlotGuard,
-    Upstream,
+    CallRecord, Interception, RecordSink, RolloutSession, SessionConfig, SlotGuard, Upstream,
 };
 use intercept_server::{InterceptionServer, ServerConfig};
 use intercept_test::MockUpstream;
@@ -80,18 +79,17 @@ impl Harness {
     }
 
     pub fn session_config(&self, id: &str) -> SessionConfig {
-        SessionConfig {
-            id: id.into(),
-            model: "policy-model".into(),
-            sampling: json!({"temperature": 0.25})
+        SessionConfig::new(
+            id,
+            "policy-model",
+            Upstream::new(self.upstream.base_url()).with_api_key("sk-upstream-key"),
+        )
+        .with_sampling(
+            json!({"temperature": 0.25})
                 .as_object()
                 .cloned()
                 .unwrap_or_default(),
-            upstream: Upstream::new(self.upstream.base_url()).with_api_key("sk-upstream-key"),
-            limits: Limits::default(),
-            task: None,
-            network: Default::default(),
-        }
+        )
     }
 
     pub async fn session(&self, id: &str) -> (Arc<RolloutSession>, Arc<Waiter>, SlotGuard) {

@@ -6,7 +6,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -61,9 +60,15 @@ impl fmt::Debug for TunnelInfo {
 }
 
 /// The HTTP client used for the API and the frpc download (HTTPS with webpki roots, or
-/// plain HTTP).
-pub(crate) type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+/// plain HTTP; plain HTTP only without the `tls` feature).
+#[cfg(feature = "tls")]
+pub(crate) type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+/// The HTTP client used for the API and the frpc download (plain HTTP: the crate was
+/// built without its `tls` feature).
+#[cfg(not(feature = "tls"))]
+pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
+#[cfg(feature = "tls")]
 pub(crate) fn https_client() -> Result<HttpClient, TunnelError> {
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
@@ -72,6 +77,23 @@ pub(crate) fn https_client() -> Result<HttpClient, TunnelError> {
         .enable_http1()
         .build();
     Ok(Client::builder(TokioExecutor::new()).build(https))
+}
+
+#[cfg(not(feature = "tls"))]
+pub(crate) fn https_client() -> Result<HttpClient, TunnelError> {
+    Ok(Client::builder(TokioExecutor::new()).build(HttpConnector::new()))
+}
+
+/// Refuses an `https://` URL when the crate was built without its `tls` feature, with
+/// an error that says so (instead of the connector's "invalid URL").
+pub(crate) fn require_tls_for(url: &str) -> Result<(), TunnelError> {
+    if cfg!(not(feature = "tls")) && url.starts_with("https://") {
+        return Err(TunnelError::Config(format!(
+            "{url} is `https://`, and intercept-tunnel was built without its `tls` feature \
+             (plain HTTP only)"
+        )));
+    }
+    Ok(())
 }
 
 /// A client of the Prime tunnel API. Cheap to clone.
@@ -98,6 +120,7 @@ enum Transport {
 
 impl PrimeApi {
     pub(crate) fn new(account: PrimeAccount, timeout: Duration) -> Result<Self, TunnelError> {
+        require_tls_for(&account.base_url)?;
         let client = https_client()?;
         Ok(PrimeApi {
             client,

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::account::PrimeEnv;
-use super::api::https_client;
+use super::api::{https_client, require_tls_for};
 use crate::error::TunnelError;
 
 /// The frp version intercept expects.
@@ -157,6 +157,7 @@ async fn fetch(url: &str) -> Result<Bytes, TunnelError> {
     let client = https_client()?;
     let mut url = url.to_string();
     for _ in 0..5 {
+        require_tls_for(&url)?;
         let uri: http::Uri = url
             .parse()
             .map_err(|e| TunnelError::Download(format!("bad frpc release URL {url}: {e}")))?;

@@ -32,6 +32,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use intercept_core::{Endpoint, Error, Health, Tunnel};
 use serde::{Deserialize, Serialize};
+use serde_with::{As, DurationSecondsWithFrac};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
@@ -58,19 +59,19 @@ pub struct PrimeConfig {
     /// The address frpc forwards to (the server binds it too). Default `127.0.0.1`.
     pub local_addr: IpAddr,
     /// How long frpc may take to connect (seconds). Default 30.
-    #[serde(with = "secs")]
+    #[serde(with = "As::<DurationSecondsWithFrac<f64>>")]
     pub connection_timeout: Duration,
     /// How long an API health answer is trusted (seconds). Default 60.
-    #[serde(with = "secs")]
+    #[serde(with = "As::<DurationSecondsWithFrac<f64>>")]
     pub health_ttl: Duration,
     /// Timeout of one API request (seconds). Default 30.
-    #[serde(with = "secs")]
+    #[serde(with = "As::<DurationSecondsWithFrac<f64>>")]
     pub api_timeout: Duration,
     /// Retries after a failed attempt (only retryable failures are retried). Default 3.
     pub retries: u32,
     /// First backoff between attempts (seconds), doubled each time, jittered, capped at
     /// 30 s. Default 0.5.
-    #[serde(with = "secs")]
+    #[serde(with = "As::<DurationSecondsWithFrac<f64>>")]
     pub initial_backoff: Duration,
     /// frpc's log level. Default `info` (frpc's connection lines are at info level).
     pub log_level: String,
@@ -95,20 +96,6 @@ impl Default for PrimeConfig {
             name: None,
             rate_limit: RateLimit::default(),
         }
-    }
-}
-
-mod secs {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_f64(d.as_secs_f64())
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        Duration::try_from_secs_f64(f64::deserialize(d)?).map_err(serde::de::Error::custom)
     }
 }
 

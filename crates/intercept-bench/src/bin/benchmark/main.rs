@@ -1,6 +1,8 @@
-//! `cargo xtask bench`: the load benchmark of issue 8, side by side in one run.
+//! `benchmark`: the load benchmark, side by side in one run. Run it as `cargo xtask
+//! bench [OPTIONS]`, which builds this crate's binaries in release mode and starts this
+//! one from the same folder; run directly it expects its sibling programs next to it.
 //!
-//! It builds `intercept-bench` in release mode, starts `bench-upstream` (the fast mock
+//! It starts `bench-upstream` (the fast mock
 //! model), `bench-proxy` (an interception server with many sessions) and, when `nginx`
 //! is on `PATH`, an nginx `proxy_pass` with upstream keepalive (config, pid file and logs
 //! under `target/bench/nginx/`, one worker). Then it runs `loadgen` with the same load
@@ -18,40 +20,56 @@
 //! sessions, `bench-scale`), peak RSS while proxying one 256 MiB request body, and with
 //! `--scale` the slow-stream ramp: 1000 to 10,000 concurrent slow streams (200 chunks
 //! 50 ms apart) direct, through intercept and through nginx, on a rig of its own (see
-//! `benchmark/streams.rs`). `--streams 1000,2500,…` runs only the ramp, at those points.
+//! `streams.rs`). `--streams 1000,2500,…` runs only the ramp, at those points.
 //!
-//! `--micro` runs the criterion micro-benchmarks instead (`cargo bench --workspace`).
+//! `cargo xtask bench --micro` (the criterion micro-benchmarks) and `--pool` (the pool
+//! seating measurement) are cargo commands that xtask runs itself.
 
-use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
+use clap::Parser;
 use serde_json::{json, Value};
 
 mod streams;
 
-/// Options of [`run`].
-#[derive(Debug, Clone, Default)]
-pub struct BenchOptions {
+/// The load benchmark: direct vs intercept vs nginx, scale figures, JSON under
+/// target/bench/ (usually run as `cargo xtask bench`, whose options these are).
+#[derive(Debug, Clone, Default, Parser)]
+#[command(name = "benchmark", version, about)]
+struct BenchOptions {
     /// A few seconds per case instead of 10 (a smoke run).
-    pub quick: bool,
+    #[arg(long)]
+    quick: bool,
     /// Also run the slow-stream ramp at 1000, 2500, 5000 and 10,000 streams (or at
-    /// `streams`).
-    pub scale: bool,
-    /// Run the slow-stream ramp at these concurrencies (alone, unless `scale`).
-    pub streams: Option<Vec<usize>>,
+    /// `--streams`).
+    #[arg(long)]
+    scale: bool,
+    /// Run the slow-stream ramp at these concurrencies (alone, unless `--scale`).
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    streams: Option<Vec<usize>>,
     /// Skip nginx even when it is installed.
-    pub no_nginx: bool,
-    /// Use the binaries already built.
-    pub no_build: bool,
-    /// Rounds per load case (`None`: 1 quick, 3 full). Each round runs every target for
+    #[arg(long)]
+    no_nginx: bool,
+    /// Rounds per load case (default: 1 quick, 3 full). Each round runs every target for
     /// its share of the case's time, targets one after another, so a slow spell of a
     /// shared machine hits all of them; each target's median round (by req/s) is
     /// reported.
-    pub rounds: Option<usize>,
+    #[arg(long)]
+    rounds: Option<usize>,
+}
+
+fn main() -> std::process::ExitCode {
+    match run(&BenchOptions::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 /// Sessions registered on the proxy; the load is spread over all of them.
@@ -319,16 +337,16 @@ fn wait_for_port(port: u16, within: Duration) -> Result<()> {
 
 /// What differs between the nginx of the load cases and that of the slow streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NginxTuning {
+struct NginxTuning {
     /// Idle upstream connections the worker keeps (`keepalive` of the upstream block).
-    pub keepalive: usize,
+    keepalive: usize,
     /// Listen for h2c (HTTP/2 with prior knowledge) instead of HTTP/1.1.
-    pub http2: bool,
+    http2: bool,
 }
 
 impl NginxTuning {
     /// The load cases: HTTP/1.1, 256 idle upstream connections.
-    pub const LOAD: NginxTuning = NginxTuning {
+    const LOAD: NginxTuning = NginxTuning {
         keepalive: 256,
         http2: false,
     };
@@ -336,7 +354,7 @@ impl NginxTuning {
 
 /// The nginx configuration: one worker, upstream keepalive, no buffering of responses
 /// (so streams flow event by event, as intercept relays them).
-pub fn nginx_config(prefix: &Path, listen: u16, upstream: &str, tuning: NginxTuning) -> String {
+fn nginx_config(prefix: &Path, listen: u16, upstream: &str, tuning: NginxTuning) -> String {
     let p = prefix.display();
     let keepalive = tuning.keepalive;
     let http2 = if tuning.http2 { " http2" } else { "" };
@@ -557,24 +575,28 @@ impl Target {
     }
 }
 
-/// Builds the bench programs (unless `no_build`) and describes the machine.
-fn prepare(root: &Path, options: &BenchOptions) -> Result<(Env, bool, Value)> {
-    let meta = crate::metadata(root)?;
-    let target_dir = meta
-        .get("target_directory")
-        .and_then(Value::as_str)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    if !options.no_build {
-        let mut cmd = crate::cargo();
-        cmd.args(["build", "--release", "-p", "intercept-bench", "--bins"])
-            .current_dir(root);
-        crate::run_streaming(&mut cmd).context("building the bench programs failed")?;
+/// Finds the bench programs (beside this one: `<target-dir>/release/`) and describes
+/// the machine.
+fn prepare(options: &BenchOptions) -> Result<(Env, bool, Value)> {
+    let exe = std::env::current_exe().context("cannot tell where this program is")?;
+    let bin = exe
+        .parent()
+        .map(Path::to_path_buf)
+        .ok_or_else(|| anyhow!("{} has no folder", exe.display()))?;
+    for program in ["bench-upstream", "bench-proxy", "loadgen"] {
+        if !bin.join(program).is_file() {
+            bail!(
+                "{program} is not beside {} (build the bench programs first: `cargo build \
+                 --release -p intercept-bench --bins`, or run `cargo xtask bench`)",
+                exe.display()
+            );
+        }
     }
+    let target_dir = bin.parent().map(Path::to_path_buf).unwrap_or(bin.clone());
     let out = target_dir.join("bench");
     std::fs::create_dir_all(&out)?;
     let env = Env {
-        bin: target_dir.join("release"),
+        bin,
         out: out.clone(),
         taskset: has_program("taskset", "-V"),
         quick: options.quick,
@@ -602,8 +624,8 @@ fn loadavg() -> String {
 }
 
 /// Runs the load benchmark (see the module docs).
-pub fn run(root: &Path, options: &BenchOptions) -> Result<()> {
-    let (env, nginx_on_path, machine) = prepare(root, options)?;
+fn run(options: &BenchOptions) -> Result<()> {
+    let (env, nginx_on_path, machine) = prepare(options)?;
     let out = env.out.clone();
     if let (Some(points), false) = (&options.streams, options.scale) {
         return streams::run_alone(&env, nginx_on_path, machine, points);
@@ -1008,37 +1030,6 @@ fn targets(
         Some(proxied_equal),
     ));
     out
-}
-
-/// Runs the criterion micro-benchmarks: `cargo bench --workspace <args>`.
-pub fn micro(root: &Path, args: &[OsString]) -> Result<()> {
-    crate::bench(root, args)
-}
-
-/// `cargo xtask bench --pool`: the pool seating measurement (elastic pool against a
-/// serial baseline, fake 1 s tunnel starts, simulated time), printed as a table.
-pub fn pool(root: &Path) -> Result<()> {
-    let status =
-        std::process::Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-            .current_dir(root)
-            .args([
-                "test",
-                "--release",
-                "--locked",
-                "-p",
-                "intercept-pool",
-                "--test",
-                "pool_seat",
-                "--",
-                "--nocapture",
-            ])
-            .status()
-            .context("cannot run cargo")?;
-    anyhow::ensure!(
-        status.success(),
-        "the pool seating measurement failed ({status})"
-    );
-    Ok(())
 }
 
 #[cfg(test)]
