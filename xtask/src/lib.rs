@@ -43,7 +43,16 @@ pub fn workspace_root() -> PathBuf {
 /// `cargo test`) so the pinned toolchain is used throughout, else `cargo` from `PATH`.
 pub fn cargo() -> Command {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
-    Command::new(cargo)
+    let mut command = Command::new(cargo);
+    // `cargo xtask` runs under `cargo run`, which sets the package's `CARGO_PKG_*`
+    // variables; cargo-machete reads `CARGO_PKG_NAME` as a sign that cargo did not invoke
+    // it as a subcommand, and then takes its own name and flags for paths.
+    for (key, _) in std::env::vars_os() {
+        if key.to_str().is_some_and(|k| k.starts_with("CARGO_PKG_")) {
+            command.env_remove(key);
+        }
+    }
+    command
 }
 
 /// Options of [`ci()`].
