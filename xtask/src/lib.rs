@@ -256,56 +256,18 @@ pub fn demo(root: &Path, args: &[OsString]) -> Result<()> {
     run_streaming(&mut cmd).context("the demo failed")
 }
 
-/// Options of [`benchmark()`]: the flags of `cargo xtask bench`, passed on to the
-/// `benchmark` program of `intercept-bench` (which documents them).
-#[derive(Debug, Clone, Default)]
-pub struct BenchOptions {
-    /// A few seconds per case instead of 10 (a smoke run).
-    pub quick: bool,
-    /// Also run the slow-stream ramp (at `streams`, or at its default points).
-    pub scale: bool,
-    /// Run the slow-stream ramp at these concurrencies (alone, unless `scale`).
-    pub streams: Option<Vec<usize>>,
-    /// Skip nginx even when it is installed.
-    pub no_nginx: bool,
-    /// Use the release binaries already built.
-    pub no_build: bool,
-    /// Rounds per load case (`None`: the program's default, 1 quick, 3 full).
-    pub rounds: Option<usize>,
-}
-
-impl BenchOptions {
-    /// The `benchmark` program's arguments.
-    pub fn args(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        let flags = [
-            (self.quick, "--quick"),
-            (self.scale, "--scale"),
-            (self.no_nginx, "--no-nginx"),
-        ];
-        out.extend(flags.iter().filter(|f| f.0).map(|f| f.1.to_owned()));
-        if let Some(points) = &self.streams {
-            let points: Vec<String> = points.iter().map(ToString::to_string).collect();
-            out.push(format!("--streams={}", points.join(",")));
-        }
-        if let Some(rounds) = self.rounds {
-            out.push(format!("--rounds={rounds}"));
-        }
-        out
-    }
-}
-
 /// The load benchmark: builds `intercept-bench`'s programs in release mode (unless
-/// `no_build`) and runs its `benchmark` program, which starts the others from the same
-/// folder (see `crates/intercept-bench/src/bin/benchmark/main.rs`).
-pub fn benchmark(root: &Path, options: &BenchOptions) -> Result<()> {
+/// `no_build`) and runs its `benchmark` program with `args` (its options, which it
+/// declares and checks), which starts the others from the same folder (see
+/// `crates/intercept-bench/src/bin/benchmark/main.rs`).
+pub fn benchmark(root: &Path, no_build: bool, args: &[OsString]) -> Result<()> {
     let meta = metadata(root)?;
     let target_dir = meta
         .get("target_directory")
         .and_then(serde_json::Value::as_str)
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    if !options.no_build {
+    if !no_build {
         let mut cmd = cargo();
         cmd.args(["build", "--release", "-p", "intercept-bench", "--bins"])
             .current_dir(root);
@@ -313,7 +275,7 @@ pub fn benchmark(root: &Path, options: &BenchOptions) -> Result<()> {
     }
     let program = target_dir.join("release").join("benchmark");
     let mut cmd = Command::new(&program);
-    cmd.args(options.args()).current_dir(root);
+    cmd.args(args).current_dir(root);
     run_streaming(&mut cmd).with_context(|| format!("{} failed", program.display()))
 }
 
@@ -487,29 +449,6 @@ mod tests {
             {"name": "b", "targets": [{"name": "b", "kind": ["bin"]}]}
         ]});
         assert_eq!(bench_targets(&meta), vec!["a/hot".to_owned()]);
-    }
-
-    #[test]
-    fn bench_options_become_the_programs_flags() {
-        assert!(BenchOptions::default().args().is_empty());
-        let options = BenchOptions {
-            quick: true,
-            scale: true,
-            streams: Some(vec![1000, 2500]),
-            no_nginx: true,
-            no_build: true,
-            rounds: Some(5),
-        };
-        assert_eq!(
-            options.args(),
-            [
-                "--quick",
-                "--scale",
-                "--no-nginx",
-                "--streams=1000,2500",
-                "--rounds=5"
-            ]
-        );
     }
 
     #[test]

@@ -42,27 +42,9 @@ struct CiArgs {
 
 #[derive(Debug, Args)]
 struct BenchArgs {
-    /// A short smoke run (a few seconds per case).
-    #[arg(long)]
-    quick: bool,
-    /// Also run the slow-stream ramp: 1000, 2500, 5000 and 10,000 concurrent slow streams,
-    /// direct, through intercept and through nginx (about 6 minutes more).
-    #[arg(long)]
-    scale: bool,
-    /// Run only the slow-stream ramp, at these concurrencies (e.g. 1000,2500,5000,10000);
-    /// with --scale, the ramp of the full run uses them.
-    #[arg(long, value_delimiter = ',', num_args = 1..)]
-    streams: Option<Vec<usize>>,
-    /// Skip nginx even when it is installed.
-    #[arg(long)]
-    no_nginx: bool,
     /// Use the release binaries already built.
     #[arg(long)]
     no_build: bool,
-    /// Rounds per load case, targets measured in turn in each (default: 1 with --quick,
-    /// else 3); the median round of each target is reported.
-    #[arg(long)]
-    rounds: Option<usize>,
     /// Run the criterion micro-benchmarks (`cargo bench --workspace`) instead.
     #[arg(long)]
     micro: bool,
@@ -70,7 +52,10 @@ struct BenchArgs {
     /// against a serial grow-under-one-lock baseline (simulated time), instead.
     #[arg(long)]
     pool: bool,
-    /// With --micro: arguments passed to `cargo bench`.
+    /// The load benchmark's own options, passed on to `intercept-bench`'s `benchmark`
+    /// program, which declares them: `--quick`, `--scale`, `--streams N,N,..`,
+    /// `--no-nginx`, `--rounds N` (see `cargo xtask bench -- --help`). With --micro:
+    /// arguments passed to `cargo bench`.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     args: Vec<OsString>,
 }
@@ -97,17 +82,10 @@ fn main() -> ExitCode {
         Task::Demo(p) => xtask::demo(&root, &p.args),
         Task::Bench(b) if b.micro => xtask::bench(&root, &b.args),
         Task::Bench(b) if b.pool => xtask::bench_pool(&root),
-        Task::Bench(b) => xtask::benchmark(
-            &root,
-            &xtask::BenchOptions {
-                quick: b.quick,
-                scale: b.scale,
-                streams: b.streams,
-                no_nginx: b.no_nginx,
-                no_build: b.no_build,
-                rounds: b.rounds,
-            },
-        ),
+        Task::Bench(b) => {
+            let (no_build, args) = own_flag(b.no_build, b.args, "--no-build");
+            xtask::benchmark(&root, no_build, &args)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -115,5 +93,44 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Takes xtask's own `flag` out of the arguments passed on, also where it follows the
+/// first of them (`cargo xtask bench --quick --no-build`).
+fn own_flag(set: bool, args: Vec<OsString>, flag: &str) -> (bool, Vec<OsString>) {
+    let before = args.len();
+    let rest: Vec<OsString> = args.into_iter().filter(|a| a != flag).collect();
+    (set || rest.len() != before, rest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bench(line: &[&str]) -> (bool, Vec<OsString>) {
+        let cli = Cli::try_parse_from(["xtask", "bench"].iter().chain(line)).unwrap();
+        let Task::Bench(b) = cli.task else {
+            panic!("not bench: {:?}", cli.task)
+        };
+        own_flag(b.no_build, b.args, "--no-build")
+    }
+
+    #[test]
+    fn the_benchmark_options_pass_through_and_no_build_is_taken_anywhere() {
+        let os = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
+        assert_eq!(bench(&[]), (false, vec![]));
+        assert_eq!(
+            bench(&["--quick", "--rounds", "2", "--streams", "1000,2500"]),
+            (
+                false,
+                os(&["--quick", "--rounds", "2", "--streams", "1000,2500"])
+            )
+        );
+        assert_eq!(
+            bench(&["--no-build", "--no-nginx"]),
+            (true, os(&["--no-nginx"]))
+        );
+        assert_eq!(bench(&["--scale", "--no-build"]), (true, os(&["--scale"])));
     }
 }
