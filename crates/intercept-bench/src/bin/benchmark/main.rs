@@ -191,16 +191,21 @@ impl Drop for Helper {
     fn drop(&mut self) {
         // Closing stdin asks it to stop; kill in case it does not.
         drop(self.stdin.take());
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        reap(&mut self.child, Duration::from_secs(3));
     }
+}
+
+/// Waits up to `within` for a child asked to stop, then kills it; either way it is reaped.
+fn reap(child: &mut Child, within: Duration) {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// nginx in the foreground (`daemon off`), owned by this value.
@@ -226,15 +231,7 @@ impl Drop for Nginx {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        reap(&mut self.child, Duration::from_secs(5));
     }
 }
 
