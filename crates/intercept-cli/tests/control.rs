@@ -465,3 +465,67 @@ async fn released_sessions_are_forgotten_beyond_the_retention() {
     );
     sidecar.shutdown().await.unwrap();
 }
+
+/// One raw HTTP/1.1 exchange, so that the test reads every header the server sent.
+async fn raw_exchange(url: &str, request: &str) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let addr = url.trim_start_matches("http://").trim_end_matches('/');
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        stream.read_to_end(&mut out),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    String::from_utf8(out).unwrap().to_ascii_lowercase()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_errors_carry_the_blame_and_retry_headers_of_every_error() {
+    let sidecar = Sidecar::start(ServeConfig {
+        upstream: Some(UpstreamSetting::Mock),
+        control_token: Some(Secret::new("test-token")),
+        ..ServeConfig::default()
+    })
+    .await
+    .unwrap();
+    let url = sidecar.control_url();
+    // No token: 401, the client's to fix, and no retry can change it.
+    let unauthorized = raw_exchange(
+        &url,
+        "GET /v1/sessions HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(unauthorized.starts_with("http/1.1 401"), "{unauthorized}");
+    assert!(
+        unauthorized.contains("\r\nx-intercept-error: client\r\n"),
+        "{unauthorized}"
+    );
+    assert!(
+        unauthorized.contains("\r\nx-should-retry: false\r\n"),
+        "{unauthorized}"
+    );
+    assert!(
+        unauthorized.contains("\"type\":\"authentication_error\""),
+        "{unauthorized}"
+    );
+    // An unknown session: 404, same headers, the control API's body.
+    let missing = raw_exchange(
+        &url,
+        "GET /v1/sessions/nope HTTP/1.1\r\nhost: x\r\nauthorization: Bearer test-token\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(missing.starts_with("http/1.1 404"), "{missing}");
+    assert!(
+        missing.contains("\r\nx-intercept-error: client\r\n"),
+        "{missing}"
+    );
+    assert!(
+        missing.contains("\"type\":\"not_found_error\""),
+        "{missing}"
+    );
+    sidecar.shutdown().await.unwrap();
+}

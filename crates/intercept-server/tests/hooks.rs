@@ -400,6 +400,9 @@ async fn shared_tool_servers_reach_state_with_a_service_secret_and_route_header(
         .await
         .expect("put");
     assert_eq!(late.status(), 409, "state writes after release get 409");
+    // The flat channel's errors carry the same headers as every other error.
+    assert_eq!(late.headers()["x-intercept-error"], "client");
+    assert_eq!(late.headers()["x-should-retry"], "false");
     let body = late.into_body().collect().await.expect("body").to_bytes();
     assert_eq!(
         serde_json::from_slice::<Value>(&body).expect("json"),
