@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Instructions per call under callgrind, the protocol of docs/benchmarks.md.
+
+usage: callgrind.py <release dir> <json|stream> <target> [calls]
+
+target:
+  count | trace | episode   bench-proxy --threads 1 --sessions 64 --record <target>
+  serve | serve-dir         the `intercept serve` binary, 64 sessions created through its
+                            control API, traces in memory (serve) or also in --trace-dir
+
+bench-upstream answers; loadgen sends 200 warmup calls at 4 connections, the counters are
+zeroed, then it sends <calls> (2000 JSON, 1000 streamed by default). Prints one JSON line.
+Build first: cargo build --release -p intercept-bench -p intercept-cli --bins
+"""
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import urllib.request
+
+
+def main() -> None:
+    rel, kind, target = sys.argv[1], sys.argv[2], sys.argv[3]
+    calls = int(sys.argv[4]) if len(sys.argv) > 4 else (2000 if kind == "json" else 1000)
+    tmp = tempfile.mkdtemp(prefix="callgrind")
+    up = subprocess.Popen([f"{rel}/bench-upstream", "--threads", "1"], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True)
+    upstream = json.loads(up.stdout.readline())["base_url"]
+    secrets = f"{tmp}/secrets.json"
+    grind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out.%p"]
+    if target in ("count", "trace", "episode"):
+        proxy = subprocess.Popen(grind + [f"{rel}/bench-proxy", "--upstream", upstream, "--threads", "1",
+                                          "--sessions", "64", "--record", target, "--secrets-file", secrets],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        ready = json.loads(proxy.stdout.readline())
+        url = ready["base_url"].rstrip("/") + "/v1/chat/completions"
+    elif target in ("serve", "serve-dir"):
+        args = [f"{rel}/intercept", "serve", "--upstream", upstream, "--model", "bench", "--log", "warn"]
+        if target == "serve-dir":
+            os.makedirs(f"{tmp}/traces")
+            args += ["--trace-dir", f"{tmp}/traces"]
+        proxy = subprocess.Popen(grind + args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, text=True)
+        ready = json.loads(proxy.stdout.readline())
+        control, token = ready["control_url"].rstrip("/"), ready["token"]
+        keys, base = [], ""
+        for i in range(64):
+            req = urllib.request.Request(f"{control}/v1/sessions", method="POST",
+                                         data=json.dumps({"id": f"bench-{i}"}).encode(),
+                                         headers={"authorization": f"Bearer {token}",
+                                                  "content-type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                session = json.loads(r.read())
+            keys.append(session["model_secret"])
+            base = session["base_url"]
+        with open(secrets, "w") as f:
+            json.dump(keys, f)
+        url = base.rstrip("/") + "/v1/chat/completions"
+    else:
+        sys.exit(f"unknown target {target!r}")
+    pid = glob.glob(f"{tmp}/cg.out.*")[0].rsplit(".", 1)[1]
+
+    def load(count: int) -> None:
+        args = [f"{rel}/loadgen", "--url", url, "--secrets-file", secrets, "--connections", "4",
+                "--requests", str(count), "--duration", "600", "--threads", "1"]
+        if kind == "stream":
+            args.append("--stream")
+        subprocess.run(args, capture_output=True, check=True)
+
+    load(200)
+    subprocess.run(["callgrind_control", "-z", pid], capture_output=True, check=True)
+    load(calls)
+    subprocess.run(["callgrind_control", "-d", pid], capture_output=True, check=True)
+    proxy.terminate()
+    proxy.wait(120)
+    up.stdin.write("quit\n")
+    up.stdin.flush()
+    up.wait(10)
+    total = 0
+    for name in glob.glob(f"{tmp}/cg.out.*.1"):
+        with open(name) as f:
+            for line in f:
+                if line.startswith(("totals:", "summary:")):
+                    total = int(line.split()[1])
+                    break
+    print(json.dumps({"kind": kind, "target": target, "calls": calls,
+                      "instructions_per_call": round(total / calls), "profile": tmp}))
+
+
+if __name__ == "__main__":
+    main()
