@@ -47,6 +47,12 @@ pub struct Growth {
     pub raw_bytes_per_call: f64,
     /// `rss_bytes_per_call / raw_bytes_per_call`.
     pub memory_over_raw: f64,
+    /// RSS (KiB) and calls recorded at the end of the first window, when read.
+    pub first_window_end: Option<(u64, u64)>,
+    /// RSS growth from the end of the first window to the end, divided by the calls
+    /// recorded in between: what a further call keeps, without what the first calls set
+    /// up once.
+    pub after_first_window_bytes_per_call: Option<f64>,
 }
 
 impl Growth {
@@ -75,6 +81,21 @@ impl Growth {
             rss_bytes_per_call,
             raw_bytes_per_call,
             memory_over_raw: rss_bytes_per_call / raw_bytes_per_call,
+            first_window_end: None,
+            after_first_window_bytes_per_call: None,
+        }
+    }
+
+    /// Adds the RSS (KiB) and calls read at the end of the first window.
+    pub fn with_mid(self, mid: Option<(u64, u64)>) -> Growth {
+        let after = mid.and_then(|(rss, calls)| {
+            let further = self.calls.checked_sub(calls).filter(|&n| n > 0)?;
+            Some((self.rss_end_kib.saturating_sub(rss) * 1024) as f64 / further as f64)
+        });
+        Growth {
+            first_window_end: mid,
+            after_first_window_bytes_per_call: after,
+            ..self
         }
     }
 
@@ -137,6 +158,25 @@ mod tests {
         assert!(g.flat());
         let short = Growth::new(&intervals, 7.0, (0, 0), 1, 1.0);
         assert!(short.first_rps.is_nan() && !short.flat());
+    }
+
+    #[test]
+    fn growth_after_the_first_window_leaves_the_setup_out() {
+        let intervals = Intervals {
+            width_s: 1.0,
+            window_s: 2.0,
+            ok: vec![10, 10],
+        };
+        // 8 MiB at start, 12 MiB after 1024 calls, 16 MiB after 3072.
+        let g = Growth::new(&intervals, 1.0, (8 * 1024, 16 * 1024), 3072, 1024.0)
+            .with_mid(Some((12 * 1024, 1024)));
+        assert_eq!(g.first_window_end, Some((12 * 1024, 1024)));
+        assert_eq!(g.after_first_window_bytes_per_call, Some(2048.0));
+        assert!((g.rss_bytes_per_call - 8.0 * 1024.0 * 1024.0 / 3072.0).abs() < 1e-9);
+        let none = Growth::new(&intervals, 1.0, (0, 1), 5, 1.0).with_mid(Some((1, 5)));
+        assert_eq!(none.after_first_window_bytes_per_call, None);
+        let unread = Growth::new(&intervals, 1.0, (0, 1), 5, 1.0).with_mid(None);
+        assert_eq!(unread.after_first_window_bytes_per_call, None);
     }
 
     #[test]

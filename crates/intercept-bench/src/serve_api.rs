@@ -3,7 +3,9 @@
 //! (`POST /v1/sessions` to make sessions, `GET /v1/sessions` for the calls each has
 //! recorded) and its trace folder (one JSONL line per recorded call).
 //!
-//! The client speaks HTTP/1.1 on one keep-alive connection, one request at a time.
+//! The client speaks HTTP/1.1 on one keep-alive connection, one request at a time, and
+//! opens a new one when the sidecar has closed it (an idle connection is closed after
+//! the server's header read timeout).
 
 use std::path::Path;
 
@@ -99,6 +101,7 @@ pub fn trace_lines(dir: &Path) -> Result<(usize, u64)> {
 pub struct ControlClient {
     token: HeaderValue,
     authority: HeaderValue,
+    addr: std::net::SocketAddr,
     base: String,
     sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
 }
@@ -119,24 +122,52 @@ impl ControlClient {
             .parse()
             .with_context(|| format!("bad control URL {}", ready.control_url))?;
         let (authority, addr) = crate::load::resolve(&uri).await?;
-        let tcp = TcpStream::connect(addr)
-            .await
-            .with_context(|| format!("cannot connect to the control API at {addr}"))?;
-        tcp.set_nodelay(true)?;
-        let (sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await?;
-        tokio::spawn(conn);
         Ok(ControlClient {
             token: HeaderValue::try_from(format!("Bearer {}", ready.token))
                 .context("the control token is not a header value")?,
             authority: HeaderValue::try_from(authority.as_str())?,
+            addr,
             base: ready.control_url.clone(),
-            sender,
+            sender: open(addr).await?,
         })
     }
 
-    /// Sends one request and reads its JSON answer; fails unless it is 2xx.
+    /// Sends one request and reads its JSON answer; fails unless it is 2xx. A `GET`
+    /// that fails on the way (the connection closed as it was sent) is sent once more
+    /// on a new connection.
     async fn call(&mut self, method: Method, path: &str, body: Option<Value>) -> Result<Value> {
+        if self.sender.is_closed() {
+            self.sender = open(self.addr).await?;
+        }
+        match self.call_once(method.clone(), path, body.clone()).await {
+            Err(Sent::Transport(_)) if method == Method::GET => {
+                self.sender = open(self.addr).await?;
+                self.call_once(method, path, body)
+                    .await
+                    .map_err(Sent::into_error)
+            }
+            other => other.map_err(Sent::into_error),
+        }
+    }
+
+    async fn call_once(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, Sent> {
+        let context = format!("{method} {}{path}", self.base);
+        self.send(method, path, body)
+            .await
+            .map_err(|e| e.context(context))
+    }
+
+    async fn send(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, Sent> {
         let bytes = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
         let mut req = Request::builder()
             .method(method.clone())
@@ -146,24 +177,33 @@ impl ControlClient {
         if !bytes.is_empty() {
             req = req.header(http::header::CONTENT_TYPE, "application/json");
         }
-        let req = req.body(Full::new(bytes))?;
-        self.sender.ready().await?;
+        let req = req
+            .body(Full::new(bytes))
+            .map_err(|e| Sent::Answer(e.into()))?;
+        self.sender
+            .ready()
+            .await
+            .map_err(|e| Sent::Transport(e.into()))?;
         let resp = self
             .sender
             .send_request(req)
             .await
-            .with_context(|| format!("{method} {}{path}", self.base))?;
+            .map_err(|e| Sent::Transport(e.into()))?;
         let status = resp.status();
-        let body = resp.into_body().collect().await?.to_bytes();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| Sent::Transport(e.into()))?
+            .to_bytes();
         if !status.is_success() {
-            bail!(
-                "{method} {}{path}: {status}: {}",
-                self.base,
+            return Err(Sent::Answer(anyhow!(
+                "{status}: {}",
                 String::from_utf8_lossy(&body)
-            );
+            )));
         }
         serde_json::from_slice(&body)
-            .with_context(|| format!("{method} {}{path} answered something not JSON", self.base))
+            .map_err(|e| Sent::Answer(anyhow!(e).context("the answer is not JSON")))
     }
 
     /// Makes `n` sessions with the sidecar's default upstream and model, ids
@@ -198,6 +238,42 @@ impl ControlClient {
         let list = self.call(Method::GET, "/v1/sessions", None).await?;
         sum_calls(&list)
     }
+}
+
+/// Why a request failed: on the way (the connection), or in its answer.
+#[derive(Debug)]
+enum Sent {
+    Transport(anyhow::Error),
+    Answer(anyhow::Error),
+}
+
+impl Sent {
+    fn context(self, context: String) -> Sent {
+        match self {
+            Sent::Transport(e) => Sent::Transport(e.context(context)),
+            Sent::Answer(e) => Sent::Answer(e.context(context)),
+        }
+    }
+
+    fn into_error(self) -> anyhow::Error {
+        match self {
+            Sent::Transport(e) | Sent::Answer(e) => e,
+        }
+    }
+}
+
+/// A new HTTP/1.1 connection to the control API.
+async fn open(
+    addr: std::net::SocketAddr,
+) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>> {
+    let tcp = TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("cannot connect to the control API at {addr}"))?;
+    tcp.set_nodelay(true)?;
+    let (sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await?;
+    tokio::spawn(conn);
+    Ok(sender)
 }
 
 #[cfg(test)]

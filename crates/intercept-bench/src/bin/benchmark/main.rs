@@ -315,13 +315,17 @@ impl Env {
 
     /// Runs loadgen to the end and parses its report.
     fn loadgen(&self, args: &[String]) -> Result<Value> {
+        finish_loadgen(self.start_loadgen(args)?)
+    }
+
+    /// Starts loadgen; [`finish_loadgen`] waits for it and parses its report.
+    fn start_loadgen(&self, args: &[String]) -> Result<Child> {
         let mut cmd = self.command("loadgen", 1);
-        cmd.args(args).stdin(Stdio::null()).stderr(Stdio::inherit());
-        let out = cmd.output().context("cannot run loadgen")?;
-        if !out.status.success() {
-            bail!("loadgen failed ({})", out.status);
-        }
-        serde_json::from_slice(&out.stdout).context("loadgen printed something that is not JSON")
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        cmd.spawn().context("cannot run loadgen")
     }
 
     /// Measured and warmup seconds of one round of one target.
@@ -330,6 +334,16 @@ impl Env {
         let rounds = self.rounds.max(1) as f64;
         (total / rounds, (warmup / rounds).max(0.5))
     }
+}
+
+/// Waits for a loadgen started by [`Env::start_loadgen`] (it stops by itself after its
+/// requests or its time) and parses its report.
+fn finish_loadgen(child: Child) -> Result<Value> {
+    let out = child.wait_with_output().context("cannot run loadgen")?;
+    if !out.status.success() {
+        bail!("loadgen failed ({})", out.status);
+    }
+    serde_json::from_slice(&out.stdout).context("loadgen printed something that is not JSON")
 }
 
 fn has_program(name: &str, arg: &str) -> bool {
@@ -1053,7 +1067,18 @@ fn growth_case(
     ];
     let before_up = upstream.stats()?["requests"].as_u64().unwrap_or(0);
     let before_cpu = cpu_us(sidecar.pid());
-    let report = env.loadgen(&args)?;
+    let started = Instant::now();
+    let loadgen = env.start_loadgen(&args)?;
+    // RSS and calls at the end of the first window: the growth after it is what each
+    // further call keeps, without what the first calls set up once.
+    std::thread::sleep(Duration::from_secs_f64(window));
+    let mid = if started.elapsed().as_secs_f64() < secs {
+        let rss = sidecar.rss_kib();
+        sidecar.calls().ok().map(|calls| (rss, calls))
+    } else {
+        None
+    };
+    let report = finish_loadgen(loadgen)?;
     let after_cpu = cpu_us(sidecar.pid());
     let after_up = upstream.stats()?["requests"].as_u64().unwrap_or(0);
     let upstream_requests = after_up.saturating_sub(before_up);
@@ -1078,7 +1103,8 @@ fn growth_case(
         (rss_start, rss_end),
         recorded.calls,
         raw,
-    );
+    )
+    .with_mid(mid);
     let recorded_all = upstream_requests == completed && recorded.is(upstream_requests);
     let cpu_us_per_req = after_cpu.saturating_sub(before_cpu) as f64 / ok.max(1) as f64;
     println!(
@@ -1115,6 +1141,14 @@ fn growth_case(
         figures.memory_over_raw,
         growth::MEMORY_GOAL
     );
+    if let (Some((rss, calls)), Some(after)) = (mid, figures.after_first_window_bytes_per_call) {
+        println!(
+            "  after the first {window} s (RSS {:.1} MiB, {calls} calls): {after:.0} bytes per \
+             further recorded call ({:.2}×)",
+            rss as f64 / 1024.0,
+            after / raw
+        );
+    }
     println!(
         "  recorded {} calls ({} lines in {} trace files); the upstream received {upstream_requests} \
          requests, loadgen completed {completed} ({})",

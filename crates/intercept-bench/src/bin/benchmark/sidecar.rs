@@ -152,6 +152,11 @@ impl Sidecar {
         procfs::status_kib(self.pid(), "VmRSS").unwrap_or(0)
     }
 
+    /// Calls its sessions have recorded so far (control API only).
+    pub(super) fn calls(&mut self) -> Result<u64> {
+        Ok(self.rt.block_on(self.client.recorded_calls())?.0)
+    }
+
     /// What it has recorded so far.
     pub(super) fn recorded(&mut self) -> Result<Recorded> {
         let (calls, listed) = self.rt.block_on(self.client.recorded_calls())?;
