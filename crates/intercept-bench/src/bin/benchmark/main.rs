@@ -18,7 +18,7 @@
 //! worker summed) around each run, checks that the upstream received exactly as many
 //! requests as completed and that the proxies recorded as many calls (`intercept
 //! serve`: in its sessions and as lines of its trace files), prints a table with ratios
-//! to direct and to nginx, evaluates the issues' targets and writes everything to
+//! to direct and to nginx, evaluates the targets and writes everything to
 //! `target/bench/results.json`.
 //!
 //! The growth case runs `intercept serve --trace-dir` under the json c16 load for 60 s
@@ -589,12 +589,28 @@ fn measure(
     Ok(row)
 }
 
-/// One target of an issue, with its figure.
+/// Which part of the product a target measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Group {
+    /// The proxy's speed and leanness, on `bench-proxy`.
+    Proxy,
+    /// Recording at proxy speed, on `intercept serve --trace-dir`.
+    Recording,
+}
+
+impl Group {
+    fn name(self) -> &'static str {
+        match self {
+            Group::Proxy => "proxy",
+            Group::Recording => "recording",
+        }
+    }
+}
+
+/// One target, with its figure.
 #[derive(Debug, Clone)]
 struct Target {
-    /// The issue that set it (8: the proxy's speed and leanness; 16: recording at
-    /// proxy speed, on `intercept serve --trace-dir`).
-    issue: u32,
+    group: Group,
     name: String,
     goal: String,
     measured: String,
@@ -604,18 +620,18 @@ struct Target {
 impl Target {
     fn new(name: &str, goal: &str, measured: String, met: Option<bool>) -> Self {
         Target {
-            issue: 8,
+            group: Group::Proxy,
             name: name.to_owned(),
             goal: goal.to_owned(),
             measured,
             met,
         }
     }
-    fn of_issue(self, issue: u32) -> Self {
-        Target { issue, ..self }
+    fn in_group(self, group: Group) -> Self {
+        Target { group, ..self }
     }
     fn to_json(&self) -> Value {
-        json!({"issue": self.issue, "target": self.name, "goal": self.goal, "measured": self.measured, "met": self.met})
+        json!({"group": self.group.name(), "target": self.name, "goal": self.goal, "measured": self.measured, "met": self.met})
     }
 }
 
@@ -902,16 +918,17 @@ fn run(options: &BenchOptions) -> Result<()> {
         all_equal && serve_recorded_all && growth.as_ref().is_none_or(|g| g.recorded_all),
     ));
     print_table(&rows);
-    for issue in [8, 16] {
+    for group in [Group::Proxy, Group::Recording] {
         println!(
-            "\ntargets (issue {issue}{}):",
-            if issue == 16 {
+            "\ntargets ({}{}):",
+            group.name(),
+            if group == Group::Recording {
                 ", on intercept serve --trace-dir"
             } else {
-                ""
+                ", on bench-proxy"
             }
         );
-        for t in targets.iter().filter(|t| t.issue == issue) {
+        for t in targets.iter().filter(|t| t.group == group) {
             let mark = match t.met {
                 Some(true) => "met",
                 Some(false) => "MISSED",
@@ -1316,7 +1333,7 @@ fn targets(
     out
 }
 
-/// Issue 16's targets, on `intercept serve --trace-dir`: its throughput and CPU against
+/// The recording targets, on `intercept serve --trace-dir`: its throughput and CPU against
 /// nginx's, the growth case's flatness and memory per recorded call, and every call
 /// proxied once and recorded.
 fn serve_targets(rows: &[Row], growth: Option<&Growth>, recorded_all: bool) -> Vec<Target> {
@@ -1403,7 +1420,9 @@ fn serve_targets(rows: &[Row], growth: Option<&Growth>, recorded_all: bool) -> V
         },
         Some(recorded_all),
     ));
-    out.into_iter().map(|t| t.of_issue(16)).collect()
+    out.into_iter()
+        .map(|t| t.in_group(Group::Recording))
+        .collect()
 }
 
 #[cfg(test)]
@@ -1459,7 +1478,7 @@ mod tests {
             800.0,
         );
         let t = serve_targets(&rows, Some(&g), true);
-        assert!(t.iter().all(|t| t.issue == 16));
+        assert!(t.iter().all(|t| t.group == Group::Recording));
         let met: Vec<(&str, Option<bool>)> = t.iter().map(|t| (t.name.as_str(), t.met)).collect();
         assert_eq!(
             met,
