@@ -6,8 +6,9 @@
 //! - [`tidy`]: the mechanical checks of the layering and hygiene rules
 //!   (`docs/architecture.md` says why each rule exists).
 //! - [`benchmark()`]: the load benchmark (`cargo xtask bench`): builds
-//!   `intercept-bench` in release mode and runs its `benchmark` program (direct vs
-//!   intercept vs nginx, scale figures, `target/bench/results.json`).
+//!   `intercept-bench` and `intercept-cli` in release mode and runs the `benchmark`
+//!   program (direct vs `bench-proxy` vs `intercept serve` vs nginx, the growth case,
+//!   scale figures, `target/bench/results.json`).
 //! - [`demo()`], [`bench()`] and [`bench_pool()`]: thin wrappers over `cargo run`,
 //!   `cargo bench` (`cargo xtask bench --micro`, the criterion micro-benchmarks) and
 //!   `cargo test` (`cargo xtask bench --pool`, the pool seating measurement).
@@ -256,8 +257,8 @@ pub fn demo(root: &Path, args: &[OsString]) -> Result<()> {
     run_streaming(&mut cmd).context("the demo failed")
 }
 
-/// The load benchmark: builds `intercept-bench`'s programs in release mode (unless
-/// `no_build`) and runs its `benchmark` program with `args` (its options, which it
+/// The load benchmark: builds `intercept-bench`'s programs and the `intercept` binary in
+/// release mode (unless `no_build`) and runs its `benchmark` program with `args` (its options, which it
 /// declares and checks), which starts the others from the same folder (see
 /// `crates/intercept-bench/src/bin/benchmark/main.rs`).
 pub fn benchmark(root: &Path, no_build: bool, args: &[OsString]) -> Result<()> {
@@ -269,8 +270,17 @@ pub fn benchmark(root: &Path, no_build: bool, args: &[OsString]) -> Result<()> {
         .unwrap_or_else(|| root.join("target"));
     if !no_build {
         let mut cmd = cargo();
-        cmd.args(["build", "--release", "-p", "intercept-bench", "--bins"])
-            .current_dir(root);
+        // The bench programs, and the `intercept` binary that is one of the targets.
+        cmd.args([
+            "build",
+            "--release",
+            "-p",
+            "intercept-bench",
+            "-p",
+            "intercept-cli",
+            "--bins",
+        ])
+        .current_dir(root);
         run_streaming(&mut cmd).context("building the bench programs failed")?;
     }
     let program = target_dir.join("release").join("benchmark");

@@ -54,8 +54,8 @@ struct BenchArgs {
     pool: bool,
     /// The load benchmark's own options, passed on to `intercept-bench`'s `benchmark`
     /// program, which declares them: `--quick`, `--scale`, `--streams N,N,..`,
-    /// `--no-nginx`, `--rounds N` (see `cargo xtask bench -- --help`). With --micro:
-    /// arguments passed to `cargo bench`.
+    /// `--no-nginx`, `--rounds N`, `--growth-secs S` (see `cargo xtask bench --
+    /// --help`). With --micro: arguments passed to `cargo bench`.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     args: Vec<OsString>,
 }

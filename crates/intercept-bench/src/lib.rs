@@ -3,8 +3,10 @@
 //! (`bench-upstream`), an interception server with many registered sessions
 //! (`bench-proxy`), a load generator (`loadgen`), in-process scale figures
 //! (`bench-scale`), and the slow-stream rig: a cheap paced upstream (`slow-upstream`)
-//! and a lean streaming client (`slowgen`). This library holds what the binaries share,
-//! so tests can drive every piece in-process.
+//! and a lean streaming client (`slowgen`). The driver also measures the `intercept`
+//! binary itself (`intercept serve`, sessions made through its control API:
+//! [`serve_api`]), and how it holds up as its records pile up ([`growth`]). This
+//! library holds what the binaries share, so tests can drive every piece in-process.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -37,9 +39,11 @@ pub fn no_transparent_huge_pages() {
     #[cfg(target_os = "linux")]
     let _ = rustix::thread::disable_transparent_huge_pages(true);
 }
+pub mod growth;
 pub mod http1;
 pub mod load;
 pub mod procfs;
+pub mod serve_api;
 pub mod session;
 pub mod slow_streams;
 pub mod slow_upstream;

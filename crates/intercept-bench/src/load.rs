@@ -4,7 +4,10 @@
 //!
 //! Requests are spread over many bearer secrets (round robin), so a proxy that routes by
 //! secret sees many sessions. It measures latency (request sent to body fully read),
-//! time to first body byte, throughput over the measured window, and errors by kind.
+//! time to first body byte, throughput over the measured window, and errors by kind;
+//! with [`LoadConfig::interval`], also the successful requests completed in each
+//! interval of the measured window ([`Intervals`]), to see whether throughput holds
+//! over a long run.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -19,7 +22,7 @@ use http::{HeaderValue, Request, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 
 /// What to send, how hard and for how long.
@@ -47,6 +50,9 @@ pub struct LoadConfig {
     pub warmup: Duration,
     /// Give up on one request after this long (counted as an error).
     pub timeout: Duration,
+    /// Count the successful requests completed in each interval of this length of the
+    /// measured window ([`LoadReport::intervals`]); `None`: no intervals.
+    pub interval: Option<Duration>,
 }
 
 impl LoadConfig {
@@ -68,6 +74,7 @@ impl LoadConfig {
             duration: Duration::from_secs(10),
             warmup: Duration::ZERO,
             timeout: Duration::from_secs(60),
+            interval: None,
         }
     }
 }
@@ -106,6 +113,87 @@ impl Percentiles {
     }
 }
 
+/// Successful requests by the interval of the measured window in which they completed:
+/// `ok[i]` ended in `[i × width_s, (i + 1) × width_s)` after the warmup. Requests that
+/// end after the measured window (those still in flight at its end) are in no interval,
+/// nor are those that ended during the warmup.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Intervals {
+    /// Length of one interval, in seconds.
+    pub width_s: f64,
+    /// Length of the measured window, in seconds (the last interval may be shorter).
+    pub window_s: f64,
+    /// Successful requests completed in each interval.
+    pub ok: Vec<u64>,
+}
+
+impl Intervals {
+    /// Empty intervals of `width` covering `window` (the last one may be shorter).
+    pub fn new(width: Duration, window: Duration) -> Self {
+        let width_s = width.as_secs_f64();
+        let n = if width_s > 0.0 {
+            (window.as_secs_f64() / width_s).ceil() as usize
+        } else {
+            0
+        };
+        Intervals {
+            width_s,
+            window_s: window.as_secs_f64(),
+            ok: vec![0; n],
+        }
+    }
+
+    /// Counts one request that completed `since` after the start of the measured window.
+    pub fn add(&mut self, since: Duration) {
+        let since = since.as_secs_f64();
+        if self.width_s <= 0.0 || since >= self.window_s {
+            return;
+        }
+        let i = (since / self.width_s) as usize;
+        if let Some(n) = self.ok.get_mut(i) {
+            *n += 1;
+        }
+    }
+
+    /// Adds the counts of `other` (same width and window) to these.
+    pub fn merge(&mut self, other: &Intervals) {
+        if self.ok.len() < other.ok.len() {
+            self.ok.resize(other.ok.len(), 0);
+        }
+        for (a, b) in self.ok.iter_mut().zip(&other.ok) {
+            *a += b;
+        }
+    }
+
+    /// Requests per second over the first (`from_end` false) or the last intervals that
+    /// make up `window_s` seconds (at least one interval; a shorter last interval counts
+    /// for its own length); `None` when there are fewer intervals than that.
+    pub fn window_rps(&self, window_s: f64, from_end: bool) -> Option<f64> {
+        if self.width_s <= 0.0 {
+            return None;
+        }
+        let n = ((window_s / self.width_s).round() as usize).max(1);
+        if n > self.ok.len() {
+            return None;
+        }
+        let first = if from_end { self.ok.len() - n } else { 0 };
+        let requests: u64 = self.ok[first..first + n].iter().sum();
+        let seconds: f64 = (first..first + n).map(|i| self.length_s(i)).sum();
+        (seconds > 0.0).then(|| requests as f64 / seconds)
+    }
+
+    /// Length of interval `i` in seconds: `width_s`, or less for a last interval cut by
+    /// the end of the window.
+    fn length_s(&self, i: usize) -> f64 {
+        let left = self.window_s - i as f64 * self.width_s;
+        if self.window_s > 0.0 {
+            self.width_s.min(left).max(0.0)
+        } else {
+            self.width_s
+        }
+    }
+}
+
 /// What a run measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadReport {
@@ -131,6 +219,11 @@ pub struct LoadReport {
     pub connections_opened: u64,
     /// Response body bytes read.
     pub bytes_read: u64,
+    /// Size of the request body sent (every request sends the same one).
+    pub request_body_bytes: u64,
+    /// Successful requests per interval of the measured window, with
+    /// [`LoadConfig::interval`].
+    pub intervals: Option<Intervals>,
 }
 
 /// One request's result.
@@ -153,10 +246,11 @@ struct Tally {
     ok: u64,
     measured_ok: u64,
     errors: BTreeMap<String, u64>,
+    intervals: Option<Intervals>,
 }
 
 impl Tally {
-    fn new() -> Result<Self> {
+    fn new(intervals: Option<Intervals>) -> Result<Self> {
         let h = || Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3);
         Ok(Tally {
             latency: h().map_err(|e| anyhow!("histogram: {e}"))?,
@@ -164,6 +258,7 @@ impl Tally {
             ok: 0,
             measured_ok: 0,
             errors: BTreeMap::new(),
+            intervals,
         })
     }
 
@@ -178,6 +273,9 @@ impl Tally {
         self.measured_ok += other.measured_ok;
         for (k, v) in other.errors {
             *self.errors.entry(k).or_default() += v;
+        }
+        if let (Some(mine), Some(theirs)) = (&mut self.intervals, &other.intervals) {
+            mine.merge(theirs);
         }
         Ok(())
     }
@@ -300,7 +398,10 @@ pub async fn run(config: &LoadConfig) -> Result<LoadReport> {
             workers.spawn(worker.run());
         }
     }
-    let mut total = Tally::new()?;
+    let intervals = config
+        .interval
+        .map(|width| Intervals::new(width, config.duration));
+    let mut total = Tally::new(intervals)?;
     while let Some(done) = workers.join_next().await {
         total.merge(done.context("a load worker panicked")??)?;
     }
@@ -323,6 +424,8 @@ pub async fn run(config: &LoadConfig) -> Result<LoadReport> {
         ttfb_us: Percentiles::of(&total.ttfb),
         connections_opened: shared.connections.load(Ordering::Relaxed),
         bytes_read: shared.bytes_read.load(Ordering::Relaxed),
+        request_body_bytes: config.body.len() as u64,
+        intervals: total.intervals,
     })
 }
 
@@ -338,7 +441,11 @@ struct Worker {
 
 impl Worker {
     async fn run(mut self) -> Result<Tally> {
-        let mut tally = Tally::new()?;
+        let mut tally = Tally::new(
+            self.config
+                .interval
+                .map(|width| Intervals::new(width, self.config.duration)),
+        )?;
         let path = self
             .config
             .url
@@ -394,6 +501,12 @@ impl Worker {
             match outcome {
                 Outcome::Ok { latency, ttfb } => {
                     tally.ok += 1;
+                    if let Some(intervals) = &mut tally.intervals {
+                        let ended = t0 + latency;
+                        if ended >= self.measure_from && ended < self.deadline {
+                            intervals.add(ended - self.measure_from);
+                        }
+                    }
                     if t0 >= self.measure_from {
                         tally.measured_ok += 1;
                         let _ = tally.latency.record(latency.as_micros().max(1) as u64);
@@ -483,6 +596,81 @@ mod tests {
         assert_eq!(upstream.request_count() as u64, report.ok + report.errors);
         upstream.shutdown().await;
         report
+    }
+
+    #[test]
+    fn intervals_count_completions_by_second_and_drop_the_rest() {
+        let mut iv = Intervals::new(Duration::from_secs(1), Duration::from_millis(3500));
+        assert_eq!(iv.ok, vec![0, 0, 0, 0]);
+        for ms in [0, 999, 1000, 2500, 3499, 3500, 9000] {
+            iv.add(Duration::from_millis(ms));
+        }
+        // 3500 ms and later are past the window (4 intervals: the last covers 3.0–3.5 s).
+        assert_eq!(iv.ok, vec![2, 1, 1, 1]);
+        let mut other = Intervals::new(Duration::from_secs(1), Duration::from_millis(3500));
+        other.add(Duration::from_millis(1500));
+        iv.merge(&other);
+        assert_eq!(iv.ok, vec![2, 2, 1, 1]);
+        let mut none = Intervals::new(Duration::ZERO, Duration::from_secs(3));
+        none.add(Duration::from_secs(1));
+        assert!(none.ok.is_empty());
+        assert_eq!(none.window_rps(1.0, false), None);
+    }
+
+    #[test]
+    fn window_rates_use_whole_intervals_at_either_end() {
+        let iv = Intervals {
+            width_s: 0.5,
+            window_s: 3.0,
+            ok: vec![100, 200, 300, 400, 500, 600],
+        };
+        // First second: 100 + 200 requests in 1 s; last second: 500 + 600.
+        assert_eq!(iv.window_rps(1.0, false), Some(300.0));
+        assert_eq!(iv.window_rps(1.0, true), Some(1100.0));
+        // A window shorter than one interval is one interval.
+        assert_eq!(iv.window_rps(0.1, true), Some(1200.0));
+        assert_eq!(iv.window_rps(3.0, false), Some(700.0));
+        assert_eq!(iv.window_rps(3.5, false), None);
+        // A window of 2.75 s: the last interval lasts 0.25 s.
+        let cut = Intervals {
+            window_s: 2.75,
+            ..iv.clone()
+        };
+        assert_eq!(cut.window_rps(1.0, true), Some(1100.0 / 0.75));
+        assert_eq!(cut.window_rps(1.0, false), Some(300.0));
+    }
+
+    #[tokio::test]
+    async fn intervals_add_up_to_the_measured_completions() {
+        let upstream = MockUpstream::start_with(MockConfig::fast())
+            .await
+            .expect("mock");
+        let body: Bytes = crate::bodies::chat_request(false, 2048).into();
+        let config = LoadConfig {
+            connections: 2,
+            requests: 1_000_000,
+            duration: Duration::from_millis(600),
+            interval: Some(Duration::from_millis(200)),
+            ..LoadConfig::new(
+                upstream.chat_completions_url().parse().expect("url"),
+                vec!["a".into()],
+                body.clone(),
+            )
+        };
+        let report = run(&config).await.expect("run");
+        upstream.shutdown().await;
+        assert_eq!(report.errors, 0, "{report:?}");
+        assert_eq!(report.request_body_bytes, body.len() as u64);
+        let iv = report.intervals.clone().expect("intervals");
+        assert_eq!(iv.ok.len(), 3);
+        let counted: u64 = iv.ok.iter().sum();
+        // Every request ended inside the window but those in flight at its end (one per
+        // connection at most).
+        assert!(
+            counted <= report.ok && counted + 2 >= report.ok,
+            "{iv:?} {report:?}"
+        );
+        assert!(iv.ok.iter().all(|&n| n > 0), "{iv:?}");
     }
 
     #[tokio::test]

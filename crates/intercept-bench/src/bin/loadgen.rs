@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! loadgen --url http://127.0.0.1:4100/v1/chat/completions --secrets-file s.json \
-//!         --connections 16 --duration 10 --warmup 2 [--stream] [--body-bytes 2048]
+//!         --connections 16 --duration 10 --warmup 2 [--stream] [--body-bytes 2048] \
+//!         [--interval 1]
 //! ```
 
 use std::path::PathBuf;
@@ -52,6 +53,10 @@ struct Args {
     /// Per-request timeout in seconds.
     #[arg(long, default_value_t = 60.0)]
     timeout: f64,
+    /// Also count the successful requests completed in each interval of this many
+    /// seconds of the measured window (`intervals` in the report; 0: none).
+    #[arg(long, default_value_t = 0.0)]
+    interval: f64,
     /// Runtime worker threads (default: one per CPU the process may run on).
     #[arg(long)]
     threads: Option<usize>,
@@ -84,6 +89,7 @@ async fn run(args: Args) -> Result<()> {
         duration: Duration::from_secs_f64(args.duration),
         warmup: Duration::from_secs_f64(args.warmup),
         timeout: Duration::from_secs_f64(args.timeout),
+        interval: (args.interval > 0.0).then(|| Duration::from_secs_f64(args.interval)),
         ..load::LoadConfig::new(args.url.parse()?, secrets, body.into())
     };
     let report = load::run(&config).await?;

@@ -3,18 +3,28 @@
 //! one from the same folder; run directly it expects its sibling programs next to it.
 //!
 //! It starts `bench-upstream` (the fast mock
-//! model), `bench-proxy` (an interception server with many sessions) and, when `nginx`
-//! is on `PATH`, an nginx `proxy_pass` with upstream keepalive (config, pid file and logs
-//! under `target/bench/nginx/`, one worker). Then it runs `loadgen` with the same load
-//! against each target: direct to the upstream, through intercept, through nginx;
-//! non-streaming at 1, 16 and 64 connections and streaming (16 chunks) at 16
-//! connections, spread over 1000 session secrets. With `taskset` the proxy (intercept or
+//! model), `bench-proxy` (an interception server with many sessions whose records are
+//! counted and dropped), the `intercept` binary as a user runs it (`intercept serve
+//! --trace-dir`, sessions made through its control API, a fresh one per case: see
+//! `sidecar.rs`) and, when `nginx` is on `PATH`, an nginx `proxy_pass` with upstream
+//! keepalive (config, pid file and logs under `target/bench/nginx/`, one worker). Then
+//! it runs `loadgen` with the same load against each target: direct to the upstream,
+//! through `bench-proxy`, through `intercept serve`, through nginx; non-streaming at 1,
+//! 16 and 64 connections and streaming (16 chunks) at 16 connections, spread over 1000
+//! session secrets. With `taskset` the proxy (`bench-proxy`, `intercept serve` or
 //! nginx) runs on core 0 and the load generator and upstream on core 1.
 //!
 //! It reads the proxy's CPU time (`/proc/<pid>/stat` utime + stime, nginx's master and
 //! worker summed) around each run, checks that the upstream received exactly as many
-//! requests as completed, prints a table with ratios to direct and to nginx, evaluates
-//! the issue's targets and writes everything to `target/bench/results.json`.
+//! requests as completed and that the proxies recorded as many calls (`intercept
+//! serve`: in its sessions and as lines of its trace files), prints a table with ratios
+//! to direct and to nginx, evaluates the targets and writes everything to
+//! `target/bench/results.json`.
+//!
+//! The growth case runs `intercept serve --trace-dir` under the json c16 load for 60 s
+//! (`--growth-secs`; 12 s with `--quick`) and compares the req/s of its first and last
+//! 10 s (loadgen's per-second counts), and its RSS growth per recorded call with the
+//! request and response bytes of a call.
 //!
 //! Scale figures follow: memory and acquire/release time per registered session (100k
 //! sessions, `bench-scale`), peak RSS while proxying one 256 MiB request body, and with
@@ -32,9 +42,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use clap::Parser;
+use intercept_bench::growth::{self, Growth};
+use intercept_bench::load::Intervals;
 use serde_json::{json, Value};
 
+mod sidecar;
 mod streams;
+
+use sidecar::Sidecar;
 
 /// The load benchmark: direct vs intercept vs nginx, scale figures, JSON under
 /// target/bench/ (usually run as `cargo xtask bench`, whose options these are).
@@ -60,6 +75,10 @@ struct BenchOptions {
     /// reported.
     #[arg(long)]
     rounds: Option<usize>,
+    /// Length of the growth case (`intercept serve --trace-dir` under json c16 load),
+    /// in seconds (default: 60, 12 with `--quick`; 0 skips it).
+    #[arg(long)]
+    growth_secs: Option<f64>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -76,6 +95,13 @@ fn main() -> std::process::ExitCode {
 const SESSIONS: usize = 1000;
 /// Request body size of the load (a small chat request).
 const BODY_BYTES: usize = 2048;
+
+/// The in-process proxy whose sessions count records and drop them.
+const PROXY: &str = "bench-proxy";
+/// The `intercept` binary as users run it, with a trace folder.
+const SERVE: &str = "intercept-serve";
+/// The targets of every load case, in the order of the table.
+const MODES: [&str; 4] = ["direct", PROXY, SERVE, "nginx"];
 
 /// One load case.
 #[derive(Debug, Clone, Copy)]
@@ -289,13 +315,17 @@ impl Env {
 
     /// Runs loadgen to the end and parses its report.
     fn loadgen(&self, args: &[String]) -> Result<Value> {
+        finish_loadgen(self.start_loadgen(args)?)
+    }
+
+    /// Starts loadgen; [`finish_loadgen`] waits for it and parses its report.
+    fn start_loadgen(&self, args: &[String]) -> Result<Child> {
         let mut cmd = self.command("loadgen", 1);
-        cmd.args(args).stdin(Stdio::null()).stderr(Stdio::inherit());
-        let out = cmd.output().context("cannot run loadgen")?;
-        if !out.status.success() {
-            bail!("loadgen failed ({})", out.status);
-        }
-        serde_json::from_slice(&out.stdout).context("loadgen printed something that is not JSON")
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        cmd.spawn().context("cannot run loadgen")
     }
 
     /// Measured and warmup seconds of one round of one target.
@@ -304,6 +334,16 @@ impl Env {
         let rounds = self.rounds.max(1) as f64;
         (total / rounds, (warmup / rounds).max(0.5))
     }
+}
+
+/// Waits for a loadgen started by [`Env::start_loadgen`] (it stops by itself after its
+/// requests or its time) and parses its report.
+fn finish_loadgen(child: Child) -> Result<Value> {
+    let out = child.wait_with_output().context("cannot run loadgen")?;
+    if !out.status.success() {
+        bail!("loadgen failed ({})", out.status);
+    }
+    serde_json::from_slice(&out.stdout).context("loadgen printed something that is not JSON")
 }
 
 fn has_program(name: &str, arg: &str) -> bool {
@@ -536,7 +576,7 @@ fn measure(
         "MISMATCH"
     };
     println!(
-        "  {:<10} {:<9} {:>9.0} req/s  p50 {:>6.0} µs  p99 {:>6.0} µs  errors {}  upstream requests {} / completed {} ({check})",
+        "  {:<10} {:<15} {:>9.0} req/s  p50 {:>6.0} µs  p99 {:>6.0} µs  errors {}  upstream requests {} / completed {} ({check})",
         case.name,
         mode,
         row.rps(),
@@ -549,9 +589,28 @@ fn measure(
     Ok(row)
 }
 
-/// One target of the issue, with its figure.
+/// Which part of the product a target measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Group {
+    /// The proxy's speed and leanness, on `bench-proxy`.
+    Proxy,
+    /// Recording at proxy speed, on `intercept serve --trace-dir`.
+    Recording,
+}
+
+impl Group {
+    fn name(self) -> &'static str {
+        match self {
+            Group::Proxy => "proxy",
+            Group::Recording => "recording",
+        }
+    }
+}
+
+/// One target, with its figure.
 #[derive(Debug, Clone)]
 struct Target {
+    group: Group,
     name: String,
     goal: String,
     measured: String,
@@ -561,14 +620,18 @@ struct Target {
 impl Target {
     fn new(name: &str, goal: &str, measured: String, met: Option<bool>) -> Self {
         Target {
+            group: Group::Proxy,
             name: name.to_owned(),
             goal: goal.to_owned(),
             measured,
             met,
         }
     }
+    fn in_group(self, group: Group) -> Self {
+        Target { group, ..self }
+    }
     fn to_json(&self) -> Value {
-        json!({"target": self.name, "goal": self.goal, "measured": self.measured, "met": self.met})
+        json!({"group": self.group.name(), "target": self.name, "goal": self.goal, "measured": self.measured, "met": self.met})
     }
 }
 
@@ -580,11 +643,12 @@ fn prepare(options: &BenchOptions) -> Result<(Env, bool, Value)> {
         .parent()
         .map(Path::to_path_buf)
         .ok_or_else(|| anyhow!("{} has no folder", exe.display()))?;
-    for program in ["bench-upstream", "bench-proxy", "loadgen"] {
+    for program in ["bench-upstream", "bench-proxy", "loadgen", "intercept"] {
         if !bin.join(program).is_file() {
             bail!(
                 "{program} is not beside {} (build the bench programs first: `cargo build \
-                 --release -p intercept-bench --bins`, or run `cargo xtask bench`)",
+                 --release -p intercept-bench -p intercept-cli --bins`, or run `cargo xtask \
+                 bench`)",
                 exe.display()
             );
         }
@@ -658,7 +722,12 @@ fn run(options: &BenchOptions) -> Result<()> {
     };
     let nginx_pid = nginx.as_ref().map(|n| n.child.id());
 
-    println!("\nload: {SESSIONS} sessions, {BODY_BYTES}-byte chat bodies");
+    println!(
+        "\nload: {SESSIONS} sessions, {BODY_BYTES}-byte chat bodies; targets: direct, {PROXY} \
+         (records counted and dropped), {SERVE} (the intercept binary with --trace-dir, \
+         a fresh one per case){}",
+        if nginx.is_some() { ", nginx" } else { "" }
+    );
     if env.rounds > 1 {
         println!(
             "{} rounds per case, targets in turn; the median round of each is reported",
@@ -668,7 +737,11 @@ fn run(options: &BenchOptions) -> Result<()> {
     // Every run (for the proxied-requests checks), and the median round of each target.
     let mut all_rows: Vec<Row> = Vec::new();
     let mut rows: Vec<Row> = Vec::new();
+    // What each case's `intercept serve` recorded, against what the upstream received.
+    let mut serve_checks: Vec<Value> = Vec::new();
+    let mut serve_recorded_all = true;
     for &case in CASES {
+        let mut sidecar = Sidecar::start(&env, &upstream_base, SESSIONS, &case_tag(case))?;
         let mut rounds: Vec<Row> = Vec::new();
         for _ in 0..env.rounds {
             rounds.push(measure(
@@ -680,14 +753,22 @@ fn run(options: &BenchOptions) -> Result<()> {
                 None,
                 &mut upstream,
             )?);
-            let pid = proxy.pid();
             rounds.push(measure(
                 &env,
                 case,
-                "intercept",
+                PROXY,
                 &proxy_url,
                 &secrets,
-                Some(pid),
+                Some(proxy.pid()),
+                &mut upstream,
+            )?);
+            rounds.push(measure(
+                &env,
+                case,
+                SERVE,
+                &sidecar.url,
+                &sidecar.secrets,
+                Some(sidecar.pid()),
                 &mut upstream,
             )?);
             if let (Some(n), Some(pid)) = (&nginx, nginx_pid) {
@@ -702,7 +783,31 @@ fn run(options: &BenchOptions) -> Result<()> {
                 )?);
             }
         }
-        for mode in ["direct", "intercept", "nginx"] {
+        let proxied: u64 = rounds
+            .iter()
+            .filter(|r| r.mode == SERVE)
+            .map(|r| r.upstream_requests)
+            .sum();
+        let recorded = sidecar.settle(proxied)?;
+        let rss_kib = sidecar.rss_kib();
+        drop(sidecar);
+        let equal = recorded.is(proxied);
+        serve_recorded_all &= equal;
+        println!(
+            "  {SERVE} recorded {} calls ({} lines in {} trace files); the upstream received \
+             {proxied} requests from it ({}); RSS {:.0} MiB at the end",
+            recorded.calls,
+            recorded.trace_lines,
+            recorded.trace_files,
+            if equal { "equal" } else { "NOT equal" },
+            rss_kib as f64 / 1024.0
+        );
+        let mut check = recorded.to_json();
+        check["case"] = json!(case.name);
+        check["upstream_requests"] = json!(proxied);
+        check["rss_kib_at_end"] = json!(rss_kib);
+        serve_checks.push(check);
+        for mode in MODES {
             if let Some(median) = median_round(rounds.iter().filter(|r| r.mode == mode)) {
                 rows.push(median);
             }
@@ -713,11 +818,11 @@ fn run(options: &BenchOptions) -> Result<()> {
     let calls = proxy_stats["calls"].as_u64().unwrap_or(0);
     let proxied: u64 = all_rows
         .iter()
-        .filter(|r| r.mode == "intercept")
+        .filter(|r| r.mode == PROXY)
         .map(|r| r.upstream_requests)
         .sum();
     println!(
-        "intercept recorded {calls} calls; the upstream received {proxied} requests from it ({})",
+        "{PROXY} recorded {calls} calls; the upstream received {proxied} requests from it ({})",
         if calls == proxied {
             "equal"
         } else {
@@ -727,8 +832,24 @@ fn run(options: &BenchOptions) -> Result<()> {
     drop(proxy);
     drop(nginx);
 
+    let growth_secs = options
+        .growth_secs
+        .unwrap_or(if options.quick { 12.0 } else { 60.0 });
+    let growth = if growth_secs > 0.0 {
+        let direct_json = find(&rows, CASES[1].name, "direct").map(|r| r.report.clone());
+        Some(growth_case(
+            &env,
+            &upstream_base,
+            &mut upstream,
+            growth_secs,
+            direct_json.as_ref(),
+        )?)
+    } else {
+        None
+    };
+
     // The ready RolloutSession keeps every call: the same json c16 load, and its memory.
-    println!("\ntrace storage: json c16 through RolloutSession (in-memory trace)");
+    println!("\ntrace storage: json c16 through {PROXY} --record trace (RolloutSession, in-memory trace)");
     let mut trace_proxy = env.proxy(&upstream_base, SESSIONS, "trace", "trace")?;
     let trace_url = format!("{}/v1/chat/completions", trace_proxy.field("base_url")?);
     let trace_secrets = PathBuf::from(trace_proxy.field("secrets_file")?);
@@ -736,7 +857,7 @@ fn run(options: &BenchOptions) -> Result<()> {
     let trace_row = measure(
         &env,
         CASES[1],
-        "intercept+trace",
+        "bench-proxy+trace",
         &trace_url,
         &trace_secrets,
         Some(trace_proxy.pid()),
@@ -784,25 +905,40 @@ fn run(options: &BenchOptions) -> Result<()> {
     let all_equal = all_rows
         .iter()
         .all(|r| r.upstream_requests == r.completed());
-    let targets = targets(
+    let mut targets = targets(
         &rows,
         &scale,
         &big,
         streams.as_ref(),
         all_equal && calls == proxied,
     );
+    targets.extend(serve_targets(
+        &rows,
+        growth.as_ref().map(|g| &g.figures),
+        all_equal && serve_recorded_all && growth.as_ref().is_none_or(|g| g.recorded_all),
+    ));
     print_table(&rows);
-    println!("\ntargets (issue 8):");
-    for t in &targets {
-        let mark = match t.met {
-            Some(true) => "met",
-            Some(false) => "MISSED",
-            None => "n/a",
-        };
+    for group in [Group::Proxy, Group::Recording] {
         println!(
-            "  [{mark:>6}] {:<48} goal {:<22} measured {}",
-            t.name, t.goal, t.measured
+            "\ntargets ({}{}):",
+            group.name(),
+            if group == Group::Recording {
+                ", on intercept serve --trace-dir"
+            } else {
+                ", on bench-proxy"
+            }
         );
+        for t in targets.iter().filter(|t| t.group == group) {
+            let mark = match t.met {
+                Some(true) => "met",
+                Some(false) => "MISSED",
+                None => "n/a",
+            };
+            println!(
+                "  [{mark:>6}] {:<48} goal {:<22} measured {}",
+                t.name, t.goal, t.measured
+            );
+        }
     }
     let results = json!({
         "quick": options.quick,
@@ -815,6 +951,8 @@ fn run(options: &BenchOptions) -> Result<()> {
         "trace": {"row": trace_row.to_json(), "rss_bytes_per_call": trace_bytes_per_call},
         "intercept_calls_recorded": calls,
         "intercept_upstream_requests": proxied,
+        "serve_recorded": serve_checks,
+        "growth": growth.as_ref().map(|g| g.json.clone()),
         "scale_sessions": scale,
         "big_body": big,
         "slow_streams": streams,
@@ -888,6 +1026,172 @@ fn big_body(env: &Env) -> Result<Value> {
     Ok(v)
 }
 
+/// A case's name as a file name part (`json c16` → `json-c16`).
+fn case_tag(case: Case) -> String {
+    case.name.replace(' ', "-")
+}
+
+/// The growth case as run: its figures, everything as JSON, and whether every call
+/// was proxied once and recorded.
+#[derive(Debug)]
+struct GrowthRun {
+    figures: Growth,
+    json: Value,
+    recorded_all: bool,
+}
+
+/// The growth case: a fresh `intercept serve --trace-dir` under the json c16 load for
+/// `secs` seconds, loadgen counting completions per second. `direct_json` (loadgen's
+/// report of the json c16 case direct to the upstream) gives the response size the
+/// upstream returns, for comparison with the one read through the sidecar.
+fn growth_case(
+    env: &Env,
+    upstream_base: &str,
+    upstream: &mut Helper,
+    secs: f64,
+    direct_json: Option<&Value>,
+) -> Result<GrowthRun> {
+    const INTERVAL_S: f64 = 1.0;
+    let case = CASES[1];
+    let window = growth::window_s(secs, INTERVAL_S);
+    println!(
+        "\ngrowth: {SERVE} (--trace-dir) under the {} load for {secs} s; req/s of the first \
+         and last {window} s, RSS per recorded call",
+        case.name
+    );
+    let mut sidecar = Sidecar::start(env, upstream_base, SESSIONS, "growth")?;
+    let rss_start = sidecar.rss_kib();
+    let args: Vec<String> = vec![
+        "--url".into(),
+        sidecar.url.clone(),
+        "--secrets-file".into(),
+        sidecar.secrets.display().to_string(),
+        "--connections".into(),
+        case.connections.to_string(),
+        "--duration".into(),
+        secs.to_string(),
+        "--warmup".into(),
+        "0".into(),
+        "--requests".into(),
+        // A bound far above what the time allows (≈ 60k req/s on the reference machine).
+        ((secs * 1_000_000.0) as u64).max(1).to_string(),
+        "--body-bytes".into(),
+        BODY_BYTES.to_string(),
+        "--timeout".into(),
+        "30".into(),
+        "--interval".into(),
+        INTERVAL_S.to_string(),
+    ];
+    let before_up = upstream.stats()?["requests"].as_u64().unwrap_or(0);
+    let before_cpu = cpu_us(sidecar.pid());
+    let started = Instant::now();
+    let loadgen = env.start_loadgen(&args)?;
+    // RSS and calls at the end of the first window: the growth after it is what each
+    // further call keeps, without what the first calls set up once.
+    std::thread::sleep(Duration::from_secs_f64(window));
+    let mid = if started.elapsed().as_secs_f64() < secs {
+        let rss = sidecar.rss_kib();
+        sidecar.calls().ok().map(|calls| (rss, calls))
+    } else {
+        None
+    };
+    let report = finish_loadgen(loadgen)?;
+    let after_cpu = cpu_us(sidecar.pid());
+    let after_up = upstream.stats()?["requests"].as_u64().unwrap_or(0);
+    let upstream_requests = after_up.saturating_sub(before_up);
+    let recorded = sidecar.settle(upstream_requests)?;
+    let rss_end = sidecar.rss_kib();
+    drop(sidecar);
+
+    let ok = report["ok"].as_u64().unwrap_or(0);
+    let completed = ok + report["errors"].as_u64().unwrap_or(0);
+    let intervals: Intervals = serde_json::from_value(report["intervals"].clone())
+        .context("loadgen reported no intervals")?;
+    let request_bytes = report["request_body_bytes"].as_u64().unwrap_or(0);
+    let response_bytes = report["bytes_read"].as_u64().unwrap_or(0);
+    let raw = growth::raw_bytes_per_call(request_bytes, response_bytes, ok).unwrap_or(f64::NAN);
+    let direct_response = direct_json.and_then(|d| {
+        let ok = d["ok"].as_u64().filter(|&n| n > 0)?;
+        Some(d["bytes_read"].as_u64()? as f64 / ok as f64)
+    });
+    let figures = Growth::new(
+        &intervals,
+        window,
+        (rss_start, rss_end),
+        recorded.calls,
+        raw,
+    )
+    .with_mid(mid);
+    let recorded_all = upstream_requests == completed && recorded.is(upstream_requests);
+    let cpu_us_per_req = after_cpu.saturating_sub(before_cpu) as f64 / ok.max(1) as f64;
+    println!(
+        "  {ok} requests ({} errors) in {:.1} s; req/s per second: {}",
+        report["errors"],
+        num(&report, &["elapsed_s"]),
+        intervals
+            .ok
+            .iter()
+            .map(|n| format!("{:.0}", *n as f64 / intervals.width_s))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    println!(
+        "  first {window} s {:.0} req/s, last {window} s {:.0} req/s: {:.2}× (goal ≥ {:.2}×); \
+         CPU {cpu_us_per_req:.1} µs/req",
+        figures.first_rps,
+        figures.last_rps,
+        figures.last_over_first,
+        growth::FLATNESS_GOAL
+    );
+    println!(
+        "  RSS {:.1} MiB at start, {:.1} MiB at end: {:.0} bytes per recorded call against \
+         {:.0} bytes of request ({request_bytes}) + response ({:.0}{}) body per call: {:.2}× \
+         (goal ≤ {:.1}×)",
+        rss_start as f64 / 1024.0,
+        rss_end as f64 / 1024.0,
+        figures.rss_bytes_per_call,
+        raw,
+        raw - request_bytes as f64,
+        direct_response.map_or(String::new(), |d| format!(
+            "; {d:.0} direct from the upstream"
+        )),
+        figures.memory_over_raw,
+        growth::MEMORY_GOAL
+    );
+    if let (Some((rss, calls)), Some(after)) = (mid, figures.after_first_window_bytes_per_call) {
+        println!(
+            "  after the first {window} s (RSS {:.1} MiB, {calls} calls): {after:.0} bytes per \
+             further recorded call ({:.2}×)",
+            rss as f64 / 1024.0,
+            after / raw
+        );
+    }
+    println!(
+        "  recorded {} calls ({} lines in {} trace files); the upstream received {upstream_requests} \
+         requests, loadgen completed {completed} ({})",
+        recorded.calls,
+        recorded.trace_lines,
+        recorded.trace_files,
+        if recorded_all { "equal" } else { "NOT equal" }
+    );
+    let json = json!({
+        "case": case.name,
+        "duration_s": secs,
+        "figures": figures,
+        "loadgen": report,
+        "recorded": recorded.to_json(),
+        "upstream_requests": upstream_requests,
+        "requests_completed": completed,
+        "proxy_cpu_us_per_request": cpu_us_per_req,
+        "response_bytes_per_call_direct": direct_response,
+    });
+    Ok(GrowthRun {
+        figures,
+        json,
+        recorded_all,
+    })
+}
+
 fn find<'a>(rows: &'a [Row], case: &str, mode: &str) -> Option<&'a Row> {
     rows.iter().find(|r| r.case.name == case && r.mode == mode)
 }
@@ -942,7 +1246,7 @@ fn targets(
 ) -> Vec<Target> {
     let mut out = Vec::new();
     for case in ["json c16", "json c64", "stream c16"] {
-        let (Some(i), n) = (find(rows, case, "intercept"), find(rows, case, "nginx")) else {
+        let (Some(i), n) = (find(rows, case, PROXY), find(rows, case, "nginx")) else {
             continue;
         };
         match n {
@@ -972,7 +1276,7 @@ fn targets(
         }
     }
     if let (Some(i), Some(d)) = (
-        find(rows, "json c16", "intercept"),
+        find(rows, "json c16", PROXY),
         find(rows, "json c16", "direct"),
     ) {
         let added = i.lat("p99") - d.lat("p99");
@@ -984,7 +1288,7 @@ fn targets(
         ));
     }
     if let (Some(i), Some(d)) = (
-        find(rows, "stream c16", "intercept"),
+        find(rows, "stream c16", PROXY),
         find(rows, "stream c16", "direct"),
     ) {
         let added = i.ttfb("p50") - d.ttfb("p50");
@@ -1029,6 +1333,98 @@ fn targets(
     out
 }
 
+/// The recording targets, on `intercept serve --trace-dir`: its throughput and CPU against
+/// nginx's, the growth case's flatness and memory per recorded call, and every call
+/// proxied once and recorded.
+fn serve_targets(rows: &[Row], growth: Option<&Growth>, recorded_all: bool) -> Vec<Target> {
+    const RPS_GOAL: f64 = 0.95;
+    const CPU_GOAL: f64 = 1.25;
+    let mut out = Vec::new();
+    for case in ["json c16", "json c64", "stream c16"] {
+        let Some(s) = find(rows, case, SERVE) else {
+            continue;
+        };
+        let Some(n) = find(rows, case, "nginx") else {
+            out.push(Target::new(
+                &format!("{case}: {SERVE} throughput vs nginx"),
+                "≥ 0.95×",
+                "nginx absent".into(),
+                None,
+            ));
+            continue;
+        };
+        let r = s.rps() / n.rps();
+        out.push(Target::new(
+            &format!("{case}: {SERVE} throughput vs nginx"),
+            "≥ 0.95×",
+            format!("{r:.2}× ({:.0} vs {:.0} req/s)", s.rps(), n.rps()),
+            Some(r >= RPS_GOAL),
+        ));
+        if let (Some(a), Some(b)) = (s.cpu_us_per_req, n.cpu_us_per_req) {
+            out.push(Target::new(
+                &format!("{case}: {SERVE} CPU per request vs nginx"),
+                "≤ 1.25×",
+                format!("{:.2}× ({a:.1} vs {b:.1} µs)", a / b),
+                Some(a / b <= CPU_GOAL),
+            ));
+        }
+    }
+    match growth {
+        Some(g) => {
+            out.push(Target::new(
+                "growth: req/s of the last window vs the first",
+                "≥ 0.90×",
+                format!(
+                    "{:.2}× ({:.0} vs {:.0} req/s, {} s windows)",
+                    g.last_over_first, g.last_rps, g.first_rps, g.window_s
+                ),
+                Some(g.flat()),
+            ));
+            out.push(Target::new(
+                "growth: RSS per recorded call vs its bytes",
+                "≤ 1.3× request+response",
+                format!(
+                    "{:.2}× ({:.0} vs {:.0} bytes; RSS {:.0} → {:.0} MiB over {} calls)",
+                    g.memory_over_raw,
+                    g.rss_bytes_per_call,
+                    g.raw_bytes_per_call,
+                    g.rss_start_kib as f64 / 1024.0,
+                    g.rss_end_kib as f64 / 1024.0,
+                    g.calls
+                ),
+                Some(g.lean()),
+            ));
+        }
+        None => {
+            for name in [
+                "growth: req/s of the last window vs the first",
+                "growth: RSS per recorded call vs its bytes",
+            ] {
+                out.push(Target::new(
+                    name,
+                    "",
+                    "not run (--growth-secs 0)".into(),
+                    None,
+                ));
+            }
+        }
+    }
+    out.push(Target::new(
+        &format!("{SERVE}: every request proxied and recorded"),
+        "upstream = completed = recorded",
+        if recorded_all {
+            "equal in every run: upstream requests, calls in its sessions, lines in its trace files"
+                .to_owned()
+        } else {
+            "MISMATCH in some run (see the lines above)".to_owned()
+        },
+        Some(recorded_all),
+    ));
+    out.into_iter()
+        .map(|t| t.in_group(Group::Recording))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1037,7 +1433,7 @@ mod tests {
     fn the_median_round_is_reported() {
         let row = |rps: f64| Row {
             case: CASES[1],
-            mode: "intercept",
+            mode: PROXY,
             report: json!({"rps": rps, "ok": 1, "errors": 0}),
             cpu_us_per_req: None,
             upstream_requests: 1,
@@ -1049,6 +1445,67 @@ mod tests {
             Some(100.0)
         );
         assert!(median_round(std::iter::empty()).is_none());
+    }
+
+    fn row(case: Case, mode: &'static str, rps: f64, cpu: f64) -> Row {
+        Row {
+            case,
+            mode,
+            report: json!({"rps": rps, "ok": 1, "errors": 0}),
+            cpu_us_per_req: Some(cpu),
+            upstream_requests: 1,
+        }
+    }
+
+    #[test]
+    fn serve_targets_compare_the_sidecar_with_nginx() {
+        let rows = vec![
+            row(CASES[1], SERVE, 95.0, 12.5),
+            row(CASES[1], "nginx", 100.0, 10.0),
+            row(CASES[2], SERVE, 94.0, 12.6),
+            row(CASES[2], "nginx", 100.0, 10.0),
+            row(CASES[3], PROXY, 200.0, 5.0),
+        ];
+        let g = Growth::new(
+            &Intervals {
+                width_s: 1.0,
+                window_s: 3.0,
+                ok: vec![100, 100, 95],
+            },
+            1.0,
+            (1024, 2048),
+            1024,
+            800.0,
+        );
+        let t = serve_targets(&rows, Some(&g), true);
+        assert!(t.iter().all(|t| t.group == Group::Recording));
+        let met: Vec<(&str, Option<bool>)> = t.iter().map(|t| (t.name.as_str(), t.met)).collect();
+        assert_eq!(
+            met,
+            [
+                ("json c16: intercept-serve throughput vs nginx", Some(true)),
+                (
+                    "json c16: intercept-serve CPU per request vs nginx",
+                    Some(true)
+                ),
+                ("json c64: intercept-serve throughput vs nginx", Some(false)),
+                (
+                    "json c64: intercept-serve CPU per request vs nginx",
+                    Some(false)
+                ),
+                ("growth: req/s of the last window vs the first", Some(true)),
+                // 1 MiB over 1024 calls of 800 bytes: 1.28×.
+                ("growth: RSS per recorded call vs its bytes", Some(true)),
+                (
+                    "intercept-serve: every request proxied and recorded",
+                    Some(true)
+                ),
+            ]
+        );
+        let t = serve_targets(&rows[..1], None, false);
+        let met: Vec<Option<bool>> = t.iter().map(|t| t.met).collect();
+        assert_eq!(met, [None, None, None, Some(false)]);
+        assert_eq!(case_tag(CASES[3]), "stream-c16");
     }
 
     #[test]

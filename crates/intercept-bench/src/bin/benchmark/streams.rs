@@ -492,7 +492,7 @@ fn cpu_per_chunk(rows: &[Value], target: &str, n: Option<u64>) -> Option<(u64, f
     Some((n, mean("proxy_cpu_us_per_chunk"), mean("proxy_core_busy")))
 }
 
-/// The target, from the intercept rows at 10,000 streams.
+/// The slow-stream target, from the intercept rows at 10,000 streams.
 pub(super) fn target(streams: Option<&Value>) -> Target {
     let goal = "10000 ok, ≤ 1.2×, wave 2 reuses";
     let Some(s) = streams else {
