@@ -218,12 +218,18 @@ async fn every_route_and_error() {
         "echo: hello"
     );
     let file = dir.path().join("rollout-b.jsonl");
+    // Appended by the writer within its flush interval (10 ms) of the call's end, before
+    // any release.
+    let waited = std::time::Instant::now();
+    while read_trace_file(&file).unwrap().records.is_empty() {
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(10),
+            "the record was not appended before release"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     let on_disk = read_trace_file(&file).unwrap();
-    assert_eq!(
-        on_disk.records.len(),
-        1,
-        "appended as the call ended, before release"
-    );
+    assert_eq!(on_disk.records.len(), 1);
     assert_eq!(on_disk.records[0].model, "policy-b");
     assert_eq!(on_disk.records[0].sampling["temperature"], 0.3);
 
