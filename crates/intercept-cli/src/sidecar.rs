@@ -179,6 +179,8 @@ impl ControlState {
             limiter_unavailable: intercept_tunnel::limiter_unavailable_total(),
             released_sessions: self.retained().0,
             released_trace_bytes: self.retained().1,
+            trace_queue_bytes: self.writer.as_ref().map_or(0, |w| w.queued_bytes()),
+            trace_lines_lost: self.writer.as_ref().map_or(0, |w| w.lost_lines()),
             endpoint_lost_sessions: self
                 .sessions
                 .lock()
@@ -413,8 +415,12 @@ impl Sidecar {
         let control_addr = listener.local_addr()?;
         let writer = match &config.trace_dir {
             Some(_) => Some(
-                TraceWriter::start(crate::jsonl::WriterConfig::default())
-                    .context("cannot start the trace writer")?,
+                TraceWriter::start(crate::jsonl::WriterConfig {
+                    max_queued_bytes: usize::try_from(config.trace_queue_bytes)
+                        .unwrap_or(usize::MAX),
+                    flush_interval: config.trace_flush,
+                })
+                .context("cannot start the trace writer")?,
             ),
             None => None,
         };
