@@ -230,6 +230,8 @@ struct Queue {
     urgent: bool,
     /// The writer is ending (or ended): lines are written by their caller.
     closing: bool,
+    /// The writer thread has ended (closed, or it panicked): nothing waits for it.
+    ended: bool,
 }
 
 struct Shared {
@@ -298,7 +300,7 @@ impl TraceWriter {
         }
         q.urgent = true;
         self.shared.wake.notify_one();
-        while q.done < target {
+        while q.done < target && !q.ended {
             self.shared.progress.wait(&mut q);
         }
     }
@@ -338,7 +340,7 @@ impl Shared {
         while q.bytes > 0 && q.bytes + len > self.config.max_queued_bytes && !q.closing {
             self.progress.wait(&mut q);
         }
-        if q.closing {
+        if q.closing || q.ended {
             // Nothing waits for the writer any more: write it here.
             drop(q);
             self.write(vec![Pending {
@@ -361,6 +363,22 @@ impl Shared {
 
     /// The writer thread.
     fn run(&self) {
+        /// However the thread ends, callers stop waiting for it and what it left queued
+        /// is written by the thread ending.
+        struct Ended<'a>(&'a Shared);
+        impl Drop for Ended<'_> {
+            fn drop(&mut self) {
+                let left = {
+                    let mut q = self.0.queue.lock();
+                    q.ended = true;
+                    q.closing = true;
+                    std::mem::take(&mut q.lines)
+                };
+                self.0.progress.notify_all();
+                self.0.write(left);
+            }
+        }
+        let _ended = Ended(self);
         loop {
             let batch = {
                 let mut q = self.queue.lock();
