@@ -8,7 +8,7 @@
 //! | `POST /v1/sessions` | `201` `{id, base_url, model_secret, state_secret, env}` |
 //! | `GET /v1/sessions` | `{"sessions": [{id, status, calls}]}` |
 //! | `GET /v1/sessions/{id}` | `{id, status, stop_condition, calls, usage, endpoint_lost}` |
-//! | `GET /v1/sessions/{id}/trace` | `{id, stop_condition, calls: [CallRecord]}`; of a released session read back from its trace file, or held in memory up to `released_trace_bytes` (410 once dropped) |
+//! | `GET /v1/sessions/{id}/trace` | `{id, stop_condition, calls: [CallRecord]}`; with a trace directory read back from the trace file (of a live session once the queued lines are written), without one held in memory (a released one up to `released_trace_bytes`, 410 once dropped) |
 //! | `GET /v1/sessions/{id}/episode` | the session's episode: `{session, nodes, branches, summary}` (see `intercept_core::episode`) |
 //! | `DELETE /v1/sessions/{id}` | releases the slot, returns the final trace (every `DELETE`, concurrent ones too, waits for the release to finish); with `?episode=true` also `episode`; with a trace folder, writes `<id>.episode.json` |
 //! | `GET /v1/interception` | `{shape, tunnel, load, servers: [{base_url, load, healthy}], pause: {paused, mode, epoch, inflight, held}}` |
