@@ -510,6 +510,25 @@ pub const SETTINGS: &[Setting] = &[
             traces are read back from their files.",
     },
     Setting {
+        key: "trace_queue_bytes",
+        value: "BYTES",
+        default: "67108864 (64 MiB)",
+        doc: "With `trace_dir`: most bytes of trace lines handed to the trace writer and not \
+            yet written. A call whose line does not fit waits in its record step until the \
+            writer made room (a slow or stopped disk slows the calls instead of growing \
+            memory). Also the most a crash of the process can lose (see \
+            [sidecar.md](sidecar.md#trace-files)).",
+    },
+    Setting {
+        key: "trace_flush_secs",
+        value: "SECS",
+        default: "0.01",
+        doc: "With `trace_dir`: longest time a trace line waits before the writer writes it \
+            (lines of every session that arrive meanwhile go in the same batch, one \
+            `writev` per file). A crash loses the lines of calls recorded in the last \
+            interval. A release, shutdown and reading a live trace write the queue first.",
+    },
+    Setting {
         key: "max_connections",
         value: "N",
         default: "16384",
@@ -712,6 +731,13 @@ pub struct ServeConfig {
     /// trace directory; the oldest are dropped first (their ids stay remembered).
     #[serde(deserialize_with = "value::bytes")]
     pub released_trace_bytes: usize,
+    /// With a trace directory: most bytes of lines queued for the trace writer (see
+    /// [`crate::jsonl::WriterConfig::max_queued_bytes`]).
+    #[serde(deserialize_with = "value::positive_bytes")]
+    pub trace_queue_bytes: u64,
+    /// With a trace directory: longest wait of a line before the writer writes it.
+    #[serde(rename = "trace_flush_secs", deserialize_with = "value::secs")]
+    pub trace_flush: Duration,
     /// Connections served at once by each harness port and by the control API (default
     /// 16,384; `None`, `0` in the settings: no cap).
     #[serde(deserialize_with = "value::connections")]
@@ -771,6 +797,8 @@ impl Default for ServeConfig {
             header_read_timeout: Some(Duration::from_secs(30)),
             released_retention: 4096,
             released_trace_bytes: 256 << 20,
+            trace_queue_bytes: 64 << 20,
+            trace_flush: Duration::from_millis(10),
             max_connections: Some(intercept_server::DEFAULT_MAX_CONNECTIONS),
             max_response_bytes: 256 << 20,
             upstream_write_idle: Some(Duration::from_secs(30)),
@@ -1878,6 +1906,8 @@ mod tests {
             ("shutdown_grace_secs", "soon"),
             ("released_retention", "-5"),
             ("released_trace_bytes", "256MiB"),
+            ("trace_queue_bytes", "0"),
+            ("trace_flush_secs", "-1"),
             ("max_response_bytes", "0"),
             ("max_connections", "-1"),
             ("max_connections", "many"),

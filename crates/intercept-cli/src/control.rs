@@ -8,7 +8,7 @@
 //! | `POST /v1/sessions` | `201` `{id, base_url, model_secret, state_secret, env}` |
 //! | `GET /v1/sessions` | `{"sessions": [{id, status, calls}]}` |
 //! | `GET /v1/sessions/{id}` | `{id, status, stop_condition, calls, usage, endpoint_lost}` |
-//! | `GET /v1/sessions/{id}/trace` | `{id, stop_condition, calls: [CallRecord]}`; of a released session read back from its trace file, or held in memory up to `released_trace_bytes` (410 once dropped) |
+//! | `GET /v1/sessions/{id}/trace` | `{id, stop_condition, calls: [CallRecord]}`; with a trace directory read back from the trace file (of a live session once the queued lines are written), without one held in memory (a released one up to `released_trace_bytes`, 410 once dropped) |
 //! | `GET /v1/sessions/{id}/episode` | the session's episode: `{session, nodes, branches, summary}` (see `intercept_core::episode`) |
 //! | `DELETE /v1/sessions/{id}` | releases the slot, returns the final trace (every `DELETE`, concurrent ones too, waits for the release to finish); with `?episode=true` also `episode`; with a trace folder, writes `<id>.episode.json` |
 //! | `GET /v1/interception` | `{shape, tunnel, load, servers: [{base_url, load, healthy}], pause: {paused, mode, epoch, inflight, held}}` |
@@ -390,7 +390,7 @@ async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
             }
             let path = dir.join(format!("{id}.jsonl"));
             match JsonlSink::create_new(&path) {
-                Ok(s) => Some(Arc::new(s)),
+                Ok(s) => state.writer.as_ref().map(|w| Arc::new(w.sink(s))),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     return error(Error::Conflict(format!(
                         "the trace file {} already exists (a rollout of an earlier run, or \
@@ -424,6 +424,8 @@ async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
             ),
     )
     .with_capture_tokens(request.capture_tokens)
+    // With a trace file, the file is the trace: no second copy in memory.
+    .with_calls_in_memory(sink.is_none())
     .with_sink(state.metrics.clone() as Arc<dyn RecordSink>);
     if let Some(sink) = &sink {
         session = session.with_sink(sink.clone() as Arc<dyn RecordSink>);
@@ -588,6 +590,17 @@ async fn final_trace(state: &ControlState, id: &str, last: &Last) -> Result<Vec<
             None => Err(gone(id, "trace", evicted(state))),
         };
     };
+    trace_from_file(dir, id, last.stop_condition.clone(), last.replays).await
+}
+
+/// A trace read back from `<dir>/<id>.jsonl`, each complete line spliced in as it was
+/// written.
+async fn trace_from_file(
+    dir: &std::path::Path,
+    id: &str,
+    stop_condition: Option<String>,
+    replays: u64,
+) -> Result<Vec<u8>, Resp> {
     let path = dir.join(format!("{id}.jsonl"));
     let text = tokio::fs::read(&path).await.map_err(|e| {
         gone(
@@ -598,9 +611,9 @@ async fn final_trace(state: &ControlState, id: &str, last: &Last) -> Result<Vec<
     })?;
     let mut out = intercept_core::Trace {
         id: id.to_owned(),
-        stop_condition: last.stop_condition.clone(),
+        stop_condition,
         calls: Vec::new(),
-        replays: last.replays,
+        replays,
     }
     .to_json_vec();
     // `{..., "calls":[]}`: the records go between the brackets.
@@ -648,6 +661,22 @@ async fn final_episode(state: &ControlState, id: &str, last: &Last) -> Result<Ve
 
 async fn trace(state: &ControlState, id: &str) -> Resp {
     match view_of(state, id) {
+        Some(View::Live(session)) if !session.calls_in_memory() => {
+            // The trace file is the trace: write what is queued, then read it back.
+            state.flush_traces().await;
+            let Some(dir) = &state.config.trace_dir else {
+                return respond(
+                    StatusCode::OK,
+                    "application/json",
+                    session.trace().to_json_vec(),
+                );
+            };
+            let stop = intercept_core::Session::stop_condition(&*session);
+            match trace_from_file(dir, id, stop, session.replays()).await {
+                Ok(body) => respond(StatusCode::OK, "application/json", body),
+                Err(resp) => resp,
+            }
+        }
         Some(View::Live(session)) => respond(
             StatusCode::OK,
             "application/json",

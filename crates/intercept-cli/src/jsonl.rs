@@ -1,21 +1,39 @@
 //! JSONL trace files: one [`CallRecord`] per line, appended as each call ends.
 //!
-//! A line is written with a single `write` of the whole line and its newline, so a crash
-//! can tear at most the last line. [`read_trace_file`] skips such a torn line (and any
-//! line that does not parse) and reports it, rather than merging it with the next one.
-//! Re-opening a file whose last line is torn first ends that line, so records appended
-//! later stay on lines of their own.
+//! [`JsonlSink`] appends each line with one `write` of the whole line and its newline,
+//! on the caller's thread. The sidecar instead hands lines to a [`TraceWriter`]: the
+//! call serialises its record into one buffer (sized by
+//! [`CallRecord::json_size_hint`]) and queues it; one writer thread per sidecar appends
+//! the queued lines, many per system call (`writev` of each file's lines, whole lines
+//! only). The queue is bounded in bytes ([`WriterConfig::max_queued_bytes`], counting
+//! lines until they are written): a call whose line does not fit waits until the writer
+//! made room, so a slow or stuck disk slows the calls down rather than growing memory.
+//! The writer waits at most [`WriterConfig::flush_interval`] after a line arrives before
+//! writing it (less when the queue is half full or a flush is asked for), so a crash
+//! loses the lines still queued: those of calls recorded in the last flush interval (plus
+//! the time of the write before), never more than the byte bound. A line that cannot be
+//! written (a full disk) is counted ([`TraceWriter::lost_lines`]) and logged with its
+//! file, never dropped silently; a line torn by a failed write is ended before the next
+//! line goes to that file.
+//!
+//! Either way a crash can tear at most the last line of a file. [`read_trace_file`] skips
+//! such a torn line (and any line that does not parse) and reports it, rather than
+//! merging it with the next one. Re-opening a file whose last line is torn first ends
+//! that line, so records appended later stay on lines of their own.
 //!
 //! When a session is released, [`write_episode`] writes its episode (the message graph,
 //! see [`intercept_core::episode`]) next to the trace as `<id>.episode.json`, through a
 //! temporary file and a rename, so a reader never sees half a document.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{IoSlice, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use intercept_core::{CallRecord, RecordSink, RolloutSession};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use tracing::warn;
 
 /// Writes `<dir>/<id>.episode.json` (the session's episode, pretty JSON) and returns its
@@ -50,6 +68,8 @@ pub(crate) fn save_episode(dir: Option<&Path>, session: &RolloutSession) {
 pub struct JsonlSink {
     path: PathBuf,
     file: Mutex<File>,
+    /// A failed write may have left part of a line: end it before the next one.
+    torn: AtomicBool,
 }
 
 impl JsonlSink {
@@ -74,6 +94,7 @@ impl JsonlSink {
         Ok(JsonlSink {
             path,
             file: Mutex::new(file),
+            torn: AtomicBool::new(false),
         })
     }
 
@@ -90,6 +111,7 @@ impl JsonlSink {
         Ok(JsonlSink {
             path,
             file: Mutex::new(file),
+            torn: AtomicBool::new(false),
         })
     }
 
@@ -102,6 +124,59 @@ impl JsonlSink {
     pub fn sync(&self) -> std::io::Result<()> {
         self.file.lock().sync_data()
     }
+
+    /// Appends whole lines (each ending in a newline) with as few `writev` calls as the
+    /// system allows. After a failure part of a line may be on disk: the next append
+    /// first ends it with a newline, so later lines stay whole.
+    fn append(&self, lines: &[&[u8]]) -> std::io::Result<()> {
+        let mut file = self.file.lock();
+        if self.torn.load(Ordering::Relaxed) {
+            file.write_all(b"\n")?;
+            self.torn.store(false, Ordering::Relaxed);
+        }
+        let result = write_all_vectored(&mut file, lines);
+        if result.is_err() {
+            self.torn.store(true, Ordering::Relaxed);
+        }
+        result
+    }
+}
+
+/// The most buffers one `writev` takes (Linux's `IOV_MAX`).
+const MAX_IOV: usize = 1024;
+
+/// Writes every byte of `lines`, in order, by `writev`.
+fn write_all_vectored(file: &mut File, lines: &[&[u8]]) -> std::io::Result<()> {
+    let (mut i, mut offset) = (0, 0);
+    let mut slices = Vec::with_capacity(lines.len().min(MAX_IOV));
+    while i < lines.len() {
+        slices.clear();
+        slices.push(IoSlice::new(&lines[i][offset..]));
+        slices.extend(
+            lines[i + 1..]
+                .iter()
+                .take(MAX_IOV - 1)
+                .map(|l| IoSlice::new(l)),
+        );
+        let mut n = match file.write_vectored(&slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        while n > 0 && i < lines.len() {
+            let rest = lines[i].len() - offset;
+            if n >= rest {
+                n -= rest;
+                i += 1;
+                offset = 0;
+            } else {
+                offset += n;
+                n = 0;
+            }
+        }
+    }
+    Ok(())
 }
 
 impl RecordSink for JsonlSink {
@@ -109,9 +184,281 @@ impl RecordSink for JsonlSink {
         let mut line = Vec::with_capacity(record.json_size_hint() + 1);
         record.write_json(&mut line);
         line.push(b'\n');
-        if let Err(e) = self.file.lock().write_all(&line) {
+        if let Err(e) = self.append(&[&line]) {
             warn!(session = %record.session, seq = record.seq, path = %self.path.display(), error = %e, "could not append the call record to the trace file");
         }
+    }
+}
+
+/// Settings of a [`TraceWriter`].
+#[derive(Debug, Clone, Copy)]
+pub struct WriterConfig {
+    /// Most bytes of lines handed in and not yet written; a call whose line does not fit
+    /// waits (a line longer than the bound is taken when nothing else is pending).
+    pub max_queued_bytes: usize,
+    /// Longest time a line waits in the queue before the writer writes it (when the
+    /// writer is not busy writing earlier lines).
+    pub flush_interval: Duration,
+}
+
+impl Default for WriterConfig {
+    /// 64 MiB and 10 ms.
+    fn default() -> Self {
+        WriterConfig {
+            max_queued_bytes: 64 << 20,
+            flush_interval: Duration::from_millis(10),
+        }
+    }
+}
+
+/// One line waiting for the writer.
+struct Pending {
+    file: Arc<JsonlSink>,
+    line: Vec<u8>,
+}
+
+#[derive(Default)]
+struct Queue {
+    lines: Vec<Pending>,
+    /// Bytes of lines handed in and not yet written (queued or being written).
+    bytes: usize,
+    /// Lines handed in, ever.
+    handed: u64,
+    /// Lines written (or failed), ever.
+    done: u64,
+    /// A flush waits: write without waiting for the flush interval.
+    urgent: bool,
+    /// The writer is ending (or ended): lines are written by their caller.
+    closing: bool,
+    /// The writer thread has ended (closed, or it panicked): nothing waits for it.
+    ended: bool,
+}
+
+struct Shared {
+    config: WriterConfig,
+    queue: Mutex<Queue>,
+    /// The writer waits on it for lines.
+    wake: Condvar,
+    /// Callers wait on it for room and flushes.
+    progress: Condvar,
+    lost: AtomicU64,
+}
+
+/// The trace files' writer: one thread that appends the lines every [`QueuedSink`] of it
+/// hands in (see the module docs).
+pub struct TraceWriter {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for TraceWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TraceWriter")
+            .field("config", &self.shared.config)
+            .field("lost", &self.lost_lines())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TraceWriter {
+    /// Starts the writer thread.
+    pub fn start(config: WriterConfig) -> std::io::Result<Arc<Self>> {
+        let shared = Arc::new(Shared {
+            config,
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            progress: Condvar::new(),
+            lost: AtomicU64::new(0),
+        });
+        let thread = std::thread::Builder::new()
+            .name("trace-writer".into())
+            .spawn({
+                let shared = shared.clone();
+                move || shared.run()
+            })?;
+        Ok(Arc::new(TraceWriter {
+            shared,
+            thread: Mutex::new(Some(thread)),
+        }))
+    }
+
+    /// A sink whose records this writer appends to `file`.
+    pub fn sink(self: &Arc<Self>, file: JsonlSink) -> QueuedSink {
+        QueuedSink {
+            file: Arc::new(file),
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Waits until every line handed in before this call is written (or failed). Blocks
+    /// the thread: from async code, call it on a blocking thread.
+    pub fn flush(&self) {
+        let mut q = self.shared.queue.lock();
+        let target = q.handed;
+        if q.done >= target {
+            return;
+        }
+        q.urgent = true;
+        self.shared.wake.notify_one();
+        while q.done < target && !q.ended {
+            self.shared.progress.wait(&mut q);
+        }
+    }
+
+    /// Writes what is queued and ends the writer thread; lines handed in later are
+    /// written by the caller, one `write` each. Blocks like [`TraceWriter::flush`].
+    pub fn close(&self) {
+        self.shared.queue.lock().closing = true;
+        self.shared.wake.notify_one();
+        if let Some(thread) = self.thread.lock().take() {
+            let _ = thread.join();
+        }
+    }
+
+    /// Lines that could not be written, ever (each also logged).
+    pub fn lost_lines(&self) -> u64 {
+        self.shared.lost.load(Ordering::Relaxed)
+    }
+
+    /// Bytes handed in and not yet written.
+    pub fn queued_bytes(&self) -> usize {
+        self.shared.queue.lock().bytes
+    }
+}
+
+impl Drop for TraceWriter {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl Shared {
+    /// Queues one line, waiting for room (see the module docs).
+    fn hand(&self, file: &Arc<JsonlSink>, line: Vec<u8>) {
+        let len = line.len();
+        let mut q = self.queue.lock();
+        while q.bytes > 0 && q.bytes + len > self.config.max_queued_bytes && !q.closing {
+            self.progress.wait(&mut q);
+        }
+        if q.closing || q.ended {
+            // Nothing waits for the writer any more: write it here.
+            drop(q);
+            self.write(vec![Pending {
+                file: file.clone(),
+                line,
+            }]);
+            return;
+        }
+        let was_empty = q.lines.is_empty();
+        q.lines.push(Pending {
+            file: file.clone(),
+            line,
+        });
+        q.bytes += len;
+        q.handed += 1;
+        if was_empty || q.bytes >= self.config.max_queued_bytes / 2 {
+            self.wake.notify_one();
+        }
+    }
+
+    /// The writer thread.
+    fn run(&self) {
+        /// However the thread ends, callers stop waiting for it and what it left queued
+        /// is written by the thread ending.
+        struct Ended<'a>(&'a Shared);
+        impl Drop for Ended<'_> {
+            fn drop(&mut self) {
+                let left = {
+                    let mut q = self.0.queue.lock();
+                    q.ended = true;
+                    q.closing = true;
+                    std::mem::take(&mut q.lines)
+                };
+                self.0.progress.notify_all();
+                self.0.write(left);
+            }
+        }
+        let _ended = Ended(self);
+        loop {
+            let batch = {
+                let mut q = self.queue.lock();
+                while q.lines.is_empty() {
+                    if q.closing {
+                        return;
+                    }
+                    self.wake.wait(&mut q);
+                }
+                let deadline = Instant::now() + self.config.flush_interval;
+                while !(q.urgent || q.closing || q.bytes >= self.config.max_queued_bytes / 2) {
+                    if self.wake.wait_until(&mut q, deadline).timed_out() {
+                        break;
+                    }
+                }
+                q.urgent = false;
+                std::mem::take(&mut q.lines)
+            };
+            let (count, bytes) = (
+                batch.len() as u64,
+                batch.iter().map(|p| p.line.len()).sum::<usize>(),
+            );
+            self.write(batch);
+            let mut q = self.queue.lock();
+            q.done += count;
+            q.bytes -= bytes;
+            self.progress.notify_all();
+        }
+    }
+
+    /// Appends a batch: each file's lines in the order they were handed in, one `writev`
+    /// per file (or more beyond [`MAX_IOV`] lines).
+    fn write(&self, mut batch: Vec<Pending>) {
+        // Stable: each file's lines keep their order.
+        batch.sort_by_key(|p| Arc::as_ptr(&p.file) as usize);
+        for run in batch.chunk_by(|a, b| Arc::ptr_eq(&a.file, &b.file)) {
+            let file = &run[0].file;
+            let lines: Vec<&[u8]> = run.iter().map(|p| p.line.as_slice()).collect();
+            if let Err(e) = file.append(&lines) {
+                self.lost.fetch_add(run.len() as u64, Ordering::Relaxed);
+                warn!(path = %file.path.display(), lines = run.len(), error = %e, "could not append call records to the trace file; they are lost");
+            }
+        }
+    }
+}
+
+/// A [`RecordSink`] that serialises each record on the caller's thread and queues the
+/// line for its [`TraceWriter`].
+pub struct QueuedSink {
+    file: Arc<JsonlSink>,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for QueuedSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuedSink")
+            .field("path", &self.file.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl QueuedSink {
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        self.file.path()
+    }
+
+    /// Forces what was written to stable storage (flush the writer first for what is
+    /// queued).
+    pub fn sync(&self) -> std::io::Result<()> {
+        self.file.sync()
+    }
+}
+
+impl RecordSink for QueuedSink {
+    fn on_record(&self, record: &CallRecord) {
+        let mut line = Vec::with_capacity(record.json_size_hint() + 1);
+        record.write_json(&mut line);
+        line.push(b'\n');
+        self.shared.hand(&self.file, line);
     }
 }
 
@@ -207,6 +554,147 @@ mod tests {
             [0, 1, 3]
         );
         assert_eq!(t.skipped, [3]);
+    }
+
+    fn writer(max_queued_bytes: usize, flush_interval: Duration) -> Arc<TraceWriter> {
+        TraceWriter::start(WriterConfig {
+            max_queued_bytes,
+            flush_interval,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn the_writer_keeps_each_files_order_and_a_flush_does_not_wait_for_the_interval() {
+        let dir = tempfile::tempdir().unwrap();
+        // An interval no test waits for: only the flush writes.
+        let w = writer(1 << 20, Duration::from_secs(3600));
+        let sinks: Vec<Arc<QueuedSink>> = (0..3)
+            .map(|i| {
+                let file = JsonlSink::create_new(dir.path().join(format!("{i}.jsonl"))).unwrap();
+                Arc::new(w.sink(file))
+            })
+            .collect();
+        std::thread::scope(|scope| {
+            for thread in 0..2u64 {
+                let sinks = &sinks;
+                scope.spawn(move || {
+                    for seq in 0..50 {
+                        for sink in sinks {
+                            sink.on_record(&record(thread * 1000 + seq));
+                        }
+                    }
+                });
+            }
+        });
+        assert!(
+            w.queued_bytes() > 0,
+            "nothing may be written before the interval"
+        );
+        let started = Instant::now();
+        w.flush();
+        assert!(started.elapsed() < Duration::from_secs(60));
+        assert_eq!(w.queued_bytes(), 0);
+        for i in 0..3 {
+            let t = read_trace_file(&dir.path().join(format!("{i}.jsonl"))).unwrap();
+            assert!(t.skipped.is_empty());
+            // Each thread's records, in the order it handed them.
+            for thread in 0..2u64 {
+                let seqs: Vec<u64> = t
+                    .records
+                    .iter()
+                    .map(|r| r.seq)
+                    .filter(|s| s / 1000 == thread)
+                    .collect();
+                assert_eq!(seqs, (0..50).map(|s| thread * 1000 + s).collect::<Vec<_>>());
+            }
+        }
+        w.close();
+        // After close, lines are written by the caller, at once.
+        sinks[0].on_record(&record(99));
+        let t = read_trace_file(&dir.path().join("0.jsonl")).unwrap();
+        assert_eq!(t.records.last().map(|r| r.seq), Some(99));
+    }
+
+    #[test]
+    fn the_interval_writes_without_a_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.jsonl");
+        let w = writer(1 << 20, Duration::from_millis(5));
+        let sink = w.sink(JsonlSink::create_new(&path).unwrap());
+        sink.on_record(&record(0));
+        let started = Instant::now();
+        while read_trace_file(&path).unwrap().records.is_empty() {
+            assert!(started.elapsed() < Duration::from_secs(60), "never written");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(w.lost_lines(), 0);
+    }
+
+    #[test]
+    fn a_full_disk_counts_the_lost_lines_and_blocks_nobody() {
+        let w = writer(1024, Duration::from_millis(1));
+        let sink = w.sink(JsonlSink::open("/dev/full").unwrap());
+        for seq in 0..20 {
+            sink.on_record(&record(seq));
+        }
+        w.flush();
+        assert_eq!(w.lost_lines(), 20);
+        assert_eq!(w.queued_bytes(), 0);
+    }
+
+    #[test]
+    fn a_stuck_disk_holds_callers_at_the_byte_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("slow");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        // Read and write: opening does not wait for a reader, and writes block once the
+        // pipe is full, as on a disk that stopped.
+        let target = JsonlSink::open(&fifo).unwrap();
+        let bound = 8 * 1024;
+        let w = writer(bound, Duration::from_millis(1));
+        let shared = w.shared.clone();
+        let file = Arc::new(target);
+        let lines = 1000;
+        let handed = Arc::new(AtomicU64::new(0));
+        let producer = std::thread::spawn({
+            let (shared, file, handed) = (shared.clone(), file.clone(), handed.clone());
+            move || {
+                for i in 0..lines {
+                    let mut line = format!("{i:07}").into_bytes();
+                    line.resize(999, b'x');
+                    line.push(b'\n');
+                    shared.hand(&file, line);
+                    handed.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        });
+        // The pipe holds 64 KiB, the queue 8: the caller waits well before its end.
+        std::thread::sleep(Duration::from_millis(300));
+        let stuck = handed.load(Ordering::SeqCst);
+        assert!(stuck < lines, "the caller was never held");
+        assert!(w.queued_bytes() <= bound, "{} queued", w.queued_bytes());
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            handed.load(Ordering::SeqCst),
+            stuck,
+            "held callers moved on"
+        );
+        // The disk comes back: everything arrives, whole and in order.
+        let mut reader = File::open(&fifo).unwrap();
+        let mut got = vec![0u8; lines as usize * 1000];
+        reader.read_exact(&mut got).unwrap();
+        producer.join().unwrap();
+        for (i, line) in got.chunks(1000).enumerate() {
+            assert_eq!(&line[..7], format!("{i:07}").as_bytes());
+            assert_eq!(line[999], b'\n');
+        }
+        w.flush();
+        assert_eq!(w.lost_lines(), 0);
     }
 
     #[test]

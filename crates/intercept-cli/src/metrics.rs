@@ -76,6 +76,10 @@ pub struct Gauges {
     pub released_sessions: usize,
     /// Bytes of released traces held in memory (bounded by `released_trace_bytes`).
     pub released_trace_bytes: usize,
+    /// Bytes of trace lines queued for the trace writer (bounded by `trace_queue_bytes`).
+    pub trace_queue_bytes: usize,
+    /// Trace lines the writer could not write.
+    pub trace_lines_lost: u64,
 }
 
 /// The sidecar's counters and histograms.
@@ -160,6 +164,18 @@ impl Metrics {
             "intercept_sessions_released_total",
             "Sessions released through the control API.",
             self.sessions_released.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "intercept_trace_lines_lost_total",
+            "Trace lines (call records) the trace writer could not append to their file (each failure is also logged).",
+            gauges.trace_lines_lost,
+        );
+        gauge(
+            &mut out,
+            "intercept_trace_queue_bytes",
+            "Bytes of trace lines handed to the trace writer and not yet written (bounded by trace_queue_bytes).",
+            gauges.trace_queue_bytes,
         );
         counter(
             &mut out,

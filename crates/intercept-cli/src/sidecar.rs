@@ -31,7 +31,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::config::{ServeConfig, TunnelSetting, UpstreamSetting};
-use crate::jsonl::JsonlSink;
+use crate::jsonl::{QueuedSink, TraceWriter};
 use crate::metrics::{Gauges, Metrics};
 use crate::tunnel::{CountedTunnels, TunnelCounters};
 
@@ -46,7 +46,7 @@ pub(crate) struct Held {
     pub(crate) session: Option<Arc<RolloutSession>>,
     /// `None` while the slot is being acquired and after release.
     pub(crate) guard: Option<SlotGuard>,
-    pub(crate) sink: Option<Arc<JsonlSink>>,
+    pub(crate) sink: Option<Arc<QueuedSink>>,
     pub(crate) released: bool,
     /// Set once the release finished: every `DELETE` waits for it, so each answers the
     /// final trace (also when `released_retention` forgets the session at once).
@@ -55,7 +55,7 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    pub(crate) fn new(session: Arc<RolloutSession>, sink: Option<Arc<JsonlSink>>) -> Self {
+    pub(crate) fn new(session: Arc<RolloutSession>, sink: Option<Arc<QueuedSink>>) -> Self {
         Held {
             session: Some(session),
             guard: None,
@@ -143,6 +143,8 @@ pub(crate) struct ControlState {
     pub(crate) default_network: NetworkPolicy,
     /// The interception (any shape), started.
     pub(crate) server: Arc<dyn Interception>,
+    /// The trace files' writer (with a trace directory).
+    pub(crate) writer: Option<Arc<TraceWriter>>,
     pub(crate) tunnels: Arc<TunnelCounters>,
     pub(crate) sessions: Mutex<HashMap<String, Held>>,
     pub(crate) retired: Mutex<Retired>,
@@ -177,6 +179,8 @@ impl ControlState {
             limiter_unavailable: intercept_tunnel::limiter_unavailable_total(),
             released_sessions: self.retained().0,
             released_trace_bytes: self.retained().1,
+            trace_queue_bytes: self.writer.as_ref().map_or(0, |w| w.queued_bytes()),
+            trace_lines_lost: self.writer.as_ref().map_or(0, |w| w.lost_lines()),
             endpoint_lost_sessions: self
                 .sessions
                 .lock()
@@ -240,9 +244,20 @@ impl ControlState {
         }
     }
 
+    /// Waits until the trace writer wrote every line handed in so far (nothing without a
+    /// trace directory).
+    pub(crate) async fn flush_traces(&self) {
+        if let Some(writer) = self.writer.clone() {
+            if let Err(e) = tokio::task::spawn_blocking(move || writer.flush()).await {
+                warn!(error = %e, "could not flush the trace writer");
+            }
+        }
+    }
+
     /// Finishes a release begun by taking `guard` (`DELETE` or shutdown): frees the slot
-    /// (in-flight calls are cancelled and record), writes the episode, syncs and closes
-    /// the trace file, keeps what stays readable and wakes every `DELETE` waiting.
+    /// (in-flight calls are cancelled and record), writes the session's queued lines,
+    /// writes the episode, syncs and closes the trace file, keeps what stays readable and
+    /// wakes every `DELETE` waiting.
     pub(crate) async fn finish_release(
         &self,
         id: &str,
@@ -251,6 +266,7 @@ impl ControlState {
     ) {
         guard.close().await;
         self.metrics.session_released();
+        self.flush_traces().await;
         let dir = self.config.trace_dir.as_deref();
         crate::jsonl::save_episode(dir, &session);
         let trace = session.trace();
@@ -267,7 +283,7 @@ impl ControlState {
         };
         let bytes = kept.as_ref().map_or(0, |(t, e)| t.len() + e.len());
         let last = Arc::new(Last {
-            calls: trace.calls.len(),
+            calls: session.calls(),
             stop_condition: trace.stop_condition.clone(),
             totals: session.totals(),
             replays: trace.replays,
@@ -397,6 +413,17 @@ impl Sidecar {
             }
         };
         let control_addr = listener.local_addr()?;
+        let writer = match &config.trace_dir {
+            Some(_) => Some(
+                TraceWriter::start(crate::jsonl::WriterConfig {
+                    max_queued_bytes: usize::try_from(config.trace_queue_bytes)
+                        .unwrap_or(usize::MAX),
+                    flush_interval: config.trace_flush,
+                })
+                .context("cannot start the trace writer")?,
+            ),
+            None => None,
+        };
         let token = config
             .control_token
             .clone()
@@ -407,6 +434,7 @@ impl Sidecar {
             default_upstream,
             default_model,
             server,
+            writer,
             tunnels,
             sessions: Mutex::new(HashMap::new()),
             retired: Mutex::new(Retired::default()),
@@ -506,6 +534,10 @@ impl Sidecar {
             .is_err()
         {
             warn!("releases begun by DELETE did not finish in time; their trace files may not be synced");
+        }
+        // Lines of calls recorded after their session's release (none is expected).
+        if let Some(writer) = self.state.writer.clone() {
+            let _ = tokio::task::spawn_blocking(move || writer.close()).await;
         }
         self.control_stop.cancel();
         self.control_tasks.wait().await;

@@ -218,12 +218,18 @@ async fn every_route_and_error() {
         "echo: hello"
     );
     let file = dir.path().join("rollout-b.jsonl");
+    // Appended by the writer within its flush interval (10 ms) of the call's end, before
+    // any release.
+    let waited = std::time::Instant::now();
+    while read_trace_file(&file).unwrap().records.is_empty() {
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(10),
+            "the record was not appended before release"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     let on_disk = read_trace_file(&file).unwrap();
-    assert_eq!(
-        on_disk.records.len(),
-        1,
-        "appended as the call ended, before release"
-    );
+    assert_eq!(on_disk.records.len(), 1);
     assert_eq!(on_disk.records[0].model, "policy-b");
     assert_eq!(on_disk.records[0].sampling["temperature"], 0.3);
 
@@ -528,4 +534,88 @@ async fn control_errors_carry_the_blame_and_retry_headers_of_every_error() {
         "{missing}"
     );
     sidecar.shutdown().await.unwrap();
+}
+
+/// With a flush interval no test waits for, only the flush points write the queued lines:
+/// reading a live trace, `DELETE`, and shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_trace_lines_are_written_before_a_trace_a_release_or_shutdown_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let sidecar = Sidecar::start(ServeConfig {
+        upstream: Some(UpstreamSetting::Mock),
+        trace_dir: Some(dir.path().to_owned()),
+        trace_flush: std::time::Duration::from_secs(3600),
+        ..ServeConfig::default()
+    })
+    .await
+    .unwrap();
+    let api = Api::new(&sidecar);
+    let mut envs = Vec::new();
+    for id in ["q-live", "q-deleted", "q-held"] {
+        let r = api
+            .req(Method::POST, "/v1/sessions", Some(json!({ "id": id })))
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED);
+        envs.push((id, r.json().unwrap()["env"].clone()));
+    }
+    for (id, env) in &envs {
+        for i in 0..3 {
+            let r = api.chat(env, &format!("{id} {i}")).await;
+            assert_eq!(r.status, StatusCode::OK);
+        }
+    }
+    let file = |id: &str| dir.path().join(format!("{id}.jsonl"));
+    // Queued, not written: the interval has not passed.
+    for (id, _) in &envs {
+        assert!(
+            read_trace_file(&file(id)).unwrap().records.is_empty(),
+            "{id}"
+        );
+    }
+    let metrics =
+        String::from_utf8(api.req(Method::GET, "/metrics", None).await.body.to_vec()).unwrap();
+    let queued = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("intercept_trace_queue_bytes "))
+        .unwrap();
+    assert_ne!(queued, "0", "{metrics}");
+
+    // A live trace is read back from the file, after the queue is written.
+    let trace = api
+        .req(Method::GET, "/v1/sessions/q-live/trace", None)
+        .await;
+    assert_eq!(trace.status, StatusCode::OK);
+    let trace = trace.json().unwrap();
+    let calls = trace["calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 3, "{trace}");
+    assert_eq!(
+        calls[2]["response"]["choices"][0]["message"]["content"],
+        "echo: q-live 2"
+    );
+    assert_eq!(read_trace_file(&file("q-live")).unwrap().records.len(), 3);
+
+    // More calls, queued again; DELETE answers them all, and the file has them.
+    let (_, deleted_env) = &envs[1];
+    assert_eq!(api.chat(deleted_env, "late").await.status, StatusCode::OK);
+    let held_env = &envs[2].1;
+    assert_eq!(api.chat(held_env, "last").await.status, StatusCode::OK);
+    let released = api
+        .req(Method::DELETE, "/v1/sessions/q-deleted", None)
+        .await;
+    assert_eq!(released.status, StatusCode::OK);
+    assert_eq!(
+        released.json().unwrap()["calls"].as_array().unwrap().len(),
+        4
+    );
+    assert_eq!(
+        read_trace_file(&file("q-deleted")).unwrap().records.len(),
+        4
+    );
+
+    // Shutdown writes what a session still held has queued.
+    assert_eq!(api.chat(held_env, "after").await.status, StatusCode::OK);
+    sidecar.shutdown().await.unwrap();
+    let held = read_trace_file(&file("q-held")).unwrap();
+    assert_eq!(held.records.len(), 5);
+    assert!(held.skipped.is_empty());
 }

@@ -201,7 +201,7 @@ impl CallRecord {
     /// request and response are copied in as they stand.
     pub fn write_json(&self, out: &mut Vec<u8>) {
         let start = out.len();
-        if let Err(e) = serde_json::to_writer(&mut *out, self) {
+        if let Err(e) = self.write_parts(out) {
             out.truncate(start);
             let replaced = CallRecord {
                 request: crate::body::JsonBody::empty(),
@@ -223,6 +223,67 @@ impl CallRecord {
                 out.extend_from_slice(b"{}");
             }
         }
+    }
+
+    /// The record as serde writes it, in three parts: the fields before `request`, the
+    /// two bodies copied in as they stand (the request's pieces one after the other,
+    /// without joining them first), and the fields after `response`. The request needs
+    /// no UTF-8 check: its source was checked when it was parsed and what was set since
+    /// is JSON (see [`JsonBody::set_raw`]); the response is checked.
+    fn write_parts(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+        let response = match &self.response {
+            Some(r) => Some(
+                std::str::from_utf8(r.bytes())
+                    .map_err(<serde_json::Error as serde::ser::Error>::custom)?,
+            ),
+            None => None,
+        };
+        serde_json::to_writer(
+            &mut *out,
+            &Head {
+                session: &self.session,
+                seq: self.seq,
+                dialect: self.dialect,
+                endpoint: &self.endpoint,
+                model: &self.model,
+                requested_model: &self.requested_model,
+                stream: self.stream,
+                sampling: &self.sampling,
+            },
+        )?;
+        out.pop(); // the closing brace
+        out.extend_from_slice(b",\"request\":");
+        for chunk in self.request.chunks() {
+            out.extend_from_slice(&chunk);
+        }
+        out.extend_from_slice(b",\"response\":");
+        out.extend_from_slice(response.map_or(&b"null"[..], str::as_bytes));
+        let tail = out.len();
+        serde_json::to_writer(
+            &mut *out,
+            &Tail {
+                finish_reason: &self.finish_reason,
+                usage: &self.usage,
+                status: self.status,
+                started_at: self.started_at,
+                ended_at: self.ended_at,
+                ttfb_ms: self.ttfb_ms,
+                client_disconnected: self.client_disconnected,
+                error: &self.error,
+                epoch: self.epoch,
+                engine: &self.engine,
+                token_capture: self.token_capture,
+                prompt_token_ids: &self.prompt_token_ids,
+                completion_token_ids: &self.completion_token_ids,
+                completion_logprobs: &self.completion_logprobs,
+                node: &self.node,
+                policy: &self.policy,
+                truncated: self.truncated,
+            },
+        )?;
+        // The tail's opening brace continues the object.
+        out[tail] = b',';
+        Ok(())
     }
 
     /// About how many bytes [`CallRecord::write_json`] writes: the bodies, plus room for
@@ -248,9 +309,116 @@ impl CallRecord {
     }
 }
 
+/// The fields of a [`CallRecord`] before `request`, as its `Serialize` writes them.
+#[derive(Serialize)]
+struct Head<'a> {
+    session: &'a str,
+    seq: u64,
+    dialect: DialectKind,
+    endpoint: &'a str,
+    model: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    requested_model: &'a Option<String>,
+    stream: bool,
+    sampling: &'a serde_json::Map<String, serde_json::Value>,
+}
+
+/// The fields of a [`CallRecord`] after `response`, as its `Serialize` writes them.
+#[derive(Serialize)]
+struct Tail<'a> {
+    finish_reason: &'a Option<String>,
+    usage: &'a Usage,
+    status: u16,
+    started_at: f64,
+    ended_at: f64,
+    ttfb_ms: Option<f64>,
+    client_disconnected: bool,
+    error: &'a Option<CallError>,
+    epoch: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    engine: &'a Option<String>,
+    #[serde(skip_serializing_if = "is_off")]
+    token_capture: TokenCapture,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_token_ids: &'a Option<Vec<u32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    completion_token_ids: &'a Option<Vec<u32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    completion_logprobs: &'a Option<Vec<f64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node: &'a Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    policy: &'a Option<crate::network::PolicyEvent>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    truncated: bool,
+}
+
 /// Seconds since the Unix epoch, as a float.
 pub fn epoch_seconds(t: std::time::SystemTime) -> f64 {
     t.duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn minimal() -> CallRecord {
+        serde_json::from_value(serde_json::json!({
+            "session": "s\"é", "seq": 3, "dialect": "chat_completions", "endpoint": "/chat/completions",
+            "model": "m", "stream": false, "sampling": {}, "request": {"model": "x"},
+            "response": null, "finish_reason": null, "usage": {"prompt_tokens": 1,
+            "completion_tokens": 2, "cached_input_tokens": 0, "reasoning_tokens": 0},
+            "status": 200, "started_at": 1.5, "ended_at": 2.25, "ttfb_ms": null, "error": null
+        }))
+        .expect("record")
+    }
+
+    #[test]
+    fn the_line_in_parts_is_what_serde_writes() {
+        let mut full = minimal();
+        full.requested_model = Some("asked".into());
+        full.stream = true;
+        full.sampling = serde_json::json!({"temperature": 0.5, "stop": ["\n"]})
+            .as_object()
+            .cloned()
+            .expect("map");
+        // A rewritten request: pieces of the source and set values.
+        full.request = JsonBody::parse(bytes::Bytes::from_static(
+            br#"{ "model" : "x", "messages": [{"role":"user","content":"h\u00e9"}], "n": 1 }"#,
+        ))
+        .expect("body");
+        full.request.set("model", "policy").expect("set");
+        full.request.set("temperature", &0.5).expect("set");
+        full.response = Some(RawJson::new(bytes::Bytes::from_static(
+            br#"{"choices": [ {"message": {"content": "ok"}} ]}"#,
+        )));
+        full.finish_reason = Some("stop".into());
+        full.ttfb_ms = Some(12.5);
+        full.client_disconnected = true;
+        full.error = Some(CallError {
+            kind: ErrorKind::UpstreamStatus,
+            message: "bad".into(),
+            status: 502,
+        });
+        full.epoch = 2;
+        full.engine = Some("http://e/v1".into());
+        full.token_capture = TokenCapture::Captured;
+        full.prompt_token_ids = Some(vec![1, 2]);
+        full.completion_token_ids = Some(vec![3]);
+        full.completion_logprobs = Some(vec![-0.25]);
+        full.node = Some(7);
+        full.policy = Some(crate::network::PolicyEvent::new(vec![
+            "tools[0].type".into()
+        ]));
+        full.truncated = true;
+        for record in [minimal(), full] {
+            let serde = serde_json::to_vec(&record).expect("serde");
+            assert_eq!(
+                String::from_utf8(record.to_json_vec()).expect("utf-8"),
+                String::from_utf8(serde).expect("utf-8")
+            );
+        }
+    }
 }

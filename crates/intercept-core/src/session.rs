@@ -569,9 +569,49 @@ impl Trace {
     }
 }
 
+/// The records a session keeps in memory, in chunks that are never moved: the first
+/// holds 8 records, each next one twice as many up to 256. Recording a call never
+/// reallocates (and copies) the records before it, so its cost does not grow with the
+/// trace, and a short trace does not reserve room for a long one.
+#[derive(Debug, Default)]
+struct Calls {
+    chunks: Vec<Vec<CallRecord>>,
+}
+
+impl Calls {
+    const FIRST: usize = 8;
+    const MOST: usize = 256;
+
+    fn push(&mut self, record: CallRecord) {
+        match self.chunks.last_mut() {
+            Some(chunk) if chunk.len() < chunk.capacity() => chunk.push(record),
+            last => {
+                let size = last.map_or(Self::FIRST, |c| (c.len() * 2).min(Self::MOST));
+                let mut chunk = Vec::with_capacity(size);
+                chunk.push(record);
+                self.chunks.push(chunk);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.chunks.iter().map(Vec::len).sum()
+    }
+
+    fn to_vec(&self) -> Vec<CallRecord> {
+        let mut out = Vec::with_capacity(self.len());
+        for chunk in &self.chunks {
+            out.extend(chunk.iter().cloned());
+        }
+        out
+    }
+}
+
 #[derive(Debug, Default)]
 struct Inner {
-    calls: Vec<CallRecord>,
+    calls: Calls,
+    /// Records made (also those not kept in memory).
+    recorded: usize,
     totals: Totals,
     stop: Option<StopReason>,
     state: serde_json::Value,
@@ -582,6 +622,10 @@ struct Inner {
 
 /// The ready session: imposes a model and sampling, enforces [`Limits`], keeps the
 /// trace in memory and forwards records to optional [`RecordSink`]s.
+///
+/// A session whose sinks store the records (a trace file) need not keep a second copy:
+/// with [`RolloutSession::with_calls_in_memory`]`(false)` it keeps only the count, the
+/// totals and the episode, and [`RolloutSession::trace`] has no calls.
 ///
 /// ```
 /// use intercept_core::{RolloutSession, SessionConfig, Upstream, Limits, Session};
@@ -600,6 +644,7 @@ struct Inner {
 pub struct RolloutSession {
     config: SessionConfig,
     capture_tokens: bool,
+    keep_calls: bool,
     sinks: Vec<Arc<dyn RecordSink>>,
     inner: Mutex<Inner>,
 }
@@ -610,9 +655,24 @@ impl RolloutSession {
         RolloutSession {
             config,
             capture_tokens: false,
+            keep_calls: true,
             sinks: Vec::new(),
             inner: Mutex::new(Inner::default()),
         }
+    }
+
+    /// Whether the records are kept in memory (the default) for [`RolloutSession::trace`].
+    /// Turn it off only when a sink stores them: the trace then has no calls, while the
+    /// count, the totals, the limits and the episode work as before.
+    pub fn with_calls_in_memory(mut self, keep: bool) -> Self {
+        self.keep_calls = keep;
+        self
+    }
+
+    /// Whether the records are kept in memory (see
+    /// [`RolloutSession::with_calls_in_memory`]).
+    pub fn calls_in_memory(&self) -> bool {
+        self.keep_calls
     }
 
     /// Adds a sink that sees every record.
@@ -632,13 +692,13 @@ impl RolloutSession {
         &self.config
     }
 
-    /// A copy of the trace so far.
+    /// A copy of the trace so far (without calls when they are not kept in memory).
     pub fn trace(&self) -> Trace {
         let inner = self.inner.lock();
         Trace {
             id: self.config.id.clone(),
             stop_condition: inner.stop.as_ref().map(|r| r.as_str().to_owned()),
-            calls: inner.calls.clone(),
+            calls: inner.calls.to_vec(),
             replays: inner.replays,
         }
     }
@@ -651,7 +711,12 @@ impl RolloutSession {
 
     /// The number of recorded calls.
     pub fn calls(&self) -> usize {
-        self.inner.lock().calls.len()
+        self.inner.lock().recorded
+    }
+
+    /// SDK retries answered without an upstream call.
+    pub fn replays(&self) -> u64 {
+        self.inner.lock().replays
     }
 
     /// Turn and token totals.
@@ -727,7 +792,10 @@ impl Session for RolloutSession {
         if record.error.is_none() {
             inner.totals.add(&record.usage);
         }
-        inner.calls.push(record);
+        inner.recorded += 1;
+        if self.keep_calls {
+            inner.calls.push(record);
+        }
     }
 
     fn stop_condition(&self) -> Option<String> {
@@ -825,6 +893,57 @@ mod tests {
         // A whole trace reads back as a `Trace`.
         let back: Trace = serde_json::from_slice(&trace.to_json_vec()).expect("trace");
         assert_eq!(back.calls.len(), 3);
+    }
+
+    #[test]
+    fn records_are_kept_in_chunks_that_never_move_and_in_order() {
+        let s = RolloutSession::new(SessionConfig::new("r", "m", Upstream::new("http://x/v1")));
+        let mut first_chunk = None;
+        for seq in 0..1000 {
+            s.record(call(seq));
+            let inner = s.inner.lock();
+            let ptr = inner.calls.chunks[0].as_ptr();
+            assert_eq!(
+                *first_chunk.get_or_insert(ptr),
+                ptr,
+                "the first records moved"
+            );
+            assert!(inner
+                .calls
+                .chunks
+                .iter()
+                .all(|c| c.capacity() <= Calls::MOST));
+        }
+        assert_eq!(s.calls(), 1000);
+        let trace = s.trace();
+        assert_eq!(
+            trace.calls.iter().map(|c| c.seq).collect::<Vec<_>>(),
+            (0..1000).collect::<Vec<_>>()
+        );
+        // 8 + 16 + ... + 256, then chunks of 256.
+        assert_eq!(
+            s.inner.lock().calls.chunks[..6]
+                .iter()
+                .map(Vec::capacity)
+                .collect::<Vec<_>>(),
+            [8, 16, 32, 64, 128, 256]
+        );
+    }
+
+    #[test]
+    fn without_calls_in_memory_the_count_totals_and_episode_stay() {
+        let s = RolloutSession::new(SessionConfig::new("r", "m", Upstream::new("http://x/v1")))
+            .with_calls_in_memory(false);
+        assert!(!s.calls_in_memory());
+        let mut c = call(0);
+        c.usage.completion_tokens = 7;
+        s.record(c);
+        s.record(call(1));
+        assert_eq!(s.calls(), 2);
+        assert!(s.trace().calls.is_empty());
+        assert_eq!(s.totals().turns, 2);
+        assert_eq!(s.totals().output_tokens, 7);
+        assert_eq!(s.episode().summary.calls, 2);
     }
 
     #[test]
