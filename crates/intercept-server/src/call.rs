@@ -625,9 +625,7 @@ impl Call {
                 outcome.status = 200;
                 outcome.client_disconnected = client_gone;
                 self.record(outcome);
-                let event = self
-                    .dialect
-                    .error_event(answered.status(), &answered.to_string());
+                let event = self.dialect.error_event(&answered);
                 send_or_cancel(tx, event, &self.entry.cancel).await;
             }
         }
@@ -933,7 +931,7 @@ impl Call {
         self.record(outcome);
         if let Some(reason) = stopped {
             let e = stopped_by_hook(&*self.entry.session, reason);
-            let event = self.dialect.error_event(e.status(), &e.to_string());
+            let event = self.dialect.error_event(&e);
             send_or_cancel(&tx, event, &cancel).await;
         } else if !client_gone {
             match assembled {
@@ -966,9 +964,7 @@ impl Call {
                         self.stop_on_context_length(&e)
                     };
                     // What was relayed before the failure goes out first.
-                    batch.extend_from_slice(
-                        &self.dialect.error_event(shown.status(), &shown.to_string()),
-                    );
+                    batch.extend_from_slice(&self.dialect.error_event(&shown));
                     send_or_cancel(&tx, batch.split().freeze(), &cancel).await;
                 }
             }
