@@ -518,37 +518,20 @@ async fn exchange<Io: AsyncRead + AsyncWrite + Unpin>(
                 }
             }
             let writing = write_error.is_none() && !out.is_done();
-            while !conn.buf.is_empty() {
-                let parsed = parse_head(&conn.buf).map_err(|error| Failed {
-                    error,
-                    unsent: false,
-                });
-                let Some((used, mut head)) = parsed? else {
-                    break;
-                };
-                conn.buf.advance(used);
-                if head.status.is_informational() {
-                    if head.status == StatusCode::SWITCHING_PROTOCOLS {
-                        return Poll::Ready(Err(Failed {
-                            error: invalid("the upstream switched protocols on a model call"),
-                            unsent: false,
-                        }));
+            match final_head(&mut conn.buf, &mut interim) {
+                Ok(Some(mut head)) => {
+                    if write_error.is_some() {
+                        head.keep_alive = false;
                     }
-                    interim += 1;
-                    if interim > MAX_INTERIM {
-                        return Poll::Ready(Err(Failed {
-                            error: invalid(format!(
-                                "the upstream sent over {MAX_INTERIM} interim (1xx) answers"
-                            )),
-                            unsent: false,
-                        }));
-                    }
-                    continue;
+                    return Poll::Ready(Ok(head));
                 }
-                if write_error.is_some() {
-                    head.keep_alive = false;
+                Ok(None) => {}
+                Err(error) => {
+                    return Poll::Ready(Err(Failed {
+                        error,
+                        unsent: false,
+                    }))
                 }
-                return Poll::Ready(Ok(head));
             }
             let unsent = write_error.is_some() || !out.is_done();
             let end = |error: io::Error, write_error: &mut Option<io::Error>| {
@@ -582,6 +565,31 @@ async fn exchange<Io: AsyncRead + AsyncWrite + Unpin>(
         }
     })
     .await
+}
+
+/// The final response head at the start of `buf`, past interim (`1xx`) answers
+/// (`interim` counts them across reads); `None` while it is incomplete.
+#[inline]
+fn final_head(buf: &mut BytesMut, interim: &mut usize) -> io::Result<Option<Head>> {
+    while !buf.is_empty() {
+        let Some((used, head)) = parse_head(buf)? else {
+            return Ok(None);
+        };
+        buf.advance(used);
+        if !head.status.is_informational() {
+            return Ok(Some(head));
+        }
+        if head.status == StatusCode::SWITCHING_PROTOCOLS {
+            return Err(invalid("the upstream switched protocols on a model call"));
+        }
+        *interim += 1;
+        if *interim > MAX_INTERIM {
+            return Err(invalid(format!(
+                "the upstream sent over {MAX_INTERIM} interim (1xx) answers"
+            )));
+        }
+    }
+    Ok(None)
 }
 
 fn invalid(message: impl Into<String>) -> io::Error {
