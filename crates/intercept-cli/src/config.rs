@@ -1194,17 +1194,18 @@ impl ServeConfig {
     /// The network policy of sessions created without one (`network_allow`,
     /// `network_block`, `network_on_violation`).
     pub fn network(&self) -> Result<NetworkPolicy, ConfigError> {
+        let inconsistent = |key: &'static str| {
+            move |message: String| ConfigError::Inconsistent {
+                key: key.into(),
+                message,
+            }
+        };
+        // The allow list alone first, so a failure names the list that has it.
+        let none: [&str; 0] = [];
+        NetworkPolicy::new(&self.network_allow, &none).map_err(inconsistent("network_allow"))?;
         NetworkPolicy::new(&self.network_allow, &self.network_block)
             .map(|p| p.with_on_violation(self.network_on_violation))
-            .map_err(|message| ConfigError::Inconsistent {
-                key: if message.starts_with("network.block") {
-                    "network_block"
-                } else {
-                    "network_allow"
-                }
-                .into(),
-                message,
-            })
+            .map_err(inconsistent("network_block"))
     }
 }
 

@@ -9,28 +9,26 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use crate::upstream::UpstreamBody;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use intercept_core::capture::{CapturedTokens, TokenCollector};
 use intercept_core::record::epoch_seconds;
 use intercept_core::redact::Redactor;
-use intercept_core::sse::{SseEvent, SseSplitter};
 use intercept_core::{
-    Assembled, CallError, CallInfo, CallRecord, Dialect, Error, HookAction, JsonBody, Prepared,
-    RawJson, Relay, Session, StopReason, Summary, TokenCapture,
+    CallError, CallInfo, CallRecord, Dialect, Error, HookAction, JsonBody, Prepared, RawJson,
+    Session, StopReason, Summary, TokenCapture,
 };
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::sleep_until;
 use tracing::{debug, warn};
 
 use crate::http_body::ResponseBody;
 use crate::registry::{Entry, InflightGuard};
 use crate::respond::{error_response, json_response};
 use crate::server::Shared;
-use crate::upstream::{read_all, ReadError, UpstreamClient};
+use crate::upstream::{read_all, ReadError, UpstreamBody, UpstreamClient};
+
+mod stream;
 
 /// The keepalive written while an upstream stream is silent: a bare comment line
 /// without the blank line that would close an event.
@@ -225,25 +223,30 @@ pub(crate) fn stopped_by_hook(session: &dyn Session, reason: String) -> Error {
     Error::RolloutStopped(session.stop_reason().unwrap_or(reason))
 }
 
-/// Whether the response head of a stream went out.
-enum Head {
-    Pending(Reply),
-    Sent { client_gone: bool },
+/// A 2xx answer to a non-streamed call, read whole.
+struct JsonAnswer {
+    body: Bytes,
+    content_type: Option<HeaderValue>,
+    /// When the response head arrived.
+    head_at: Instant,
 }
 
-/// The head of a relayed event stream.
-fn sse_head(rx: mpsc::Receiver<Bytes>) -> Response<ResponseBody> {
-    let mut head = Response::new(ResponseBody::channel(rx));
-    let h = head.headers_mut();
-    h.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(
-        http::header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache"),
-    );
-    head
+/// A failed call: the error to record, the one the harness is answered, and whether the
+/// upstream's answer was cut off at `max_response_bytes`.
+struct Failed {
+    recorded: Error,
+    answered: Error,
+    truncated: bool,
+}
+
+impl Failed {
+    fn new(call: &Call, recorded: Error) -> Self {
+        Failed {
+            answered: call.answer(&recorded),
+            recorded,
+            truncated: false,
+        }
+    }
 }
 
 /// How the call ended, for the record.
@@ -350,6 +353,16 @@ impl Call {
             Error::RolloutConcluded
         } else {
             Error::Cancelled("the server is shutting down; retry on another server".into())
+        }
+    }
+
+    /// What the harness is told of a failure: a cancelled call's reply, a context-length
+    /// error as the stop it causes, any other error as it is.
+    fn answer(&self, e: &Error) -> Error {
+        if matches!(e, Error::Cancelled(_)) {
+            self.cancellation_reply()
+        } else {
+            self.stop_on_context_length(e)
         }
     }
 
@@ -471,73 +484,77 @@ impl Call {
         }
     }
 
+    /// Runs a non-streamed call: the upstream's answer is read whole, summarized and
+    /// served (or the failure answered); the call is recorded before the answer goes out.
     async fn run_json(mut self, reply: Reply) {
-        let cancel = self.entry.cancel.clone();
         let mut capture = self.capture.take();
-        let cut_off = std::sync::atomic::AtomicBool::new(false);
-        let work = async {
-            let (resp, head_at) = self.open().await?;
-            if !resp.status().is_success() {
-                return Ok(Err(self.upstream_failure(resp).await));
-            }
-            let redactor = self.redactor();
-            let content_type = resp
-                .headers()
-                .get(http::header::CONTENT_TYPE)
-                .filter(|v| !redactor.is_active() || v.to_str().is_ok_and(|t| redactor.str(t) == t))
-                .cloned();
-            let limit = self.shared.config.max_response_bytes;
-            let body = read_all(resp.into_body(), limit)
-                .await
-                .map_err(|e| match e {
-                    ReadError::TooLarge { received, declared } => {
-                        cut_off.store(true, Ordering::Relaxed);
-                        too_large(limit, received, declared)
-                    }
-                    ReadError::Body(e) => Error::UpstreamUnavailable(format!(
-                        "the upstream connection broke mid-response: {e}"
-                    )),
-                })?;
-            Ok(Ok((redactor.bytes(body), content_type, head_at)))
-        };
-        let result: Result<_, Error> = tokio::select! {
-            biased;
-            _ = cancel.cancelled() => Err(self.cancellation()),
-            r = work => r,
-        };
-        let (outcome, response) = match result {
-            Ok(Ok((body, content_type, head_at))) => match self.dialect.summarize(&body) {
-                Ok(summary) => {
-                    self.serve_json(body, content_type, head_at, summary, &mut capture)
-                        .await
-                }
-                Err(e) => {
-                    let answered = self.stop_on_context_length(&e);
-                    let outcome = Outcome::answered(&e, &answered);
-                    (outcome, error_response(&*self.dialect, &answered))
-                }
+        let (mut outcome, response) = match self.read_json().await {
+            Ok(answer) => match self.dialect.summarize(&answer.body) {
+                Ok(summary) => self.serve_json(answer, summary, &mut capture).await,
+                Err(e) => self.json_failure(Failed::new(&self, e)),
             },
-            Ok(Err((recorded, answered))) => {
-                let outcome = Outcome::answered(&recorded, &answered);
-                (outcome, error_response(&*self.dialect, &answered))
-            }
-            Err(e) => {
-                let answered = if matches!(e, Error::Cancelled(_)) {
-                    self.cancellation_reply()
-                } else {
-                    e.clone()
-                };
-                let mut outcome = Outcome::answered(&e, &answered);
-                outcome.truncated = cut_off.load(Ordering::Relaxed);
-                (outcome, error_response(&*self.dialect, &answered))
-            }
+            Err(failed) => self.json_failure(failed),
         };
-        let disconnected = reply.is_closed();
-        let mut outcome = outcome;
-        outcome.client_disconnected = disconnected;
+        outcome.client_disconnected = reply.is_closed();
         outcome.tokens = capture.map(TokenCollector::finish);
         self.record(outcome);
         let _ = reply.send(response);
+    }
+
+    /// The upstream's 2xx answer, read whole, unless the call is cancelled first.
+    async fn read_json(&self) -> Result<JsonAnswer, Failed> {
+        tokio::select! {
+            biased;
+            _ = self.entry.cancel.cancelled() => Err(Failed::new(self, self.cancellation())),
+            r = self.fetch_json() => r,
+        }
+    }
+
+    /// Sends the request and reads the answer: a 2xx body (up to `max_response_bytes`,
+    /// redacted) with its content type, or the failure.
+    async fn fetch_json(&self) -> Result<JsonAnswer, Failed> {
+        let (resp, head_at) = self.open().await.map_err(|e| Failed::new(self, e))?;
+        if !resp.status().is_success() {
+            let (recorded, answered) = self.upstream_failure(resp).await;
+            return Err(Failed {
+                recorded,
+                answered,
+                truncated: false,
+            });
+        }
+        let redactor = self.redactor();
+        let content_type = resp
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .filter(|v| !redactor.is_active() || v.to_str().is_ok_and(|t| redactor.str(t) == t))
+            .cloned();
+        let limit = self.shared.config.max_response_bytes;
+        let body = read_all(resp.into_body(), limit)
+            .await
+            .map_err(|e| match e {
+                ReadError::TooLarge { received, declared } => Failed {
+                    truncated: true,
+                    ..Failed::new(self, too_large(limit, received, declared))
+                },
+                ReadError::Body(e) => Failed::new(
+                    self,
+                    Error::UpstreamUnavailable(format!(
+                        "the upstream connection broke mid-response: {e}"
+                    )),
+                ),
+            })?;
+        Ok(JsonAnswer {
+            body: redactor.bytes(body),
+            content_type,
+            head_at,
+        })
+    }
+
+    /// A failed non-streamed call: the outcome to record and the error answer.
+    fn json_failure(&self, failed: Failed) -> (Outcome, Response<ResponseBody>) {
+        let mut outcome = Outcome::answered(&failed.recorded, &failed.answered);
+        outcome.truncated = failed.truncated;
+        (outcome, error_response(&*self.dialect, &failed.answered))
     }
 
     /// A 2xx JSON answer and its summary: token capture strips what the harness did not
@@ -545,12 +562,15 @@ impl Call {
     /// record and the answer to send.
     async fn serve_json(
         &mut self,
-        body: Bytes,
-        content_type: Option<HeaderValue>,
-        head_at: Instant,
+        answer: JsonAnswer,
         summary: Summary,
         capture: &mut Option<TokenCollector>,
     ) -> (Outcome, Response<ResponseBody>) {
+        let JsonAnswer {
+            body,
+            content_type,
+            head_at,
+        } = answer;
         // Token capture: the harness (and the record's `response`) get the
         // reply without what the harness did not ask for.
         let body = match capture {
@@ -602,378 +622,6 @@ impl Call {
             }
             (outcome, resp)
         }
-    }
-
-    /// Ends a stream that failed before relaying began: an HTTP error when the response
-    /// head is not sent yet, else a dialect-shaped SSE error event.
-    async fn fail_stream(
-        &self,
-        head: Head,
-        tx: &mpsc::Sender<Bytes>,
-        recorded: &Error,
-        answered: Error,
-    ) {
-        let mut outcome = Outcome::failed(recorded);
-        match head {
-            Head::Pending(reply) => {
-                outcome = Outcome::answered(recorded, &answered);
-                outcome.client_disconnected = reply.is_closed();
-                self.record(outcome);
-                let _ = reply.send(error_response(&*self.dialect, &answered));
-            }
-            Head::Sent { client_gone } => {
-                outcome.status = 200;
-                outcome.client_disconnected = client_gone;
-                self.record(outcome);
-                let event = self
-                    .dialect
-                    .error_event(answered.status(), &answered.to_string());
-                send_or_cancel(tx, event, &self.entry.cancel).await;
-            }
-        }
-    }
-
-    async fn run_stream(mut self, reply: Reply) {
-        let mut capture = self.capture.take();
-        let cancel = self.entry.cancel.clone();
-        let keepalive = self.shared.config.keepalive;
-        let (tx, rx) = mpsc::channel::<Bytes>(self.shared.config.stream_buffer.max(1));
-        let mut rx = Some(rx);
-        let mut head = Head::Pending(reply);
-        // Slow first byte: past the threshold, answer 200 and keep the connection alive
-        // with keepalive comments (tunnels cut requests without response headers).
-        let early_at = tokio::time::Instant::now() + self.shared.config.first_byte_timeout;
-        let mut next_keepalive: Option<tokio::time::Instant> = None;
-        let open = self.open();
-        tokio::pin!(open);
-        let opened = loop {
-            tokio::select! {
-                biased;
-                _ = cancel.cancelled() => break Err(self.cancellation()),
-                r = &mut open => break r,
-                _ = sleep_until(early_at), if matches!(head, Head::Pending(_)) => {
-                    if let (Head::Pending(reply), Some(rx)) = (std::mem::replace(&mut head, Head::Sent { client_gone: false }), rx.take()) {
-                        let gone = reply.send(sse_head(rx)).is_err();
-                        head = Head::Sent { client_gone: gone };
-                        debug!("slow first byte: stream answered early, keeping it alive");
-                    }
-                    next_keepalive = Some(tokio::time::Instant::now());
-                }
-                _ = sleep_until(next_keepalive.unwrap_or(early_at)), if next_keepalive.is_some() => {
-                    match send_or_cancel(&tx, Bytes::from_static(KEEPALIVE), &cancel).await {
-                        Sent::Queued => {}
-                        Sent::Gone => head = Head::Sent { client_gone: true },
-                        Sent::Cancelled => break Err(self.cancellation()),
-                    }
-                    next_keepalive = Some(tokio::time::Instant::now() + keepalive);
-                }
-            }
-        };
-        let (resp, _head_at) = match opened {
-            Ok(r) => r,
-            Err(e) => {
-                let answered = if matches!(e, Error::Cancelled(_)) {
-                    self.cancellation_reply()
-                } else {
-                    e.clone()
-                };
-                self.fail_stream(head, &tx, &e, answered).await;
-                return;
-            }
-        };
-        if !resp.status().is_success() {
-            let (recorded, answered) = self.upstream_failure(resp).await;
-            self.fail_stream(head, &tx, &recorded, answered).await;
-            return;
-        }
-        let content_type = resp
-            .headers()
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("no content type")
-            .to_ascii_lowercase();
-        let redactor = self.redactor();
-        if !content_type.starts_with("text/event-stream") {
-            let e = redactor.error(Error::UpstreamMalformed(format!(
-                "the upstream answered a streaming request with `{content_type}` instead of an event stream"
-            )));
-            self.fail_stream(head, &tx, &e, e.clone()).await;
-            return;
-        }
-        let mut client_gone = match head {
-            Head::Pending(reply) => match rx.take() {
-                Some(rx) => reply.send(sse_head(rx)).is_err(),
-                None => true,
-            },
-            Head::Sent { client_gone } => client_gone,
-        };
-        let grace = self.shared.config.disconnect_grace;
-        // Armed once the harness is gone: how long the upstream may still take.
-        let gone_timer = tokio::time::sleep(grace);
-        tokio::pin!(gone_timer);
-        if client_gone {
-            gone_timer
-                .as_mut()
-                .reset(tokio::time::Instant::now() + grace);
-        }
-
-        let keepalive = self.shared.config.keepalive;
-        let mut body = resp.into_body();
-        let driven = matches!(body, UpstreamBody::Driven(_));
-        let mut splitter = SseSplitter::new();
-        let mut assembler = self.dialect.assembler(&self.prepared);
-        let mut withheld: Vec<Bytes> = Vec::new();
-        let mut ttfb: Option<f64> = None;
-        let mut failure: Option<Error> = None;
-        // The keepalive timer is reset lazily: sending only notes the time, and the
-        // timer, when it fires, re-arms itself if something went out meanwhile.
-        let mut last_sent = tokio::time::Instant::now();
-        let keepalive_timer = tokio::time::sleep(keepalive);
-        tokio::pin!(keepalive_timer);
-        let mut events: Vec<Bytes> = Vec::new();
-        // Forwarded events of one read, sent to the harness as one piece.
-        let mut batch = bytes::BytesMut::new();
-        let mut upstream_done = false;
-        // Every byte of the stream counts against max_response_bytes: the events and
-        // the assembled record grow with it, and so would an endless line.
-        let limit = self.shared.config.max_response_bytes;
-        let mut received: u64 = 0;
-        let mut truncated = false;
-        let inspect = self.entry.session.inspects_responses();
-        let mut spool = crate::spool::Spool::new(self.shared.config.inspect_memory);
-
-        'relay: loop {
-            let frame = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => {
-                    failure = Some(self.cancellation());
-                    break 'relay;
-                }
-                _ = &mut gone_timer, if client_gone => {
-                    failure = Some(Error::ClientDisconnected(format!(
-                        "the harness disconnected and the upstream did not finish within {} s",
-                        grace.as_secs_f64()
-                    )));
-                    break 'relay;
-                }
-                _ = &mut keepalive_timer, if !client_gone => {
-                    let due = last_sent + keepalive;
-                    if tokio::time::Instant::now() >= due {
-                        match send_or_cancel(&tx, Bytes::from_static(KEEPALIVE), &cancel).await {
-                            Sent::Queued => {}
-                            Sent::Gone => {
-                                client_gone = true;
-                                gone_timer.as_mut().reset(tokio::time::Instant::now() + grace);
-                            }
-                            Sent::Cancelled => {
-                                failure = Some(self.cancellation());
-                                break 'relay;
-                            }
-                        }
-                        last_sent = tokio::time::Instant::now();
-                        keepalive_timer.as_mut().reset(last_sent + keepalive);
-                    } else {
-                        keepalive_timer.as_mut().reset(due);
-                    }
-                    continue 'relay;
-                }
-                f = body.frame() => f,
-            };
-            // Take what else the upstream already delivered, so a burst of events goes
-            // to the harness in one write (bounded, so relaying stays incremental).
-            let mut next = Some(frame);
-            let mut taken = 0usize;
-            let mut yielded = false;
-            while let Some(frame) = next.take() {
-                match frame {
-                    None => {
-                        upstream_done = true;
-                        events.extend(splitter.finish());
-                    }
-                    Some(Err(e)) => {
-                        failure = Some(Error::UpstreamUnavailable(format!(
-                            "the upstream stream broke: {e}"
-                        )));
-                    }
-                    Some(Ok(frame)) => {
-                        let mut first = false;
-                        if let Ok(data) = frame.into_data() {
-                            if ttfb.is_none() {
-                                ttfb = Some(ms_since(self.started, Instant::now()));
-                                first = true;
-                            }
-                            taken += data.len();
-                            received += data.len() as u64;
-                            if received > limit {
-                                truncated = true;
-                                failure = Some(too_large(limit, received, None));
-                                break;
-                            }
-                            splitter.push_bytes(data);
-                            while let Some(ev) = splitter.next_event() {
-                                events.push(ev);
-                            }
-                        }
-                        // The first bytes go out at once (time to first byte); later
-                        // events are gathered with what else has already arrived.
-                        if !first && taken < READY_BATCH_LIMIT {
-                            next = futures_util::FutureExt::now_or_never(body.frame());
-                            if next.is_none() && !yielded && !driven {
-                                // Let the upstream connection (a task of the pooled
-                                // client) hand over what it has already read: it passes
-                                // one frame at a time, so a burst reaches the harness
-                                // in one write, not one per event. A driven connection
-                                // is polled right here, by `body.frame()`.
-                                yielded = true;
-                                tokio::task::yield_now().await;
-                                next = futures_util::FutureExt::now_or_never(body.frame());
-                            }
-                            if next.is_some() {
-                                yielded = false;
-                            }
-                        }
-                    }
-                }
-            }
-            for ev in events.drain(..) {
-                // The upstream's key never reaches the harness or the record.
-                let ev = redactor.bytes(ev);
-                // Token capture: read ids and logprobs, relay the event without them.
-                let ev = match &mut capture {
-                    Some(c) => c.strip_event(&ev),
-                    None => ev,
-                };
-                let parsed = SseEvent::new(&ev);
-                if parsed.is_dataless() {
-                    // Comment-only or empty events are not relayed as they are (some
-                    // clients decode every event as JSON); a keepalive line stands in.
-                    batch.extend_from_slice(KEEPALIVE);
-                    continue;
-                }
-                match assembler.push(&parsed) {
-                    Relay::Forward | Relay::Withhold if inspect => {
-                        // Held back until the response hook has run.
-                        if let Err(e) = spool.push(ev).await {
-                            failure =
-                                Some(Error::Internal(format!("cannot buffer the stream: {e}")));
-                        }
-                    }
-                    Relay::Forward => batch.extend_from_slice(&ev),
-                    Relay::Withhold => withheld.push(ev),
-                    Relay::Drop => {}
-                }
-            }
-            // The last piece waits for the record, to go out with the withheld
-            // terminal event in one write.
-            let last = upstream_done && failure.is_none() && !inspect;
-            if !batch.is_empty() && !last {
-                let out = batch.split().freeze();
-                if !client_gone {
-                    match send_or_cancel(&tx, out, &cancel).await {
-                        Sent::Queued => {}
-                        Sent::Gone => {
-                            client_gone = true;
-                            gone_timer
-                                .as_mut()
-                                .reset(tokio::time::Instant::now() + grace);
-                        }
-                        Sent::Cancelled => failure = Some(self.cancellation()),
-                    }
-                    last_sent = tokio::time::Instant::now();
-                }
-            }
-            if failure.is_some() || upstream_done {
-                break;
-            }
-        }
-
-        // A call cut short (cancelled, disconnected, broken, ended early, too large) is
-        // recorded with what arrived of it, which is what was relayed.
-        let cut_short = (failure.is_some() || !assembler.saw_terminal()) && !truncated;
-        let mut partial = if cut_short { assembler.partial() } else { None };
-        let mut assembled: Result<Assembled, Error> = match failure {
-            Some(e) => Err(e),
-            None => assembler.finish(),
-        };
-        let mut rewritten: Option<serde_json::Value> = None;
-        let mut stopped: Option<String> = None;
-        if inspect {
-            if let Ok(a) = &assembled {
-                match self.response_hook(&a.response.to_value()).await {
-                    Ok(HookOutcome::Unchanged) => {}
-                    Ok(HookOutcome::Rewritten(v)) => rewritten = Some(v),
-                    Ok(HookOutcome::Stop(reason)) => stopped = Some(reason),
-                    Err(e) => assembled = Err(e),
-                }
-            }
-        }
-        let outcome = match &assembled {
-            Ok(a) => Outcome {
-                status: 200,
-                response: Some(a.response.clone()),
-                summary: a.summary.clone(),
-                ttfb_ms: ttfb,
-                client_disconnected: client_gone,
-                error: None,
-                tokens: None,
-                truncated: false,
-            },
-            Err(e) => {
-                let mut o = Outcome::failed(e);
-                o.response = partial.take();
-                o.truncated = truncated;
-                o.status = 200;
-                o.ttfb_ms = ttfb;
-                o.client_disconnected = client_gone;
-                o
-            }
-        };
-        let mut outcome = outcome;
-        outcome.tokens = capture.map(TokenCollector::finish);
-        self.record(outcome);
-        if let Some(reason) = stopped {
-            let e = stopped_by_hook(&*self.entry.session, reason);
-            let event = self.dialect.error_event(e.status(), &e.to_string());
-            send_or_cancel(&tx, event, &cancel).await;
-        } else if !client_gone {
-            match assembled {
-                Ok(_) if inspect => match rewritten {
-                    Some(v) => {
-                        for ev in self.dialect.synthesize_stream(&v) {
-                            if send_or_cancel(&tx, ev, &cancel).await != Sent::Queued {
-                                break;
-                            }
-                        }
-                    }
-                    None => {
-                        if let Err(e) = spool.replay(&tx, &cancel).await {
-                            warn!(error = ?e.to_string(), "could not replay a buffered stream");
-                        }
-                    }
-                },
-                Ok(_) => {
-                    for ev in withheld {
-                        batch.extend_from_slice(&ev);
-                    }
-                    if !batch.is_empty() {
-                        send_or_cancel(&tx, batch.split().freeze(), &cancel).await;
-                    }
-                }
-                Err(e) => {
-                    let shown = if matches!(e, Error::Cancelled(_)) {
-                        self.cancellation_reply()
-                    } else {
-                        self.stop_on_context_length(&e)
-                    };
-                    // What was relayed before the failure goes out first.
-                    batch.extend_from_slice(
-                        &self.dialect.error_event(shown.status(), &shown.to_string()),
-                    );
-                    send_or_cancel(&tx, batch.split().freeze(), &cancel).await;
-                }
-            }
-        }
-        drop(tx);
     }
 
     /// Runs the session's response hook on a complete response.
@@ -1087,54 +735,20 @@ pub(crate) async fn aux_call(
         Err(e) => return fail(e),
     };
     let (parts, body) = req.into_parts();
-    let bytes = match crate::server::read_body(
+    let request = match aux_request(
         &shared,
+        &*dialect,
+        &entry,
+        upstream_path,
+        &parts.headers,
         body,
-        Some(&entry.cancel),
-        "the request body",
     )
     .await
     {
-        Ok(b) => b,
-        Err(e) => return fail(e),
-    };
-    let mut body = match JsonBody::parse(bytes) {
-        Ok(b) => b,
-        Err(e) => return fail(e),
-    };
-    if let Err(e) = body.set("model", entry.session.model()) {
-        return fail(e);
-    }
-    if let Err(e) = crate::network::mediate(
-        &*dialect,
-        entry.session.network(),
-        entry.session.id(),
-        &mut body,
-    ) {
-        return fail(e);
-    }
-    let upstream = entry.session.upstream();
-    let engines = upstream.engines();
-    let engine = intercept_core::routing::pick(entry.session.id(), engines, |i| {
-        shared.engines.is_up(&engines[i])
-    })
-    .unwrap_or(0);
-    let request = match UpstreamClient::request(
-        &*dialect,
-        upstream,
-        engines
-            .get(engine)
-            .map_or(upstream.base_url.as_str(), String::as_str),
-        None,
-        upstream_path,
-        &parts.headers,
-        &body,
-    ) {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
-    let cancel = entry.cancel.clone();
-    let redactor = Redactor::new(upstream.api_key.as_deref());
+    let redactor = Redactor::new(entry.session.upstream().api_key.as_deref());
     let work = async {
         let resp = shared.upstream.send(request).await?;
         let status = resp.status();
@@ -1145,7 +759,7 @@ pub(crate) async fn aux_call(
     };
     let result = tokio::select! {
         biased;
-        _ = cancel.cancelled() => Err(Error::RolloutConcluded),
+        _ = entry.cancel.cancelled() => Err(Error::RolloutConcluded),
         r = work => r,
     };
     match result {
@@ -1157,4 +771,40 @@ pub(crate) async fn aux_call(
         )),
         Err(e) => fail(redactor.error(e)),
     }
+}
+
+/// The upstream request of an auxiliary call: the body read (the read ends when the
+/// rollout is released), the session's model imposed, network policy mediated, for the
+/// session's engine.
+async fn aux_request(
+    shared: &Shared,
+    dialect: &dyn Dialect,
+    entry: &Entry,
+    upstream_path: &str,
+    headers: &HeaderMap,
+    body: Incoming,
+) -> Result<http::Request<crate::http_body::SliceBody>, Error> {
+    let bytes =
+        crate::server::read_body(shared, body, Some(&entry.cancel), "the request body").await?;
+    let mut body = JsonBody::parse(bytes)?;
+    let session = &entry.session;
+    body.set("model", session.model())?;
+    crate::network::mediate(dialect, session.network(), session.id(), &mut body)?;
+    let upstream = session.upstream();
+    let engines = upstream.engines();
+    let engine =
+        intercept_core::routing::pick(session.id(), engines, |i| shared.engines.is_up(&engines[i]))
+            .unwrap_or(0);
+    let base_url = engines
+        .get(engine)
+        .map_or(upstream.base_url.as_str(), String::as_str);
+    UpstreamClient::request(
+        dialect,
+        upstream,
+        base_url,
+        None,
+        upstream_path,
+        headers,
+        &body,
+    )
 }

@@ -518,37 +518,20 @@ async fn exchange<Io: AsyncRead + AsyncWrite + Unpin>(
                 }
             }
             let writing = write_error.is_none() && !out.is_done();
-            while !conn.buf.is_empty() {
-                let parsed = parse_head(&conn.buf).map_err(|error| Failed {
-                    error,
-                    unsent: false,
-                });
-                let Some((used, mut head)) = parsed? else {
-                    break;
-                };
-                conn.buf.advance(used);
-                if head.status.is_informational() {
-                    if head.status == StatusCode::SWITCHING_PROTOCOLS {
-                        return Poll::Ready(Err(Failed {
-                            error: invalid("the upstream switched protocols on a model call"),
-                            unsent: false,
-                        }));
+            match final_head(&mut conn.buf, &mut interim) {
+                Ok(Some(mut head)) => {
+                    if write_error.is_some() {
+                        head.keep_alive = false;
                     }
-                    interim += 1;
-                    if interim > MAX_INTERIM {
-                        return Poll::Ready(Err(Failed {
-                            error: invalid(format!(
-                                "the upstream sent over {MAX_INTERIM} interim (1xx) answers"
-                            )),
-                            unsent: false,
-                        }));
-                    }
-                    continue;
+                    return Poll::Ready(Ok(head));
                 }
-                if write_error.is_some() {
-                    head.keep_alive = false;
+                Ok(None) => {}
+                Err(error) => {
+                    return Poll::Ready(Err(Failed {
+                        error,
+                        unsent: false,
+                    }))
                 }
-                return Poll::Ready(Ok(head));
             }
             let unsent = write_error.is_some() || !out.is_done();
             let end = |error: io::Error, write_error: &mut Option<io::Error>| {
@@ -584,6 +567,31 @@ async fn exchange<Io: AsyncRead + AsyncWrite + Unpin>(
     .await
 }
 
+/// The final response head at the start of `buf`, past interim (`1xx`) answers
+/// (`interim` counts them across reads); `None` while it is incomplete.
+#[inline]
+fn final_head(buf: &mut BytesMut, interim: &mut usize) -> io::Result<Option<Head>> {
+    while !buf.is_empty() {
+        let Some((used, head)) = parse_head(buf)? else {
+            return Ok(None);
+        };
+        buf.advance(used);
+        if !head.status.is_informational() {
+            return Ok(Some(head));
+        }
+        if head.status == StatusCode::SWITCHING_PROTOCOLS {
+            return Err(invalid("the upstream switched protocols on a model call"));
+        }
+        *interim += 1;
+        if *interim > MAX_INTERIM {
+            return Err(invalid(format!(
+                "the upstream sent over {MAX_INTERIM} interim (1xx) answers"
+            )));
+        }
+    }
+    Ok(None)
+}
+
 fn invalid(message: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, message.into())
 }
@@ -616,75 +624,17 @@ fn parse_head(buf: &[u8]) -> io::Result<Option<(usize, Head)>> {
     } else {
         Version::HTTP_11
     };
-    let mut keep_alive = version == Version::HTTP_11;
-    let mut close = false;
-    let mut chunked: Option<bool> = None;
-    let mut length: Option<u64> = None;
+    let mut framing = FramingHeaders::default();
     let mut headers = HeaderMap::with_capacity(resp.headers.len());
     for h in resp.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| invalid(format!("the upstream sent a bad header name `{}`", h.name)))?;
         let value = HeaderValue::from_bytes(h.value)
             .map_err(|_| invalid(format!("the upstream sent a bad `{name}` header value")))?;
-        if name == header::TRANSFER_ENCODING {
-            // The last coding decides: chunked is the only one that frames a body.
-            if let Some(last) = h.value.rsplit(|&b| b == b',').next() {
-                chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-            }
-        } else if name == header::CONTENT_LENGTH {
-            for part in h.value.split(|&b| b == b',') {
-                let n = std::str::from_utf8(part.trim_ascii())
-                    .ok()
-                    .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .ok_or_else(|| invalid("the upstream sent a bad content-length"))?;
-                if length.is_some_and(|l| l != n) {
-                    return Err(invalid("the upstream sent two different content-lengths"));
-                }
-                length = Some(n);
-            }
-        } else if name == header::CONNECTION {
-            for token in h.value.split(|&b| b == b',') {
-                let token = token.trim_ascii();
-                if token.eq_ignore_ascii_case(b"close") {
-                    // A `close` anywhere wins over any `keep-alive`.
-                    close = true;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") && version == Version::HTTP_10 {
-                    keep_alive = true;
-                }
-            }
-        }
+        framing.note(&name, h.value)?;
         headers.append(name, value);
     }
-    if close {
-        keep_alive = false;
-    }
-    let framing = if status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-    {
-        State::Length(0)
-    } else if let Some(chunked) = chunked {
-        if length.is_some() {
-            // Transfer-Encoding overrides Content-Length, but a message with both may
-            // be an attempt at response splitting: it is read by its transfer coding,
-            // relayed without the length, and its connection is closed after it
-            // (RFC 9112, section 6.3).
-            headers.remove(header::CONTENT_LENGTH);
-            keep_alive = false;
-        }
-        if chunked {
-            State::Chunked(Chunk::Size)
-        } else {
-            keep_alive = false;
-            State::UntilClose
-        }
-    } else if let Some(n) = length {
-        State::Length(n)
-    } else {
-        keep_alive = false;
-        State::UntilClose
-    };
+    let (framing, keep_alive) = framing.decide(status, version, &mut headers);
     Ok(Some((
         used,
         Head {
@@ -695,6 +645,92 @@ fn parse_head(buf: &[u8]) -> io::Result<Option<(usize, Head)>> {
             keep_alive,
         },
     )))
+}
+
+/// What the headers of a response head say of its body's framing and of its
+/// connection.
+#[derive(Debug, Default)]
+struct FramingHeaders {
+    /// Whether the last transfer coding is chunked, if there is a `Transfer-Encoding`.
+    chunked: Option<bool>,
+    length: Option<u64>,
+    /// `Connection: close` anywhere.
+    close: bool,
+    /// `Connection: keep-alive` (what an HTTP/1.0 answer needs to be reused).
+    keep_alive: bool,
+}
+
+impl FramingHeaders {
+    /// Notes one header of the head.
+    fn note(&mut self, name: &HeaderName, value: &[u8]) -> io::Result<()> {
+        if name == header::TRANSFER_ENCODING {
+            // The last coding decides: chunked is the only one that frames a body.
+            if let Some(last) = value.rsplit(|&b| b == b',').next() {
+                self.chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            }
+        } else if name == header::CONTENT_LENGTH {
+            for part in value.split(|&b| b == b',') {
+                let n = std::str::from_utf8(part.trim_ascii())
+                    .ok()
+                    .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(|| invalid("the upstream sent a bad content-length"))?;
+                if self.length.is_some_and(|l| l != n) {
+                    return Err(invalid("the upstream sent two different content-lengths"));
+                }
+                self.length = Some(n);
+            }
+        } else if name == header::CONNECTION {
+            for token in value.split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    self.close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    self.keep_alive = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The body's framing, and whether the connection may be reused after it.
+    fn decide(
+        self,
+        status: StatusCode,
+        version: Version,
+        headers: &mut HeaderMap,
+    ) -> (State, bool) {
+        // A `close` anywhere wins over any `keep-alive`, which only an HTTP/1.0 answer
+        // needs.
+        let mut keep_alive = !self.close && (version == Version::HTTP_11 || self.keep_alive);
+        let framing = if status.is_informational()
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+        {
+            State::Length(0)
+        } else if let Some(chunked) = self.chunked {
+            if self.length.is_some() {
+                // Transfer-Encoding overrides Content-Length, but a message with both
+                // may be an attempt at response splitting: it is read by its transfer
+                // coding, relayed without the length, and its connection is closed
+                // after it (RFC 9112, section 6.3).
+                headers.remove(header::CONTENT_LENGTH);
+                keep_alive = false;
+            }
+            if chunked {
+                State::Chunked(Chunk::Size)
+            } else {
+                keep_alive = false;
+                State::UntilClose
+            }
+        } else if let Some(n) = self.length {
+            State::Length(n)
+        } else {
+            keep_alive = false;
+            State::UntilClose
+        };
+        (framing, keep_alive)
+    }
 }
 
 /// Where a body's decoding is.

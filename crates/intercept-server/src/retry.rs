@@ -4,6 +4,10 @@
 //! Without it, a retry of a turn whose answer was lost in transit would sample again and
 //! record a second turn; a retry arriving while the first attempt still computes would
 //! start a second inference. Only non-streamed calls take part.
+//!
+//! The request path uses it at two points: `admit` (`server.rs`) asks [`replay`] before
+//! any refusal and [`claim`] once the call is admitted; `serve_json` (`call.rs`) keeps
+//! the served answer for later retries ([`FlightClaim::served`]).
 
 use std::sync::Arc;
 
@@ -111,7 +115,7 @@ struct InFlight {
 
 /// What to do with a non-streamed request.
 #[derive(Debug)]
-pub(crate) enum Decision {
+enum Decision {
     /// Wait for the identical attempt in flight.
     Coalesce(watch::Receiver<Flight>),
     /// Go upstream; resolve the claim with the outcome.
@@ -120,36 +124,83 @@ pub(crate) enum Decision {
 
 /// A non-streamed call's identity for retry matching.
 pub(crate) struct Attempt {
-    pub(crate) fingerprint: Fingerprint,
+    fingerprint: Fingerprint,
     /// The SDK marked it a retry.
-    pub(crate) marked: bool,
+    marked: bool,
 }
 
-/// The retry stage's first half, before any refusal: `Err` is the answer recorded for
-/// this very request (a marked retry of the last served body), to replay; otherwise the
-/// attempt, to [`coalesce_or_claim`] once the call is admitted.
-pub(crate) async fn replay_or_fingerprint(
+/// The retry stage's first half, before any refusal (a retried call that was served
+/// gets its answer even if the rollout stopped since): `Err` is the body served to this
+/// very request, replayed (the session's `on_replay` is told); otherwise the attempt,
+/// for [`claim`] once the call is admitted (`None`: a streamed call, which takes no part).
+pub(crate) async fn replay(
     entry: &Entry,
     headers: &HeaderMap,
     body: &intercept_core::JsonBody,
-) -> Result<Attempt, Bytes> {
+    stream: bool,
+) -> Result<Option<Attempt>, Bytes> {
+    if stream {
+        return Ok(None);
+    }
     let marked = is_marked_retry(headers);
     let fingerprint = Fingerprint::of(body.source()).await;
-    match replay(entry, &fingerprint, marked) {
-        Some(recorded) => {
+    match replay_served(entry, &fingerprint, marked) {
+        Some(served) => {
             tracing::debug!(session = entry.session.id(), "intercept replay");
-            Err(recorded)
+            entry.session.on_replay();
+            Err(served)
         }
-        None => Ok(Attempt {
+        None => Ok(Some(Attempt {
             fingerprint,
             marked,
-        }),
+        })),
+    }
+}
+
+/// The retry stage's second half, once the call is admitted: the claim on a new attempt
+/// (resolved by [`FlightClaim::served`], or as failed when dropped), or `Err`, an
+/// identical attempt in flight that a marked retry joins ([`Joined::answer`]).
+pub(crate) fn claim(
+    entry: &Arc<Entry>,
+    attempt: Option<Attempt>,
+) -> Result<Option<FlightClaim>, Joined> {
+    let Some(attempt) = attempt else {
+        return Ok(None);
+    };
+    match coalesce_or_claim(entry, attempt.fingerprint, attempt.marked) {
+        Decision::Claim(c) => Ok(Some(c)),
+        Decision::Coalesce(rx) => {
+            tracing::debug!(session = entry.session.id(), "intercept coalesce");
+            Err(Joined {
+                entry: entry.clone(),
+                rx,
+            })
+        }
+    }
+}
+
+/// An attempt in flight that a retry joined.
+#[derive(Debug)]
+pub(crate) struct Joined {
+    entry: Arc<Entry>,
+    rx: watch::Receiver<Flight>,
+}
+
+impl Joined {
+    /// Waits for the joined attempt: the body it was served (the session's `on_replay`
+    /// is told), or `None` if it failed.
+    pub(crate) async fn answer(self) -> Option<Bytes> {
+        let served = wait(self.rx).await;
+        if served.is_some() {
+            self.entry.session.on_replay();
+        }
+        served
     }
 }
 
 /// Replay check (before any refusal): a marked retry of the last served body gets the
 /// recorded response. A fresh identical request supersedes the record.
-pub(crate) fn replay(entry: &Entry, request: &Fingerprint, marked: bool) -> Option<Bytes> {
+fn replay_served(entry: &Entry, request: &Fingerprint, marked: bool) -> Option<Bytes> {
     let mut state = entry.retry.lock();
     match &state.last {
         Some((f, body)) if f.same(request) => {
@@ -164,11 +215,7 @@ pub(crate) fn replay(entry: &Entry, request: &Fingerprint, marked: bool) -> Opti
 }
 
 /// Coalesce with an attempt in flight (marked retries only) or claim a new one.
-pub(crate) fn coalesce_or_claim(
-    entry: &Arc<Entry>,
-    request: Fingerprint,
-    marked: bool,
-) -> Decision {
+fn coalesce_or_claim(entry: &Arc<Entry>, request: Fingerprint, marked: bool) -> Decision {
     let mut state = entry.retry.lock();
     if marked {
         if let Some(flight) = state.inflight.iter_mut().find(|f| f.request.same(&request)) {
@@ -239,7 +286,7 @@ impl Drop for FlightClaim {
 }
 
 /// Waits for a coalesced attempt: its body, or `None` if it failed.
-pub(crate) async fn wait(mut rx: watch::Receiver<Flight>) -> Option<Bytes> {
+async fn wait(mut rx: watch::Receiver<Flight>) -> Option<Bytes> {
     match rx.wait_for(|f| !matches!(f, Flight::Pending)).await {
         Ok(f) => match &*f {
             Flight::Served(b) => Some(b.clone()),

@@ -280,42 +280,8 @@ pub async fn serve_connections<S, B>(
     let refusal = Arc::new(over_capacity(options.max_connections.unwrap_or(0)));
     let closing = CancellationToken::new();
     tokio::pin!(shutdown);
-    // Failed accepts in a row (out of file descriptors): one warning when they start,
-    // one line when they end, and a growing pause between attempts, never a spin.
-    let mut failures: u64 = 0;
-    let mut backoff = ACCEPT_BACKOFF;
-    loop {
-        let (stream, peer) = tokio::select! {
-            biased;
-            _ = &mut shutdown => break,
-            r = listener.accept() => match r {
-                Ok(c) => {
-                    if failures > 0 {
-                        info!(failures, "accepting connections again");
-                        failures = 0;
-                        backoff = ACCEPT_BACKOFF;
-                    }
-                    c
-                }
-                Err(e) => {
-                    if failures == 0 {
-                        warn!(
-                            error = %e,
-                            "cannot accept connections (out of file descriptors?); \
-                             retrying with back-off until one succeeds"
-                        );
-                    }
-                    failures += 1;
-                    tokio::select! {
-                        biased;
-                        _ = &mut shutdown => break,
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
-                    continue;
-                }
-            },
-        };
+    let mut acceptor = Acceptor::new(listener);
+    while let Some((stream, peer)) = acceptor.next(shutdown.as_mut()).await {
         if options
             .max_connections
             .is_some_and(|max| connections.len() >= max)
@@ -358,13 +324,73 @@ pub async fn serve_connections<S, B>(
             }
         });
     }
-    drop(listener);
+    drop(acceptor);
     // Idle and partial connections close now; busy ones finish their work.
     closing.cancel();
     connections.close();
     refusing.close();
     connections.wait().await;
     refusing.wait().await;
+}
+
+/// Accepts connections. Failed accepts in a row (out of file descriptors) give one
+/// warning when they start, one line when they end, and a growing pause between
+/// attempts, never a spin.
+struct Acceptor {
+    listener: TcpListener,
+    /// Failed accepts in a row.
+    failures: u64,
+    backoff: Duration,
+}
+
+impl Acceptor {
+    fn new(listener: TcpListener) -> Self {
+        Acceptor {
+            listener,
+            failures: 0,
+            backoff: ACCEPT_BACKOFF,
+        }
+    }
+
+    /// The next connection, or `None` once `shutdown` completes.
+    async fn next(
+        &mut self,
+        mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    ) -> Option<(tokio::net::TcpStream, std::net::SocketAddr)> {
+        loop {
+            let accepted = tokio::select! {
+                biased;
+                _ = &mut shutdown => return None,
+                r = self.listener.accept() => r,
+            };
+            match accepted {
+                Ok(c) => {
+                    if self.failures > 0 {
+                        info!(failures = self.failures, "accepting connections again");
+                        self.failures = 0;
+                        self.backoff = ACCEPT_BACKOFF;
+                    }
+                    return Some(c);
+                }
+                Err(e) => {
+                    if self.failures == 0 {
+                        warn!(
+                            error = %e,
+                            "cannot accept connections (out of file descriptors?); \
+                             retrying with back-off until one succeeds"
+                        );
+                    }
+                    self.failures += 1;
+                }
+            }
+            tokio::select! {
+                biased;
+                _ = &mut shutdown => return None,
+                _ = tokio::time::sleep(self.backoff) => {}
+            }
+            self.backoff = (self.backoff * 2).min(ACCEPT_BACKOFF_MAX);
+        }
+    }
 }
 
 /// How a connection task ended.

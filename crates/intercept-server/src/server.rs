@@ -724,39 +724,24 @@ async fn admit(
             debug!(session = session.id(), error = ?e.to_string(), "call not admitted");
             fail(e)
         })?;
-    let retry = match stream {
-        true => None,
-        false => match crate::retry::replay_or_fingerprint(&entry, headers, body).await {
-            Ok(retry) => Some(retry),
-            Err(recorded) => {
-                session.on_replay();
-                return Err(json_response(StatusCode::OK, recorded));
-            }
-        },
-    };
+    let attempt = crate::retry::replay(&entry, headers, body, stream)
+        .await
+        .map_err(|served| json_response(StatusCode::OK, served))?;
     if entry.is_released() {
         return Err(fail(Error::RolloutConcluded));
     }
     if let Some(reason) = session.stop_reason() {
         return Err(fail(Error::RolloutStopped(reason)));
     }
-    let claim = match retry {
-        None => None,
-        Some(retry) => {
-            match crate::retry::coalesce_or_claim(&entry, retry.fingerprint, retry.marked) {
-                crate::retry::Decision::Claim(c) => Some(c),
-                crate::retry::Decision::Coalesce(rx) => {
-                    debug!(session = session.id(), "intercept coalesce");
-                    drop(guard);
-                    return Err(match crate::retry::wait(rx).await {
-                        Some(b) => {
-                            session.on_replay();
-                            json_response(StatusCode::OK, b)
-                        }
-                        None => fail(Error::UpstreamUnavailable("upstream attempt failed".into())),
-                    });
-                }
-            }
+    let claim = match crate::retry::claim(&entry, attempt) {
+        Ok(claim) => claim,
+        Err(joined) => {
+            // A joined retry does not keep the rollout unsealed while it waits.
+            drop(guard);
+            return Err(match joined.answer().await {
+                Some(served) => json_response(StatusCode::OK, served),
+                None => fail(Error::UpstreamUnavailable("upstream attempt failed".into())),
+            });
         }
     };
     if let Err(reason) = session.check() {

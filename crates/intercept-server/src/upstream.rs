@@ -104,6 +104,84 @@ impl http_body::Body for UpstreamBody {
     }
 }
 
+/// One read of an upstream body.
+#[derive(Debug)]
+pub(crate) enum Read {
+    /// Bytes of the body.
+    Data(Bytes),
+    /// A frame without data (trailers).
+    Other,
+    /// The body ended.
+    End,
+    /// The body broke off.
+    Broken(BodyError),
+}
+
+impl From<Option<Result<http_body::Frame<Bytes>, BodyError>>> for Read {
+    #[inline]
+    fn from(frame: Option<Result<http_body::Frame<Bytes>, BodyError>>) -> Self {
+        match frame {
+            None => Read::End,
+            Some(Err(e)) => Read::Broken(e),
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => Read::Data(data),
+                Err(_) => Read::Other,
+            },
+        }
+    }
+}
+
+impl UpstreamBody {
+    /// The body's next read, when the upstream sends it.
+    pub(crate) async fn read(&mut self) -> Read {
+        use http_body_util::BodyExt as _;
+        self.frame().await.into()
+    }
+
+    /// Hands `first`, then every read the connection already holds, to `take`, while
+    /// `take` wants more (it returns `true`) and fewer than `limit` bytes of data were
+    /// handed over: a burst of events reaches the harness in one write, and relaying
+    /// stays incremental. Never waits for the network.
+    ///
+    /// A driven connection is read right here, so what it holds is what was already
+    /// read from the socket. A pooled connection is read by a task of the client, which
+    /// hands its frames over one at a time: that task gets one turn of the scheduler to
+    /// pass on what it has already read, so a burst is taken whole, not one frame per
+    /// wake.
+    pub(crate) async fn burst(
+        &mut self,
+        first: Read,
+        limit: usize,
+        mut take: impl FnMut(Read) -> bool,
+    ) {
+        use futures_util::FutureExt as _;
+        use http_body_util::BodyExt as _;
+        let mut read = first;
+        let mut taken = 0usize;
+        loop {
+            if let Read::Data(data) = &read {
+                taken += data.len();
+            }
+            if !take(read) || taken >= limit {
+                return;
+            }
+            read = match self.frame().now_or_never() {
+                Some(frame) => frame.into(),
+                None => match self {
+                    UpstreamBody::Driven(_) => return,
+                    UpstreamBody::Pooled(_) => {
+                        tokio::task::yield_now().await;
+                        match self.frame().now_or_never() {
+                            Some(frame) => frame.into(),
+                            None => return,
+                        }
+                    }
+                },
+            };
+        }
+    }
+}
+
 impl fmt::Debug for UpstreamClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("UpstreamClient")

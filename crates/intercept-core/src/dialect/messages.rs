@@ -147,9 +147,9 @@ impl Dialect for MessagesDialect {
         Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
     }
 
-    fn error_event(&self, status: u16, message: &str) -> Bytes {
+    fn error_event(&self, error: &Error) -> Bytes {
         let mut out = b"event: error\ndata: ".to_vec();
-        out.extend_from_slice(&self.error_body(status, message));
+        out.extend_from_slice(&self.error_body(error.status(), &error.to_string()));
         out.extend_from_slice(b"\n\n");
         Bytes::from(out)
     }

@@ -160,10 +160,11 @@ pub trait Dialect: Send + Sync + fmt::Debug + 'static {
         Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
     }
 
-    /// The dialect's in-stream error event (what the official SDKs raise as an error).
-    fn error_event(&self, status: u16, message: &str) -> Bytes {
+    /// The dialect's in-stream error event for `error` (what the official SDKs raise as
+    /// an error): its status and text, and whatever else the dialect says of its kind.
+    fn error_event(&self, error: &Error) -> Bytes {
         let mut out = b"data: ".to_vec();
-        out.extend_from_slice(&self.error_body(status, message));
+        out.extend_from_slice(&self.error_body(error.status(), &error.to_string()));
         out.extend_from_slice(b"\n\n");
         Bytes::from(out)
     }

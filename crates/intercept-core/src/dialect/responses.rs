@@ -9,7 +9,7 @@ use super::{
 use crate::body::{JsonBody, RawJson};
 use crate::error::Error;
 use crate::record::Usage;
-use crate::session::Sampling;
+use crate::session::{Sampling, StopReason};
 use crate::sse::SseEvent;
 
 const SAMPLING_KEYS: &[&str] = &[
@@ -159,13 +159,17 @@ impl Dialect for ResponsesDialect {
     /// As OpenAI streams a failure: an `error` event (`type`, `code`, `message`,
     /// `param`), then the terminal `response.failed` whose `response.error` carries the
     /// same code and message (what Codex and the Agents SDK read).
-    fn error_event(&self, status: u16, message: &str) -> bytes::Bytes {
+    fn error_event(&self, error: &Error) -> bytes::Bytes {
+        let status = error.status();
+        let context_length = error.is_context_length()
+            || matches!(error, Error::RolloutStopped(StopReason::ContextLength));
         let code = match status {
             429 => "rate_limit_exceeded",
             500..=599 => "server_error",
-            _ if message.ends_with(": context_length") => "context_length_exceeded",
+            _ if context_length => "context_length_exceeded",
             _ => crate::error::error_type_for_status(status),
         };
+        let message = error.to_string();
         let error = json!({"type": "error", "code": code, "message": message, "param": null});
         let failed = json!({
             "type": "response.failed",
@@ -470,7 +474,7 @@ mod tests {
 
     #[test]
     fn error_event_is_native() {
-        let raw = ResponsesDialect.error_event(400, "rollout stopped: context_length");
+        let raw = ResponsesDialect.error_event(&Error::RolloutStopped(StopReason::ContextLength));
         let mut splitter = crate::sse::SseSplitter::new();
         splitter.push(&raw);
         let first = splitter.next_event().expect("error event");
@@ -488,11 +492,39 @@ mod tests {
         assert_eq!(v["response"]["status"], "failed");
         assert_eq!(v["response"]["error"]["code"], "context_length_exceeded");
         assert!(splitter.next_event().is_none());
-        splitter.push(&ResponsesDialect.error_event(503, "gone"));
+        splitter.push(&ResponsesDialect.error_event(&Error::UpstreamUnavailable("gone".into())));
         let first = splitter.next_event().expect("error event");
         let v: Value =
             serde_json::from_slice(&SseEvent::new(&first).data().expect("data")).expect("json");
         assert_eq!(v["code"], "server_error");
+    }
+
+    #[test]
+    fn error_event_code_follows_the_kind_not_the_text() {
+        let code = |e: Error| {
+            let mut splitter = crate::sse::SseSplitter::new();
+            splitter.push(&ResponsesDialect.error_event(&e));
+            let first = splitter.next_event().expect("error event");
+            let v: Value =
+                serde_json::from_slice(&SseEvent::new(&first).data().expect("data")).expect("json");
+            v["code"].as_str().expect("code").to_owned()
+        };
+        // A hook's stop condition that reads like a context-length stop is not one.
+        let hook = Error::RolloutStopped(StopReason::Hook("context_length".into()));
+        assert_eq!(code(hook), "invalid_request_error");
+        let upstream = Error::upstream_status(
+            400,
+            "This model's maximum context length is 8192 tokens".into(),
+            None,
+        );
+        assert_eq!(code(upstream), "context_length_exceeded");
+        assert_eq!(
+            code(Error::Paused {
+                retry_after_secs: 1,
+                held: false
+            }),
+            "rate_limit_exceeded"
+        );
     }
 
     #[test]
