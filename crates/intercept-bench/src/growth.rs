@@ -3,9 +3,12 @@
 //! seconds against the first), and how much memory does each recorded call keep
 //! against the bytes the call itself carried (its request and response bodies)?
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use crate::load::Intervals;
+use crate::procfs::CLOCK_TICKS_PER_SECOND;
 
 /// The growth case's goal for flatness: the last window's req/s at least this fraction
 /// of the first's.
@@ -116,6 +119,44 @@ pub fn raw_bytes_per_call(request_body_bytes: u64, response_bytes: u64, ok: u64)
     (ok > 0).then(|| request_body_bytes as f64 + response_bytes as f64 / ok as f64)
 }
 
+/// The CPU one thread name of the sidecar spent per request over a window.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ThreadCpu {
+    /// The thread name (`tokio-rt-worker`, `trace-writer`, …).
+    pub thread: String,
+    /// User CPU µs per request.
+    pub user_us: f64,
+    /// System CPU µs per request.
+    pub sys_us: f64,
+}
+
+/// CPU per request of each thread name between two samples of
+/// [`crate::procfs::thread_times`] (`(utime, stime)` ticks by name), over the `requests`
+/// completed in between; names that spent nothing are left out, and nothing is
+/// reported for no requests.
+pub fn thread_cpu_per_request(
+    before: &BTreeMap<String, (u64, u64)>,
+    after: &BTreeMap<String, (u64, u64)>,
+    requests: u64,
+) -> Vec<ThreadCpu> {
+    if requests == 0 {
+        return Vec::new();
+    }
+    let us = |ticks: u64| ticks as f64 * 1e6 / CLOCK_TICKS_PER_SECOND as f64 / requests as f64;
+    after
+        .iter()
+        .filter_map(|(name, &(user, sys))| {
+            let (user0, sys0) = before.get(name).copied().unwrap_or_default();
+            let (user, sys) = (user.saturating_sub(user0), sys.saturating_sub(sys0));
+            (user + sys > 0).then(|| ThreadCpu {
+                thread: name.clone(),
+                user_us: us(user),
+                sys_us: us(sys),
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,6 +218,36 @@ mod tests {
         assert_eq!(none.after_first_window_bytes_per_call, None);
         let unread = Growth::new(&intervals, 1.0, (0, 1), 5, 1.0).with_mid(None);
         assert_eq!(unread.after_first_window_bytes_per_call, None);
+    }
+
+    #[test]
+    fn thread_cpu_is_the_difference_per_request_by_name() {
+        let before = BTreeMap::from([
+            ("tokio-rt-worker".to_owned(), (100, 50)),
+            ("trace-writer".to_owned(), (1, 2)),
+            ("idle".to_owned(), (7, 7)),
+        ]);
+        let after = BTreeMap::from([
+            ("tokio-rt-worker".to_owned(), (200, 150)),
+            ("trace-writer".to_owned(), (1, 12)),
+            ("idle".to_owned(), (7, 7)),
+            ("new".to_owned(), (0, 1)),
+        ]);
+        // 100 ticks = 1 s over 10,000 requests = 100 µs each.
+        let cpu = thread_cpu_per_request(&before, &after, 10_000);
+        let by = |n: &str| cpu.iter().find(|c| c.thread == n).cloned();
+        assert_eq!(cpu.len(), 3, "{cpu:?}");
+        assert_eq!(
+            by("tokio-rt-worker").map(|c| (c.user_us, c.sys_us)),
+            Some((100.0, 100.0))
+        );
+        assert_eq!(
+            by("trace-writer").map(|c| (c.user_us, c.sys_us)),
+            Some((0.0, 10.0))
+        );
+        assert_eq!(by("new").map(|c| (c.user_us, c.sys_us)), Some((0.0, 1.0)));
+        assert!(by("idle").is_none());
+        assert!(thread_cpu_per_request(&before, &after, 0).is_empty());
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! What Linux says about a process: CPU time from `/proc/<pid>/stat`, memory from
-//! `/proc/<pid>/status`. Every function returns `None` where `/proc` is unavailable.
+//! What Linux says about a process: CPU time from `/proc/<pid>/stat` (and per thread
+//! from `/proc/<pid>/task/*/stat`), memory from `/proc/<pid>/status`. Every function
+//! returns `None` (or nothing) where `/proc` is unavailable.
 
 use std::time::Duration;
 
@@ -32,6 +33,33 @@ pub fn parse_stat_times(stat: &str) -> Option<(u64, u64)> {
 pub fn parse_stat_ppid(stat: &str) -> Option<u32> {
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The command name (field 2, a thread's name for a task) from the text of
+/// `/proc/<pid>/stat`.
+pub fn parse_stat_comm(stat: &str) -> Option<&str> {
+    Some(&stat[stat.find('(')? + 1..stat.rfind(')')?])
+}
+
+/// CPU time of the threads of process `pid` by thread name, threads of one name summed
+/// (a runtime's workers share a name): `(name, (utime, stime))` in clock ticks, sorted by
+/// name. Empty where `/proc` is unavailable.
+pub fn thread_times(pid: u32) -> std::collections::BTreeMap<String, (u64, u64)> {
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for task in tasks.filter_map(|t| t.ok()) {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        if let (Some(name), Some((user, sys))) = (parse_stat_comm(&stat), parse_stat_times(&stat)) {
+            let entry: &mut (u64, u64) = out.entry(name.to_owned()).or_default();
+            entry.0 += user;
+            entry.1 += sys;
+        }
+    }
+    out
 }
 
 /// Pids whose parent is `pid` (scans `/proc`).
@@ -82,6 +110,7 @@ mod tests {
         let stat = "42 (my (odd) proc) S 1 42 42 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 1 0";
         assert_eq!(parse_stat_times(stat), Some((250, 75)));
         assert_eq!(parse_stat_ppid(stat), Some(1));
+        assert_eq!(parse_stat_comm(stat), Some("my (odd) proc"));
     }
 
     #[test]
@@ -97,6 +126,8 @@ mod tests {
         if std::path::Path::new("/proc/self/stat").exists() {
             assert!(cpu_time(std::process::id()).is_some());
             assert!(self_rss_kib().is_some_and(|k| k > 0));
+            let threads = thread_times(std::process::id());
+            assert!(!threads.is_empty(), "no thread of this process is listed");
         }
     }
 }

@@ -80,10 +80,20 @@ pub fn sum_calls(list: &Value) -> Result<(u64, usize)> {
     Ok((calls, sessions.len()))
 }
 
-/// JSONL trace files in `dir` and the complete lines (one per recorded call) they hold.
-pub fn trace_lines(dir: &Path) -> Result<(usize, u64)> {
-    let mut files = 0;
-    let mut lines = 0;
+/// What the JSONL trace files of a folder hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TraceFiles {
+    /// `.jsonl` files.
+    pub files: usize,
+    /// Complete lines (one per recorded call).
+    pub lines: u64,
+    /// Bytes in all of them.
+    pub bytes: u64,
+}
+
+/// The JSONL trace files in `dir`: how many, their complete lines, their bytes.
+pub fn trace_lines(dir: &Path) -> Result<TraceFiles> {
+    let mut out = TraceFiles::default();
     for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
         let path = entry?.path();
         if path.extension().and_then(|e| e.to_str()) != Some("jsonl") {
@@ -91,10 +101,11 @@ pub fn trace_lines(dir: &Path) -> Result<(usize, u64)> {
         }
         let text =
             std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
-        files += 1;
-        lines += text.iter().filter(|&&b| b == b'\n').count() as u64;
+        out.files += 1;
+        out.lines += text.iter().filter(|&&b| b == b'\n').count() as u64;
+        out.bytes += text.len() as u64;
     }
-    Ok((files, lines))
+    Ok(out)
 }
 
 /// A control API client on one connection.
@@ -330,7 +341,14 @@ mod tests {
         // A torn last line is not a recorded call; other files are not traces.
         std::fs::write(dir.join("c.jsonl"), "{}\n{\"x\"").expect("c");
         std::fs::write(dir.join("c.episode.json"), "{}\n{}\n").expect("episode");
-        assert_eq!(trace_lines(&dir).expect("count"), (3, 3));
+        assert_eq!(
+            trace_lines(&dir).expect("count"),
+            TraceFiles {
+                files: 3,
+                lines: 3,
+                bytes: 6 + 7
+            }
+        );
         std::fs::remove_dir_all(&dir).expect("cleanup");
         assert!(trace_lines(&dir).is_err());
     }

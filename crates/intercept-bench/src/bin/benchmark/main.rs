@@ -44,6 +44,7 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use clap::Parser;
 use intercept_bench::growth::{self, Growth};
 use intercept_bench::load::Intervals;
+use intercept_bench::procfs;
 use serde_json::{json, Value};
 
 mod sidecar;
@@ -1084,18 +1085,25 @@ fn growth_case(
     ];
     let before_up = upstream.stats()?["requests"].as_u64().unwrap_or(0);
     let before_cpu = cpu_us(sidecar.pid());
+    // The sidecar's CPU by thread at each end of both windows.
+    let mut threads = vec![procfs::thread_times(sidecar.pid())];
     let started = Instant::now();
     let loadgen = env.start_loadgen(&args)?;
     // RSS and calls at the end of the first window: the growth after it is what each
     // further call keeps, without what the first calls set up once.
     std::thread::sleep(Duration::from_secs_f64(window));
+    threads.push(procfs::thread_times(sidecar.pid()));
     let mid = if started.elapsed().as_secs_f64() < secs {
         let rss = sidecar.rss_kib();
         sidecar.calls().ok().map(|calls| (rss, calls))
     } else {
         None
     };
+    let last_start = Duration::from_secs_f64((secs - window).max(0.0));
+    std::thread::sleep(last_start.saturating_sub(started.elapsed()));
+    threads.push(procfs::thread_times(sidecar.pid()));
     let report = finish_loadgen(loadgen)?;
+    threads.push(procfs::thread_times(sidecar.pid()));
     let after_cpu = cpu_us(sidecar.pid());
     let after_up = upstream.stats()?["requests"].as_u64().unwrap_or(0);
     let upstream_requests = after_up.saturating_sub(before_up);
@@ -1124,6 +1132,13 @@ fn growth_case(
     .with_mid(mid);
     let recorded_all = upstream_requests == completed && recorded.is(upstream_requests);
     let cpu_us_per_req = after_cpu.saturating_sub(before_cpu) as f64 / ok.max(1) as f64;
+    let per_window = (window / intervals.width_s.max(f64::MIN_POSITIVE)).round() as usize;
+    let first_ok: u64 = intervals.ok.iter().take(per_window).sum();
+    let last_ok: u64 = intervals.ok.iter().rev().take(per_window).sum();
+    let thread_cpu = [
+        growth::thread_cpu_per_request(&threads[0], &threads[1], first_ok),
+        growth::thread_cpu_per_request(&threads[2], &threads[3], last_ok),
+    ];
     println!(
         "  {ok} requests ({} errors) in {:.1} s; req/s per second: {}",
         report["errors"],
@@ -1158,6 +1173,15 @@ fn growth_case(
         figures.memory_over_raw,
         growth::MEMORY_GOAL
     );
+    println!(
+        "  CPU µs/req by thread, first {window} s → last {window} s: {}",
+        thread_cpu_lines(&thread_cpu[0], &thread_cpu[1])
+    );
+    println!(
+        "  memory the run touched: RSS +{:.0} MiB, trace files {:.0} MiB (in the page cache)",
+        rss_end.saturating_sub(rss_start) as f64 / 1024.0,
+        recorded.trace_bytes as f64 / (1024.0 * 1024.0)
+    );
     if let (Some((rss, calls)), Some(after)) = (mid, figures.after_first_window_bytes_per_call) {
         println!(
             "  after the first {window} s (RSS {:.1} MiB, {calls} calls): {after:.0} bytes per \
@@ -1183,6 +1207,7 @@ fn growth_case(
         "upstream_requests": upstream_requests,
         "requests_completed": completed,
         "proxy_cpu_us_per_request": cpu_us_per_req,
+        "thread_cpu_us_per_request": {"first": thread_cpu[0], "last": thread_cpu[1]},
         "response_bytes_per_call_direct": direct_response,
     });
     Ok(GrowthRun {
@@ -1190,6 +1215,30 @@ fn growth_case(
         json,
         recorded_all,
     })
+}
+
+/// `name user a → b, sys c → d` for each thread name of either window.
+fn thread_cpu_lines(first: &[growth::ThreadCpu], last: &[growth::ThreadCpu]) -> String {
+    let mut names: Vec<&str> = first
+        .iter()
+        .chain(last)
+        .map(|c| c.thread.as_str())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    let get = |of: &[growth::ThreadCpu], name: &str| {
+        of.iter()
+            .find(|c| c.thread == name)
+            .map_or((0.0, 0.0), |c| (c.user_us, c.sys_us))
+    };
+    names
+        .iter()
+        .map(|name| {
+            let ((u0, s0), (u1, s1)) = (get(first, name), get(last, name));
+            format!("{name} user {u0:.1} → {u1:.1}, sys {s0:.1} → {s1:.1}")
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn find<'a>(rows: &'a [Row], case: &str, mode: &str) -> Option<&'a Row> {

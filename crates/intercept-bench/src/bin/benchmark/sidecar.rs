@@ -52,6 +52,8 @@ pub(super) struct Recorded {
     pub(super) trace_lines: u64,
     /// Trace files in its trace folder.
     pub(super) trace_files: usize,
+    /// Bytes in its trace files.
+    pub(super) trace_bytes: u64,
 }
 
 impl Recorded {
@@ -65,6 +67,7 @@ impl Recorded {
             "calls": self.calls,
             "trace_lines": self.trace_lines,
             "trace_files": self.trace_files,
+            "trace_bytes": self.trace_bytes,
         })
     }
 }
@@ -166,11 +169,12 @@ impl Sidecar {
                 self.sessions
             );
         }
-        let (trace_files, trace_lines) = trace_lines(&self.trace_dir)?;
+        let files = trace_lines(&self.trace_dir)?;
         Ok(Recorded {
             calls,
-            trace_lines,
-            trace_files,
+            trace_lines: files.lines,
+            trace_files: files.files,
+            trace_bytes: files.bytes,
         })
     }
 
@@ -217,6 +221,7 @@ mod tests {
             calls: 10,
             trace_lines: 10,
             trace_files: 3,
+            trace_bytes: 1000,
         };
         assert!(r.is(10));
         assert!(!r.is(11));
