@@ -18,16 +18,16 @@ import os
 import subprocess
 import sys
 import tempfile
-import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import loadgen, make_sessions, start_upstream, stop_upstream  # noqa: E402
 
 
 def main() -> None:
     rel, kind, target = sys.argv[1], sys.argv[2], sys.argv[3]
     calls = int(sys.argv[4]) if len(sys.argv) > 4 else (2000 if kind == "json" else 1000)
     tmp = tempfile.mkdtemp(prefix="callgrind")
-    up = subprocess.Popen([f"{rel}/bench-upstream", "--threads", "1"], stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, text=True)
-    upstream = json.loads(up.stdout.readline())["base_url"]
+    up, upstream = start_upstream(rel)
     secrets = f"{tmp}/secrets.json"
     grind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out.%p"]
     if target in ("count", "trace", "episode"):
@@ -45,29 +45,13 @@ def main() -> None:
                                  stderr=subprocess.DEVNULL, text=True)
         ready = json.loads(proxy.stdout.readline())
         control, token = ready["control_url"].rstrip("/"), ready["token"]
-        keys, base = [], ""
-        for i in range(64):
-            req = urllib.request.Request(f"{control}/v1/sessions", method="POST",
-                                         data=json.dumps({"id": f"bench-{i}"}).encode(),
-                                         headers={"authorization": f"Bearer {token}",
-                                                  "content-type": "application/json"})
-            with urllib.request.urlopen(req, timeout=120) as r:
-                session = json.loads(r.read())
-            keys.append(session["model_secret"])
-            base = session["base_url"]
-        with open(secrets, "w") as f:
-            json.dump(keys, f)
-        url = base.rstrip("/") + "/v1/chat/completions"
+        url = make_sessions(control, token, 64, secrets)
     else:
         sys.exit(f"unknown target {target!r}")
     pid = glob.glob(f"{tmp}/cg.out.*")[0].rsplit(".", 1)[1]
 
     def load(count: int) -> None:
-        args = [f"{rel}/loadgen", "--url", url, "--secrets-file", secrets, "--connections", "4",
-                "--requests", str(count), "--duration", "600", "--threads", "1"]
-        if kind == "stream":
-            args.append("--stream")
-        subprocess.run(args, capture_output=True, check=True)
+        loadgen(rel, url, secrets, kind, count)
 
     load(200)
     subprocess.run(["callgrind_control", "-z", pid], capture_output=True, check=True)
@@ -75,9 +59,7 @@ def main() -> None:
     subprocess.run(["callgrind_control", "-d", pid], capture_output=True, check=True)
     proxy.terminate()
     proxy.wait(120)
-    up.stdin.write("quit\n")
-    up.stdin.flush()
-    up.wait(10)
+    stop_upstream(up)
     total = 0
     for name in glob.glob(f"{tmp}/cg.out.*.1"):
         with open(name) as f:

@@ -23,6 +23,9 @@ import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import loadgen, make_sessions, start_upstream, stop_upstream  # noqa: E402
+
 
 def proc_io(pid: int) -> dict:
     out = {}
@@ -47,9 +50,7 @@ def main() -> None:
     argv = [a for a in sys.argv if a != "--strace"]
     calls = int(argv[4]) if len(argv) > 4 else 20000
     tmp = tempfile.mkdtemp(prefix="recordcost")
-    up = subprocess.Popen([f"{rel}/bench-upstream", "--threads", "1"], stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, text=True)
-    upstream = json.loads(up.stdout.readline())["base_url"]
+    up, upstream = start_upstream(rel)
     args = [f"{rel}/intercept", "serve", "--upstream", upstream, "--model", "bench", "--log", "warn"]
     if target == "serve-dir":
         os.makedirs(f"{tmp}/traces")
@@ -59,25 +60,11 @@ def main() -> None:
     ready = json.loads(proxy.stdout.readline())
     control, token = ready["control_url"].rstrip("/"), ready["token"]
     auth = {"authorization": f"Bearer {token}", "content-type": "application/json"}
-    keys, base = [], ""
-    for i in range(64):
-        req = urllib.request.Request(f"{control}/v1/sessions", method="POST",
-                                     data=json.dumps({"id": f"bench-{i}"}).encode(), headers=auth)
-        with urllib.request.urlopen(req, timeout=120) as r:
-            session = json.loads(r.read())
-        keys.append(session["model_secret"])
-        base = session["base_url"]
     secrets = f"{tmp}/secrets.json"
-    with open(secrets, "w") as f:
-        json.dump(keys, f)
-    url = base.rstrip("/") + "/v1/chat/completions"
+    url = make_sessions(control, token, 64, secrets)
 
     def load(count: int) -> None:
-        a = [f"{rel}/loadgen", "--url", url, "--secrets-file", secrets, "--connections", "4",
-             "--requests", str(count), "--duration", "600", "--threads", "1"]
-        if kind == "stream":
-            a.append("--stream")
-        subprocess.run(a, capture_output=True, check=True)
+        loadgen(rel, url, secrets, kind, count)
 
     load(200)
     time.sleep(0.5)
@@ -105,9 +92,7 @@ def main() -> None:
                 raw += len(json.dumps(c[k], separators=(",", ":"), ensure_ascii=False).encode())
     proxy.terminate()
     proxy.wait(120)
-    up.stdin.write("quit\n")
-    up.stdin.flush()
-    up.wait(10)
+    stop_upstream(up)
     per_call = (rss1 - rss0) * 1024 / calls
     raw_per_call = raw / max(records, 1)
     print(json.dumps({

@@ -3,6 +3,8 @@
 // Helpers outside #[test] functions panic on purpose, like the tests themselves.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use http::{Method, StatusCode};
 use intercept_cli::client::{HttpClient, HttpResponse};
 use intercept_cli::config::{ServeConfig, UpstreamSetting};
@@ -39,20 +41,7 @@ impl Api {
     }
 
     async fn chat(&self, env: &Value, text: &str) -> HttpResponse {
-        let url = format!(
-            "{}/chat/completions",
-            env["OPENAI_BASE_URL"].as_str().unwrap()
-        );
-        let body = json!({"model": "x", "messages": [{"role": "user", "content": text}]});
-        self.client
-            .send(
-                Method::POST,
-                &url,
-                env["OPENAI_API_KEY"].as_str(),
-                Some(&body),
-            )
-            .await
-            .unwrap()
+        common::try_chat(&self.client, env, text).await.unwrap()
     }
 }
 

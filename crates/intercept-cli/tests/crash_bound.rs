@@ -24,20 +24,7 @@ const SESSIONS: usize = 4;
 
 /// One call of session `env`; returns when the harness has the whole answer.
 async fn call(http: &HttpClient, env: &Value, text: &str) {
-    let url = format!(
-        "{}/chat/completions",
-        env["OPENAI_BASE_URL"].as_str().unwrap()
-    );
-    let body = json!({"model": "x", "messages": [{"role": "user", "content": text}]});
-    let r = http
-        .send(
-            Method::POST,
-            &url,
-            env["OPENAI_API_KEY"].as_str(),
-            Some(&body),
-        )
-        .await
-        .unwrap();
+    let r = common::try_chat(http, env, text).await.unwrap();
     assert_eq!(
         r.status,
         StatusCode::OK,
@@ -75,18 +62,8 @@ async fn sigkill_loses_only_the_lines_of_the_last_flush_interval_and_tears_none(
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_intercept"));
-    command
-        .args([
-            "serve",
-            "--upstream",
-            &upstream.base_url(),
-            "--model",
-            "policy",
-            "--trace-dir",
-            dir.path().to_str().unwrap(),
-        ])
-        .env_clear();
+    let mut command = common::serve(&upstream.base_url(), "policy");
+    command.args(["--trace-dir", dir.path().to_str().unwrap()]);
     let mut serving = common::start(command).await;
     let http = HttpClient::new();
     let mut envs = Vec::new();

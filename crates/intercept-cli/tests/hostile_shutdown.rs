@@ -53,18 +53,10 @@ async fn sigterm_is_not_held_by_a_frozen_harness_or_partial_requests() {
     // Far more than the socket buffers and the relay's queue hold.
     upstream.push(Reply::text("word ".repeat(6_000_000)).with_chunks(20_000));
     let dir = tempfile::tempdir().unwrap();
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_intercept"));
+    let mut command = common::serve(&upstream.base_url(), "policy");
     command
-        .args([
-            "serve",
-            "--upstream",
-            &upstream.base_url(),
-            "--model",
-            "policy",
-        ])
         .args(["--trace-dir", dir.path().to_str().unwrap()])
-        .args(["--shutdown-grace-secs", &GRACE.as_secs().to_string()])
-        .env_clear();
+        .args(["--shutdown-grace-secs", &GRACE.as_secs().to_string()]);
     let serving = common::start(command).await;
     let (control, token) = (serving.control.clone(), serving.token.clone());
     let created = HttpClient::new()

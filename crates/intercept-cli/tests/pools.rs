@@ -4,6 +4,8 @@
 // Helpers outside #[test] functions panic on purpose, like the tests themselves.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::HashSet;
 
 use futures_util::future::join_all;
@@ -53,19 +55,7 @@ impl Api {
 
     /// A chat call through a session's `env`; an error when its URL cannot be reached.
     async fn try_chat(&self, env: &Value, text: &str) -> anyhow::Result<HttpResponse> {
-        let url = format!(
-            "{}/chat/completions",
-            env["OPENAI_BASE_URL"].as_str().unwrap()
-        );
-        let body = json!({"model": "x", "messages": [{"role": "user", "content": text}]});
-        self.client
-            .send(
-                Method::POST,
-                &url,
-                env["OPENAI_API_KEY"].as_str(),
-                Some(&body),
-            )
-            .await
+        common::try_chat(&self.client, env, text).await
     }
 
     async fn endpoint_lost(&self, id: &str) -> Value {

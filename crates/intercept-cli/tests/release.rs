@@ -4,6 +4,8 @@
 // Helpers outside #[test] functions panic on purpose, like the tests themselves.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::time::Duration;
 
 use http::{Method, StatusCode};
@@ -55,20 +57,7 @@ impl Api {
 
     async fn chat(&self, session: &Value, text: &str) -> HttpResponse {
         let env = &session["env"];
-        let url = format!(
-            "{}/chat/completions",
-            env["OPENAI_BASE_URL"].as_str().unwrap()
-        );
-        let body = json!({"model": "x", "messages": [{"role": "user", "content": text}]});
-        self.client
-            .send(
-                Method::POST,
-                &url,
-                env["OPENAI_API_KEY"].as_str(),
-                Some(&body),
-            )
-            .await
-            .unwrap()
+        common::try_chat(&self.client, env, text).await.unwrap()
     }
 
     async fn metric(&self, name: &str) -> u64 {

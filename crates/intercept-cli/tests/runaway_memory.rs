@@ -99,20 +99,8 @@ async fn call(http: &HttpClient, env: &Value, stream: bool) -> (StatusCode, byte
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runaway_answers_memory_returns_when_its_session_is_released() {
     let upstream = endless_upstream().await;
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_intercept"));
-    command
-        .args([
-            "serve",
-            "--upstream",
-            &upstream,
-            "--model",
-            "policy",
-            "--max-response-bytes",
-            &CAP.to_string(),
-            "--log",
-            "error",
-        ])
-        .env_clear();
+    let mut command = common::serve(&upstream, "policy");
+    command.args(["--max-response-bytes", &CAP.to_string(), "--log", "error"]);
     let serving = common::start(command).await;
     let pid = serving.child.id().unwrap();
     let http = HttpClient::new();

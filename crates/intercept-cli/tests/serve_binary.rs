@@ -60,22 +60,11 @@ async fn serve_binary_end_to_end_with_sigterm_in_flight() {
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_intercept"));
+    let mut command = common::serve(&upstream.base_url(), "policy-e2e");
     command
-        .args([
-            "serve",
-            "--upstream",
-            &upstream.base_url(),
-            "--upstream-api-key-env",
-            "E2E_UPSTREAM_KEY",
-            "--model",
-            "policy-e2e",
-            "--trace-dir",
-            dir.path().to_str().unwrap(),
-            "--shutdown-grace-secs",
-            "30",
-        ])
-        .env_clear()
+        .args(["--upstream-api-key-env", "E2E_UPSTREAM_KEY"])
+        .args(["--trace-dir", dir.path().to_str().unwrap()])
+        .args(["--shutdown-grace-secs", "30"])
         .env("E2E_UPSTREAM_KEY", "sk-upstream-e2e")
         .env("INTERCEPT_LOG", "debug");
     let serving = common::start(command).await;
@@ -263,20 +252,10 @@ async fn serve_binary_keeps_secrets_and_log_lines_its_own() {
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_intercept"));
+    let mut command = common::serve(&upstream.base_url(), "policy-e2e");
     command
-        .args([
-            "serve",
-            "--upstream",
-            &upstream.base_url(),
-            "--upstream-api-key-env",
-            "E2E_UPSTREAM_KEY",
-            "--model",
-            "policy-e2e",
-            "--trace-dir",
-            dir.path().to_str().unwrap(),
-        ])
-        .env_clear()
+        .args(["--upstream-api-key-env", "E2E_UPSTREAM_KEY"])
+        .args(["--trace-dir", dir.path().to_str().unwrap()])
         .env("E2E_UPSTREAM_KEY", KEY)
         .env("E2E_OTHER_SECRET", "sk-not-for-sessions")
         .env("INTERCEPT_BIN", "/usr/local/bin/intercept");

@@ -1,18 +1,52 @@
 //! The built `intercept serve` binary as the tests run it: started with piped output,
-//! its ready line read, stopped with SIGTERM.
+//! its ready line read, stopped with SIGTERM; and one chat call through a session.
 
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use serde_json::Value;
+use http::Method;
+use intercept_cli::client::{HttpClient, HttpResponse};
+use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::task::JoinHandle;
 
 /// Bound on every wait of these tests.
 pub const WAIT: Duration = Duration::from_secs(60);
+
+/// `intercept serve --upstream <upstream> --model <model>` of the built binary, with an
+/// empty environment; a test adds its flags and variables, then [`start`]s it.
+pub fn serve(upstream: &str, model: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_intercept"));
+    command
+        .args(["serve", "--upstream", upstream, "--model", model])
+        .env_clear();
+    command
+}
+
+/// One chat call (the user message `text`) as a session's harness makes it, with the
+/// session's `env` (`OPENAI_BASE_URL`, `OPENAI_API_KEY`).
+pub async fn try_chat(
+    client: &HttpClient,
+    env: &Value,
+    text: &str,
+) -> anyhow::Result<HttpResponse> {
+    let url = format!(
+        "{}/chat/completions",
+        env["OPENAI_BASE_URL"].as_str().unwrap()
+    );
+    let body = json!({"model": "x", "messages": [{"role": "user", "content": text}]});
+    client
+        .send(
+            Method::POST,
+            &url,
+            env["OPENAI_API_KEY"].as_str(),
+            Some(&body),
+        )
+        .await
+}
 
 /// A running `intercept serve` whose ready line has been read.
 pub struct Serving {
