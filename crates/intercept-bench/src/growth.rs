@@ -77,7 +77,12 @@ impl Growth {
             window_s,
             first_rps,
             last_rps,
-            last_over_first: last_rps / first_rps,
+            // No requests in the first window: no ratio (and not flat).
+            last_over_first: if first_rps > 0.0 {
+                last_rps / first_rps
+            } else {
+                f64::NAN
+            },
             rss_start_kib,
             rss_end_kib,
             calls,
@@ -199,6 +204,13 @@ mod tests {
         assert!(g.flat());
         let short = Growth::new(&intervals, 7.0, (0, 0), 1, 1.0);
         assert!(short.first_rps.is_nan() && !short.flat());
+        let idle_start = Intervals {
+            width_s: 1.0,
+            window_s: 2.0,
+            ok: vec![0, 10],
+        };
+        let g = Growth::new(&idle_start, 1.0, (0, 0), 10, 1.0);
+        assert!(g.last_over_first.is_nan() && !g.flat(), "{g:?}");
     }
 
     #[test]

@@ -169,6 +169,13 @@ impl Intervals {
     /// make up `window_s` seconds (at least one interval; a shorter last interval counts
     /// for its own length); `None` when there are fewer intervals than that.
     pub fn window_rps(&self, window_s: f64, from_end: bool) -> Option<f64> {
+        let (requests, seconds) = self.window(window_s, from_end)?;
+        (seconds > 0.0).then(|| requests as f64 / seconds)
+    }
+
+    /// The successful requests and the seconds of the window of
+    /// [`Intervals::window_rps`]; `None` when there are fewer intervals than it takes.
+    pub fn window(&self, window_s: f64, from_end: bool) -> Option<(u64, f64)> {
         if self.width_s <= 0.0 {
             return None;
         }
@@ -179,7 +186,7 @@ impl Intervals {
         let first = if from_end { self.ok.len() - n } else { 0 };
         let requests: u64 = self.ok[first..first + n].iter().sum();
         let seconds: f64 = (first..first + n).map(|i| self.length_s(i)).sum();
-        (seconds > 0.0).then(|| requests as f64 / seconds)
+        Some((requests, seconds))
     }
 
     /// Length of interval `i` in seconds: `width_s`, or less for a last interval cut by
@@ -638,6 +645,8 @@ mod tests {
         };
         assert_eq!(cut.window_rps(1.0, true), Some(1100.0 / 0.75));
         assert_eq!(cut.window_rps(1.0, false), Some(300.0));
+        assert_eq!(cut.window(1.0, true), Some((1100, 0.75)));
+        assert_eq!(cut.window(3.5, true), None);
     }
 
     #[tokio::test]

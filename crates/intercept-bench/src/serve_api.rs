@@ -94,16 +94,25 @@ pub struct TraceFiles {
 /// The JSONL trace files in `dir`: how many, their complete lines, their bytes.
 pub fn trace_lines(dir: &Path) -> Result<TraceFiles> {
     let mut out = TraceFiles::default();
+    // One buffer for every file: the files of a long run hold gigabytes.
+    let mut buf = vec![0u8; 1 << 20];
     for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
         let path = entry?.path();
         if path.extension().and_then(|e| e.to_str()) != Some("jsonl") {
             continue;
         }
-        let text =
-            std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let mut file = std::fs::File::open(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
         out.files += 1;
-        out.lines += text.iter().filter(|&&b| b == b'\n').count() as u64;
-        out.bytes += text.len() as u64;
+        loop {
+            let n = std::io::Read::read(&mut file, &mut buf)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            if n == 0 {
+                break;
+            }
+            out.lines += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64;
+            out.bytes += n as u64;
+        }
     }
     Ok(out)
 }

@@ -96,18 +96,8 @@ impl Sidecar {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         let mut child = cmd.spawn().context("cannot start intercept serve")?;
-        let stdout = child.stdout.take();
         // From here on the child is stopped on every error path.
-        let started = (|| -> Result<(BufReader<ChildStdout>, Ready)> {
-            let mut stdout =
-                BufReader::new(stdout.ok_or_else(|| anyhow!("intercept serve has no stdout"))?);
-            let mut line = String::new();
-            if stdout.read_line(&mut line)? == 0 {
-                bail!("intercept serve exited before its ready line");
-            }
-            Ok((stdout, Ready::parse(&line)?))
-        })();
-        let (stdout, ready) = match started {
+        let (stdout, ready) = match ready_line(&mut child) {
             Ok(s) => s,
             Err(e) => {
                 stop(&mut child);
@@ -117,7 +107,7 @@ impl Sidecar {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let made = rt.block_on(async {
+        let made = within(&rt, "making its sessions", async {
             let mut client = ControlClient::connect(&ready).await?;
             let made = client.create_sessions(sessions, "bench").await?;
             anyhow::Ok((client, made))
@@ -157,12 +147,21 @@ impl Sidecar {
 
     /// Calls its sessions have recorded so far (control API only).
     pub(super) fn calls(&mut self) -> Result<u64> {
-        Ok(self.rt.block_on(self.client.recorded_calls())?.0)
+        Ok(within(
+            &self.rt,
+            "listing its sessions",
+            self.client.recorded_calls(),
+        )?
+        .0)
     }
 
     /// What it has recorded so far.
     pub(super) fn recorded(&mut self) -> Result<Recorded> {
-        let (calls, listed) = self.rt.block_on(self.client.recorded_calls())?;
+        let (calls, listed) = within(
+            &self.rt,
+            "listing its sessions",
+            self.client.recorded_calls(),
+        )?;
         if listed != self.sessions {
             bail!(
                 "intercept serve lists {listed} sessions, {} were made",
@@ -180,8 +179,13 @@ impl Sidecar {
 
     /// What it recorded once it has recorded `expected` calls in its sessions and its
     /// files, or after 5 s (a call's record may be written just after its response).
+    /// The files are read only once the sessions count `expected` calls (or at the
+    /// deadline): they hold gigabytes after a long run.
     pub(super) fn settle(&mut self, expected: u64) -> Result<Recorded> {
         let deadline = Instant::now() + Duration::from_secs(5);
+        while self.calls()? != expected && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         loop {
             let r = self.recorded()?;
             if r.is(expected) || Instant::now() >= deadline {
@@ -190,6 +194,45 @@ impl Sidecar {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// Longest wait for the sidecar's ready line and for each control API exchange.
+const CONTROL_WAIT: Duration = Duration::from_secs(120);
+
+/// `fut` on `rt`, an error if it takes longer than [`CONTROL_WAIT`].
+fn within<T>(
+    rt: &tokio::runtime::Runtime,
+    what: &str,
+    fut: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    rt.block_on(async {
+        tokio::time::timeout(CONTROL_WAIT, fut)
+            .await
+            .map_err(|_| anyhow!("intercept serve: {what} took more than {CONTROL_WAIT:?}"))?
+    })
+}
+
+/// Reads `child`'s ready line (within [`CONTROL_WAIT`]; a thread reads, so a silent child
+/// cannot hold the bench), and keeps its stdout.
+fn ready_line(child: &mut Child) -> Result<(BufReader<ChildStdout>, Ready)> {
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow!("intercept serve has no stdout"))?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut stdout = BufReader::new(stdout);
+        let mut line = String::new();
+        let read = stdout.read_line(&mut line).map(|n| (stdout, line, n));
+        let _ = tx.send(read);
+    });
+    let (stdout, line, n) = rx
+        .recv_timeout(CONTROL_WAIT)
+        .map_err(|_| anyhow!("intercept serve wrote no ready line within {CONTROL_WAIT:?}"))??;
+    if n == 0 {
+        bail!("intercept serve exited before its ready line");
+    }
+    Ok((stdout, Ready::parse(&line)?))
 }
 
 /// SIGTERM (its graceful shutdown), then killed if it has not stopped within 15 s.

@@ -24,11 +24,10 @@
 use std::process::Stdio;
 
 use anyhow::{Context as _, Result};
+use intercept_bench::procfs;
 use serde_json::{json, Value};
 
-use super::{
-    children, cpu_us, loadavg, num, start_nginx, Env, Helper, NginxTuning, Target, SESSIONS,
-};
+use super::{cpu_us, loadavg, num, start_nginx, Env, Helper, NginxTuning, Target, SESSIONS};
 
 /// Concurrencies of the ramp when none are given.
 pub(super) const DEFAULT_POINTS: &[usize] = &[1000, 2500, 5000, 10_000];
@@ -206,21 +205,11 @@ impl Proxy {
             Proxy::Intercept(h) => h.stats().ok()?["hwm_kib"].as_u64(),
             Proxy::Nginx(n) => {
                 let pid = n.child.id();
-                let mut pids = vec![pid];
-                pids.extend(children(pid));
-                Some(pids.iter().filter_map(|p| status_kib(*p, "VmHWM")).sum())
+                let pids = std::iter::once(pid).chain(procfs::children(pid));
+                Some(pids.filter_map(|p| procfs::status_kib(p, "VmHWM")).sum())
             }
         }
     }
-}
-
-/// A `kB` field of `/proc/<pid>/status`.
-fn status_kib(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find_map(|line| {
-        let value = line.strip_prefix(field)?.strip_prefix(':')?;
-        value.split_whitespace().next()?.parse().ok()
-    })
 }
 
 fn u(v: &Value, key: &str) -> u64 {
