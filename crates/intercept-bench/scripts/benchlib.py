@@ -3,6 +3,7 @@ through the `intercept serve` control API, and loadgen runs. Imported by callgri
 record_cost.py (they run from any folder: each puts this folder on `sys.path`)."""
 import json
 import subprocess
+import threading
 import urllib.request
 
 
@@ -46,3 +47,28 @@ def loadgen(rel: str, url: str, secrets: str, kind: str, count: int) -> None:
     if kind == "stream":
         args.append("--stream")
     subprocess.run(args, capture_output=True, check=True)
+
+
+def ready_line(proc: subprocess.Popen, timeout: float = 120.0) -> dict:
+    """The first line `proc` prints, as JSON (its ready line), within `timeout` seconds;
+    past it, or when `proc` ends first, it is stopped and an error raised."""
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not got or not got[0]:
+        stop(proc)
+        raise RuntimeError(f"{proc.args[0]} printed no ready line within {timeout} s")
+    return json.loads(got[0])
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL if `proc` has not ended within 120 s."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)

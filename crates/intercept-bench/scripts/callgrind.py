@@ -20,7 +20,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import loadgen, make_sessions, start_upstream, stop_upstream  # noqa: E402
+from benchlib import (loadgen, make_sessions, ready_line, start_upstream, stop,  # noqa: E402
+                      stop_upstream)
 
 
 def main() -> None:
@@ -30,36 +31,37 @@ def main() -> None:
     up, upstream = start_upstream(rel)
     secrets = f"{tmp}/secrets.json"
     grind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out.%p"]
-    if target in ("count", "trace", "episode"):
-        proxy = subprocess.Popen(grind + [f"{rel}/bench-proxy", "--upstream", upstream, "--threads", "1",
-                                          "--sessions", "64", "--record", target, "--secrets-file", secrets],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        ready = json.loads(proxy.stdout.readline())
-        url = ready["base_url"].rstrip("/") + "/v1/chat/completions"
+    in_process = target in ("count", "trace", "episode")
+    if in_process:
+        args = [f"{rel}/bench-proxy", "--upstream", upstream, "--threads", "1", "--sessions", "64",
+                "--record", target, "--secrets-file", secrets]
     elif target in ("serve", "serve-dir"):
         args = [f"{rel}/intercept", "serve", "--upstream", upstream, "--model", "bench", "--log", "warn"]
         if target == "serve-dir":
             os.makedirs(f"{tmp}/traces")
             args += ["--trace-dir", f"{tmp}/traces"]
-        proxy = subprocess.Popen(grind + args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.DEVNULL, text=True)
-        ready = json.loads(proxy.stdout.readline())
-        control, token = ready["control_url"].rstrip("/"), ready["token"]
-        url = make_sessions(control, token, 64, secrets)
     else:
+        stop_upstream(up)
         sys.exit(f"unknown target {target!r}")
-    pid = glob.glob(f"{tmp}/cg.out.*")[0].rsplit(".", 1)[1]
-
-    def load(count: int) -> None:
-        loadgen(rel, url, secrets, kind, count)
-
-    load(200)
-    subprocess.run(["callgrind_control", "-z", pid], capture_output=True, check=True)
-    load(calls)
-    subprocess.run(["callgrind_control", "-d", pid], capture_output=True, check=True)
-    proxy.terminate()
-    proxy.wait(120)
-    stop_upstream(up)
+    # bench-proxy stops when its standard input closes; intercept serve reads none.
+    stdin = subprocess.PIPE if in_process else subprocess.DEVNULL
+    proxy = subprocess.Popen(grind + args, stdin=stdin, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+    try:
+        ready = ready_line(proxy)
+        if in_process:
+            url = ready["base_url"].rstrip("/") + "/v1/chat/completions"
+        else:
+            control, token = ready["control_url"].rstrip("/"), ready["token"]
+            url = make_sessions(control, token, 64, secrets)
+        pid = glob.glob(f"{tmp}/cg.out.*")[0].rsplit(".", 1)[1]
+        loadgen(rel, url, secrets, kind, 200)
+        subprocess.run(["callgrind_control", "-z", pid], capture_output=True, check=True)
+        loadgen(rel, url, secrets, kind, calls)
+        subprocess.run(["callgrind_control", "-d", pid], capture_output=True, check=True)
+    finally:
+        stop(proxy)
+        stop_upstream(up)
     total = 0
     for name in glob.glob(f"{tmp}/cg.out.*.1"):
         with open(name) as f:

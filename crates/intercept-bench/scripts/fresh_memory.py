@@ -15,7 +15,8 @@ takes freed memory back) can be fast up to some GiB and several times slower pas
 the growth case, which fills the page cache with its trace files and the sidecar's
 memory with episodes, then slows in its last seconds for that reason, and the slowdown
 shows in the trace writer's system time (printed by the growth case per thread).
-Stops by itself: GiB is capped at 32.
+Stops by itself: GiB is capped at 32 and at the memory available (MemAvailable) less
+1 GiB, as all of it is held at once.
 """
 import mmap
 import os
@@ -56,8 +57,21 @@ def page_cache(gib: int, folder: str) -> list:
     return times
 
 
+def available_gib() -> int:
+    """MemAvailable of /proc/meminfo, in whole GiB (32 where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) // (1 << 20)
+    except OSError:
+        pass
+    return 32
+
+
 def main() -> None:
-    gib = min(int(sys.argv[1]) if len(sys.argv) > 1 else 8, 32)
+    asked = int(sys.argv[1]) if len(sys.argv) > 1 else 8
+    gib = max(1, min(asked, 32, available_gib() - 1))
     folder = sys.argv[2] if len(sys.argv) > 2 else "/dev/shm"
     for name, times in (
         ("anonymous", anonymous(gib)),

@@ -14,7 +14,6 @@ RSS growth per call, raw bytes per call, their ratio, read and write system call
 call. With --strace, `strace -f -c` is attached to the sidecar for the measured calls and
 its table (system calls of every thread, by name) is printed to standard error. Build first: cargo build --release -p intercept-bench -p intercept-cli --bins
 """
-import glob
 import json
 import os
 import subprocess
@@ -24,7 +23,8 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import loadgen, make_sessions, start_upstream, stop_upstream  # noqa: E402
+from benchlib import (loadgen, make_sessions, ready_line, start_upstream, stop,  # noqa: E402
+                      stop_upstream)
 
 
 def proc_io(pid: int) -> dict:
@@ -57,42 +57,39 @@ def main() -> None:
         args += ["--trace-dir", f"{tmp}/traces"]
     proxy = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True)
-    ready = json.loads(proxy.stdout.readline())
-    control, token = ready["control_url"].rstrip("/"), ready["token"]
-    auth = {"authorization": f"Bearer {token}", "content-type": "application/json"}
-    secrets = f"{tmp}/secrets.json"
-    url = make_sessions(control, token, 64, secrets)
+    try:
+        ready = ready_line(proxy)
+        control, token = ready["control_url"].rstrip("/"), ready["token"]
+        auth = {"authorization": f"Bearer {token}", "content-type": "application/json"}
+        secrets = f"{tmp}/secrets.json"
+        url = make_sessions(control, token, 64, secrets)
+        loadgen(rel, url, secrets, kind, 200)
+        time.sleep(0.5)
+        rss0, io0 = rss_kib(proxy.pid), proc_io(proxy.pid)
+        tracer = None
+        if use_strace:
+            tracer = subprocess.Popen(["strace", "-f", "-c", "-p", str(proxy.pid)],
+                                      stderr=subprocess.PIPE, text=True)
+            time.sleep(1.0)
+        loadgen(rel, url, secrets, kind, calls)
+        time.sleep(0.5)
+        if tracer:
+            tracer.send_signal(2)
+            sys.stderr.write(tracer.communicate(timeout=60)[1])
+        rss1, io1 = rss_kib(proxy.pid), proc_io(proxy.pid)
 
-    def load(count: int) -> None:
-        loadgen(rel, url, secrets, kind, count)
-
-    load(200)
-    time.sleep(0.5)
-    rss0, io0 = rss_kib(proxy.pid), proc_io(proxy.pid)
-    tracer = None
-    if use_strace:
-        tracer = subprocess.Popen(["strace", "-f", "-c", "-p", str(proxy.pid)],
-                                  stderr=subprocess.PIPE, text=True)
-        time.sleep(1.0)
-    load(calls)
-    time.sleep(0.5)
-    if tracer:
-        tracer.send_signal(2)
-        sys.stderr.write(tracer.communicate(timeout=60)[1])
-    rss1, io1 = rss_kib(proxy.pid), proc_io(proxy.pid)
-
-    raw, records = 0, 0
-    for i in range(64):
-        req = urllib.request.Request(f"{control}/v1/sessions/bench-{i}/trace", headers=auth)
-        with urllib.request.urlopen(req, timeout=120) as r:
-            trace = json.loads(r.read())
-        for c in trace["calls"]:
-            records += 1
-            for k in ("request", "response"):
-                raw += len(json.dumps(c[k], separators=(",", ":"), ensure_ascii=False).encode())
-    proxy.terminate()
-    proxy.wait(120)
-    stop_upstream(up)
+        raw, records = 0, 0
+        for i in range(64):
+            req = urllib.request.Request(f"{control}/v1/sessions/bench-{i}/trace", headers=auth)
+            with urllib.request.urlopen(req, timeout=120) as r:
+                trace = json.loads(r.read())
+            for c in trace["calls"]:
+                records += 1
+                for k in ("request", "response"):
+                    raw += len(json.dumps(c[k], separators=(",", ":"), ensure_ascii=False).encode())
+    finally:
+        stop(proxy)
+        stop_upstream(up)
     per_call = (rss1 - rss0) * 1024 / calls
     raw_per_call = raw / max(records, 1)
     print(json.dumps({

@@ -23,8 +23,9 @@
 //!
 //! The growth case runs `intercept serve --trace-dir` under the json c16 load for 60 s
 //! (`--growth-secs`; 12 s with `--quick`) and compares the req/s of its first and last
-//! 10 s (loadgen's per-second counts), and its RSS growth per recorded call with the
-//! request and response bytes of a call.
+//! 10 s, or thirds of a shorter run (loadgen's per-second counts), and its RSS growth per
+//! recorded call with the request and response bytes of a call; it also reports the
+//! sidecar's CPU per request by thread over both windows.
 //!
 //! Scale figures follow: memory and acquire/release time per registered session (100k
 //! sessions, `bench-scale`), peak RSS while proxying one 256 MiB request body, and with
