@@ -240,6 +240,8 @@ struct Failed {
 }
 
 impl Failed {
+    /// `recorded` and the answer [`Call::answer`] gives it (which stops the rollout on a
+    /// context-length error).
     fn new(call: &Call, recorded: Error) -> Self {
         Failed {
             answered: call.answer(&recorded),
@@ -456,9 +458,10 @@ impl Call {
         }
     }
 
-    /// Turns a non-2xx upstream answer into the error the harness gets. A context-length
-    /// error stops the rollout with `context_length` (a clean truncation).
-    async fn upstream_failure(&self, resp: Response<UpstreamBody>) -> (Error, Error) {
+    /// Turns a non-2xx upstream answer into the failure to record and answer. A
+    /// context-length error stops the rollout with `context_length` (a clean truncation;
+    /// see [`Call::answer`]).
+    async fn upstream_failure(&self, resp: Response<UpstreamBody>) -> Failed {
         let status = resp.status().as_u16();
         let redactor = self.redactor();
         let retry_after = resp
@@ -475,13 +478,7 @@ impl Call {
             Ok(b) => redactor.str(&String::from_utf8_lossy(&b)).into_owned(),
             Err(_) => String::from("(error body unreadable or over 64 KiB)"),
         };
-        let upstream = Error::upstream_status(status, text, retry_after);
-        if upstream.is_context_length() {
-            self.entry.session.stop_with(StopReason::ContextLength);
-            (upstream, Error::RolloutStopped(StopReason::ContextLength))
-        } else {
-            (upstream.clone(), upstream)
-        }
+        Failed::new(self, Error::upstream_status(status, text, retry_after))
     }
 
     /// Runs a non-streamed call: the upstream's answer is read whole, summarized and
@@ -491,9 +488,9 @@ impl Call {
         let (mut outcome, response) = match self.read_json().await {
             Ok(answer) => match self.dialect.summarize(&answer.body) {
                 Ok(summary) => self.serve_json(answer, summary, &mut capture).await,
-                Err(e) => self.json_failure(Failed::new(&self, e)),
+                Err(e) => self.failure_answer(Failed::new(&self, e)),
             },
-            Err(failed) => self.json_failure(failed),
+            Err(failed) => self.failure_answer(failed),
         };
         outcome.client_disconnected = reply.is_closed();
         outcome.tokens = capture.map(TokenCollector::finish);
@@ -515,12 +512,7 @@ impl Call {
     async fn fetch_json(&self) -> Result<JsonAnswer, Failed> {
         let (resp, head_at) = self.open().await.map_err(|e| Failed::new(self, e))?;
         if !resp.status().is_success() {
-            let (recorded, answered) = self.upstream_failure(resp).await;
-            return Err(Failed {
-                recorded,
-                answered,
-                truncated: false,
-            });
+            return Err(self.upstream_failure(resp).await);
         }
         let redactor = self.redactor();
         let content_type = resp
@@ -550,8 +542,9 @@ impl Call {
         })
     }
 
-    /// A failed non-streamed call: the outcome to record and the error answer.
-    fn json_failure(&self, failed: Failed) -> (Outcome, Response<ResponseBody>) {
+    /// A failed call answered with an HTTP error (a non-streamed call, or a stream that
+    /// failed before its head was sent): the outcome to record and the error answer.
+    fn failure_answer(&self, failed: Failed) -> (Outcome, Response<ResponseBody>) {
         let mut outcome = Outcome::answered(&failed.recorded, &failed.answered);
         outcome.truncated = failed.truncated;
         (outcome, error_response(&*self.dialect, &failed.answered))

@@ -167,7 +167,7 @@ impl Dialect for ResponsesDialect {
             429 => "rate_limit_exceeded",
             500..=599 => "server_error",
             _ if context_length => "context_length_exceeded",
-            _ => crate::error::error_type_for_status(status),
+            _ => error.type_name(),
         };
         let message = error.to_string();
         let error = json!({"type": "error", "code": code, "message": message, "param": null});

@@ -19,12 +19,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::{
-    ms_since, send_or_cancel, stopped_by_hook, too_large, Call, HookOutcome, Outcome, Reply, Sent,
-    KEEPALIVE, READY_BATCH_LIMIT,
+    ms_since, send_or_cancel, stopped_by_hook, too_large, Call, Failed, HookOutcome, Outcome,
+    Reply, Sent, KEEPALIVE, READY_BATCH_LIMIT,
 };
 use crate::config::ServerConfig;
 use crate::http_body::ResponseBody;
-use crate::respond::error_response;
 use crate::spool::Spool;
 use crate::upstream::{Read, UpstreamBody};
 
@@ -36,16 +35,11 @@ impl Call {
         let mut head = Head::Pending(reply, rx);
         let checked = match self.open_stream(&mut head, &tx).await {
             Ok(resp) => self.check_stream_head(resp).await,
-            Err(e) => {
-                let answered = self.answer(&e);
-                Err((e, answered))
-            }
+            Err(e) => Err(Failed::new(&self, e)),
         };
         let body = match checked {
             Ok(body) => body,
-            Err((recorded, answered)) => {
-                return self.fail_stream(head, &tx, &recorded, answered).await;
-            }
+            Err(failed) => return self.fail_stream(head, &tx, failed).await,
         };
         let client_gone = head.send();
         let config = &self.shared.config;
@@ -97,11 +91,11 @@ impl Call {
     }
 
     /// The upstream's answer to a streaming request, checked: the body of a 2xx event
-    /// stream, or the error to record and the one the harness is answered.
+    /// stream, or the failure.
     async fn check_stream_head(
         &self,
         resp: Response<UpstreamBody>,
-    ) -> Result<UpstreamBody, (Error, Error)> {
+    ) -> Result<UpstreamBody, Failed> {
         if !resp.status().is_success() {
             return Err(self.upstream_failure(resp).await);
         }
@@ -115,33 +109,28 @@ impl Call {
             let e = self.redactor().error(Error::UpstreamMalformed(format!(
                 "the upstream answered a streaming request with `{content_type}` instead of an event stream"
             )));
-            return Err((e.clone(), e));
+            return Err(Failed::new(self, e));
         }
         Ok(resp.into_body())
     }
 
     /// Ends a stream that failed before relaying began: an HTTP error when the response
     /// head is not sent yet, else a dialect-shaped SSE error event.
-    async fn fail_stream(
-        &self,
-        head: Head,
-        tx: &mpsc::Sender<Bytes>,
-        recorded: &Error,
-        answered: Error,
-    ) {
+    async fn fail_stream(&self, head: Head, tx: &mpsc::Sender<Bytes>, failed: Failed) {
         match head {
             Head::Pending(reply, _) => {
-                let mut outcome = Outcome::answered(recorded, &answered);
-                outcome.client_disconnected = reply.is_closed();
+                let client_gone = reply.is_closed();
+                let (mut outcome, response) = self.failure_answer(failed);
+                outcome.client_disconnected = client_gone;
                 self.record(outcome);
-                let _ = reply.send(error_response(&*self.dialect, &answered));
+                let _ = reply.send(response);
             }
             Head::Sent { client_gone } => {
-                let mut outcome = Outcome::failed(recorded);
+                let mut outcome = Outcome::failed(&failed.recorded);
                 outcome.status = 200;
                 outcome.client_disconnected = client_gone;
                 self.record(outcome);
-                let event = self.dialect.error_event(&answered);
+                let event = self.dialect.error_event(&failed.answered);
                 send_or_cancel(tx, event, &self.entry.cancel).await;
             }
         }
@@ -155,18 +144,20 @@ impl Call {
         let (assembled, partial) = relay.end();
         let mut ending = Ending::Complete;
         let assembled = match assembled {
-            Ok(a) if relay.inspect => match self.response_hook(&a.response.to_value()).await {
-                Ok(HookOutcome::Unchanged) => Ok(a),
-                Ok(HookOutcome::Rewritten(v)) => {
-                    ending = Ending::Rewritten(v);
-                    Ok(a)
+            Ok(a) if relay.spool.is_some() => {
+                match self.response_hook(&a.response.to_value()).await {
+                    Ok(HookOutcome::Unchanged) => Ok(a),
+                    Ok(HookOutcome::Rewritten(v)) => {
+                        ending = Ending::Rewritten(v);
+                        Ok(a)
+                    }
+                    Ok(HookOutcome::Stop(reason)) => {
+                        ending = Ending::Stopped(reason);
+                        Ok(a)
+                    }
+                    Err(e) => Err(e),
                 }
-                Ok(HookOutcome::Stop(reason)) => {
-                    ending = Ending::Stopped(reason);
-                    Ok(a)
-                }
-                Err(e) => Err(e),
-            },
+            }
             other => other,
         };
         let mut outcome = match assembled {
@@ -296,9 +287,8 @@ struct StreamRelay<'c, 't> {
     batch: BytesMut,
     /// The terminal event and what follows it, sent once the call is recorded.
     withheld: Vec<Bytes>,
-    /// The session inspects responses: every event waits in the spool until the
-    /// response hook has run.
-    inspect: bool,
+    /// With a session that inspects responses, every event waits here until the
+    /// response hook has run (until the stream's end is sent).
     spool: Option<Spool>,
     timers: Timers<'t>,
     client_gone: bool,
@@ -392,7 +382,6 @@ impl<'c, 't> StreamRelay<'c, 't> {
             capture,
             batch: BytesMut::new(),
             withheld: Vec::new(),
-            inspect,
             spool: inspect.then(|| Spool::new(config.inspect_memory)),
             timers,
             client_gone,
@@ -483,18 +472,16 @@ impl<'c, 't> StreamRelay<'c, 't> {
                 self.batch.extend_from_slice(KEEPALIVE);
                 continue;
             }
-            match assembler.push(&parsed) {
-                Relay::Forward | Relay::Withhold if self.inspect => {
-                    if let Some(spool) = &mut self.spool {
-                        if let Err(e) = spool.push(ev).await {
-                            self.failure =
-                                Some(Error::Internal(format!("cannot buffer the stream: {e}")));
-                        }
+            match (assembler.push(&parsed), &mut self.spool) {
+                (Relay::Forward | Relay::Withhold, Some(spool)) => {
+                    if let Err(e) = spool.push(ev).await {
+                        self.failure =
+                            Some(Error::Internal(format!("cannot buffer the stream: {e}")));
                     }
                 }
-                Relay::Forward => self.batch.extend_from_slice(&ev),
-                Relay::Withhold => self.withheld.push(ev),
-                Relay::Drop => {}
+                (Relay::Forward, None) => self.batch.extend_from_slice(&ev),
+                (Relay::Withhold, None) => self.withheld.push(ev),
+                (Relay::Drop, _) => {}
             }
         }
     }
@@ -503,7 +490,7 @@ impl<'c, 't> StreamRelay<'c, 't> {
     /// to go out with the withheld terminal event in one write; a batch for a harness
     /// that is gone is dropped.
     async fn flush(&mut self) {
-        let last = self.intake.done && self.failure.is_none() && !self.inspect;
+        let last = self.intake.done && self.failure.is_none() && self.spool.is_none();
         if self.batch.is_empty() || last {
             return;
         }
