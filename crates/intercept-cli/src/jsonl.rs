@@ -181,13 +181,19 @@ fn write_all_vectored(file: &mut File, lines: &[&[u8]]) -> std::io::Result<()> {
 
 impl RecordSink for JsonlSink {
     fn on_record(&self, record: &CallRecord) {
-        let mut line = Vec::with_capacity(record.json_size_hint() + 1);
-        record.write_json(&mut line);
-        line.push(b'\n');
+        let line = line_of(record);
         if let Err(e) = self.append(&[&line]) {
             warn!(session = %record.session, seq = record.seq, path = %self.path.display(), error = %e, "could not append the call record to the trace file");
         }
     }
+}
+
+/// A record's trace line, its newline included, in one buffer sized for it.
+fn line_of(record: &CallRecord) -> Vec<u8> {
+    let mut line = Vec::with_capacity(record.json_size_hint() + 1);
+    record.write_json(&mut line);
+    line.push(b'\n');
+    line
 }
 
 /// Settings of a [`TraceWriter`].
@@ -376,6 +382,11 @@ impl Shared {
                 };
                 self.0.progress.notify_all();
                 self.0.write(left);
+                // Nothing is queued any more, also after a panic mid-batch (the gauge
+                // reads it).
+                let mut q = self.0.queue.lock();
+                q.bytes = 0;
+                q.done = q.handed;
             }
         }
         let _ended = Ended(self);
@@ -455,10 +466,7 @@ impl QueuedSink {
 
 impl RecordSink for QueuedSink {
     fn on_record(&self, record: &CallRecord) {
-        let mut line = Vec::with_capacity(record.json_size_hint() + 1);
-        record.write_json(&mut line);
-        line.push(b'\n');
-        self.shared.hand(&self.file, line);
+        self.shared.hand(&self.file, line_of(record));
     }
 }
 

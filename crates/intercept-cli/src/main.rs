@@ -32,7 +32,7 @@ const OS_OBJECTS_ABOVE_KIB: std::ffi::c_long = 4 * 1024;
 /// returns to the system as the call is released, and the allocator keeps its default
 /// purge delay (1,000 ms) for everything else. A purge delay of 1 ms returned the runaway's
 /// memory too, but purged and faulted the pages of ordinary calls again and again: 1.26
-/// page faults per recorded call and ~3 µs of CPU, against 0.24 (docs/sidecar.md,
+/// page faults per recorded call and ~3 µs of CPU, against 0.25 (docs/sidecar.md,
 /// "Memory of a runaway answer"). `MIMALLOC_ARENA_MAX_OBJECT_SIZE` in the environment
 /// still wins.
 fn huge_objects_from_the_os() {

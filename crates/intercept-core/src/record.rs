@@ -59,7 +59,9 @@ pub enum TokenCapture {
 
 /// One model call, as recorded on the rollout's trace.
 ///
-/// Serialises to one JSON object (one line of a JSONL trace file).
+/// Serialises to one JSON object (one line of a JSONL trace file). A field added here
+/// also goes in the private `Head` or `Tail` that [`CallRecord::write_json`] writes the
+/// line from (a test compares that line with this type's `Serialize`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CallRecord {
     /// The session (rollout) id.
