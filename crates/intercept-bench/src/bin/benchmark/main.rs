@@ -1272,40 +1272,7 @@ fn targets(
     streams: Option<&Value>,
     proxied_equal: bool,
 ) -> Vec<Target> {
-    const RPS_GOAL: f64 = 0.90;
-    const CPU_GOAL: f64 = 1.5;
-    let rps_goal = format!("≥ {RPS_GOAL:.2}×");
-    let mut out = Vec::new();
-    for case in ["json c16", "json c64", "stream c16"] {
-        let (Some(i), n) = (find(rows, case, PROXY), find(rows, case, "nginx")) else {
-            continue;
-        };
-        match n {
-            Some(n) => {
-                let r = i.rps() / n.rps();
-                out.push(Target::new(
-                    &format!("{case}: throughput vs nginx"),
-                    &rps_goal,
-                    format!("{r:.2}× ({:.0} vs {:.0} req/s)", i.rps(), n.rps()),
-                    Some(r >= RPS_GOAL),
-                ));
-                if let (Some(a), Some(b)) = (i.cpu_us_per_req, n.cpu_us_per_req) {
-                    out.push(Target::new(
-                        &format!("{case}: CPU per request vs nginx"),
-                        &format!("≤ {CPU_GOAL:.1}×"),
-                        format!("{:.2}× ({a:.1} vs {b:.1} µs)", a / b),
-                        Some(a / b <= CPU_GOAL),
-                    ));
-                }
-            }
-            None => out.push(Target::new(
-                &format!("{case}: throughput vs nginx"),
-                &rps_goal,
-                "nginx absent".into(),
-                None,
-            )),
-        }
-    }
+    let mut out = vs_nginx(rows, PROXY, "", 0.90, 1.5);
     if let (Some(i), Some(d)) = (
         find(rows, "json c16", PROXY),
         find(rows, "json c16", "direct"),
@@ -1364,43 +1331,45 @@ fn targets(
     out
 }
 
+/// The json c16, json c64 and stream c16 targets of `mode` against nginx in the same
+/// run: req/s at least `rps` times nginx's, CPU per request at most `cpu` times;
+/// `label` goes before "throughput" and "CPU" in their names.
+fn vs_nginx(rows: &[Row], mode: &str, label: &str, rps: f64, cpu: f64) -> Vec<Target> {
+    let (rps_goal, cpu_goal) = (format!("≥ {rps:.2}×"), format!("≤ {cpu:.2}×"));
+    let mut out = Vec::new();
+    for case in ["json c16", "json c64", "stream c16"] {
+        let Some(i) = find(rows, case, mode) else {
+            continue;
+        };
+        let name = format!("{case}: {label}throughput vs nginx");
+        let Some(n) = find(rows, case, "nginx") else {
+            out.push(Target::new(&name, &rps_goal, "nginx absent".into(), None));
+            continue;
+        };
+        let r = i.rps() / n.rps();
+        out.push(Target::new(
+            &name,
+            &rps_goal,
+            format!("{r:.2}× ({:.0} vs {:.0} req/s)", i.rps(), n.rps()),
+            Some(r >= rps),
+        ));
+        if let (Some(a), Some(b)) = (i.cpu_us_per_req, n.cpu_us_per_req) {
+            out.push(Target::new(
+                &format!("{case}: {label}CPU per request vs nginx"),
+                &cpu_goal,
+                format!("{:.2}× ({a:.1} vs {b:.1} µs)", a / b),
+                Some(a / b <= cpu),
+            ));
+        }
+    }
+    out
+}
+
 /// The recording targets, on `intercept serve --trace-dir`: its throughput and CPU against
 /// nginx's, the growth case's flatness and memory per recorded call, and every call
 /// proxied once and recorded.
 fn serve_targets(rows: &[Row], growth: Option<&Growth>, recorded_all: bool) -> Vec<Target> {
-    const RPS_GOAL: f64 = 0.95;
-    const CPU_GOAL: f64 = 1.25;
-    let (rps_goal, cpu_goal) = (format!("≥ {RPS_GOAL:.2}×"), format!("≤ {CPU_GOAL:.2}×"));
-    let mut out = Vec::new();
-    for case in ["json c16", "json c64", "stream c16"] {
-        let Some(s) = find(rows, case, SERVE) else {
-            continue;
-        };
-        let Some(n) = find(rows, case, "nginx") else {
-            out.push(Target::new(
-                &format!("{case}: {SERVE} throughput vs nginx"),
-                &rps_goal,
-                "nginx absent".into(),
-                None,
-            ));
-            continue;
-        };
-        let r = s.rps() / n.rps();
-        out.push(Target::new(
-            &format!("{case}: {SERVE} throughput vs nginx"),
-            &rps_goal,
-            format!("{r:.2}× ({:.0} vs {:.0} req/s)", s.rps(), n.rps()),
-            Some(r >= RPS_GOAL),
-        ));
-        if let (Some(a), Some(b)) = (s.cpu_us_per_req, n.cpu_us_per_req) {
-            out.push(Target::new(
-                &format!("{case}: {SERVE} CPU per request vs nginx"),
-                &cpu_goal,
-                format!("{:.2}× ({a:.1} vs {b:.1} µs)", a / b),
-                Some(a / b <= CPU_GOAL),
-            ));
-        }
-    }
+    let mut out = vs_nginx(rows, SERVE, &format!("{SERVE} "), 0.95, 1.25);
     match growth {
         Some(g) => {
             out.push(Target::new(
