@@ -6,6 +6,59 @@ use crate::body::{JsonBody, RawJson};
 use crate::dialect::DialectKind;
 use crate::error::{Error, ErrorKind};
 
+/// `,"<name>":`, the bytes that start a field after the first.
+macro_rules! key {
+    ($name:literal) => {
+        concat!(",\"", $name, "\":").as_bytes()
+    };
+}
+
+/// The line of a record being written, with the few value writers its fields need.
+struct Line<'o>(&'o mut Vec<u8>);
+
+impl Line<'_> {
+    fn raw(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+
+    /// A JSON string. One that needs no escape (no quote, backslash or control
+    /// character, the usual case for ids, names and URLs) is copied in between quotes;
+    /// any other is escaped by serde_json.
+    fn str(&mut self, s: &str) {
+        // One pass with no early exit, which the compiler vectorises.
+        let escapes = s.bytes().fold(false, |any, b| {
+            any | (b < 0x20) | (b == b'"') | (b == b'\\')
+        });
+        if !escapes {
+            self.plain(s);
+        } else {
+            // A `str` always serialises.
+            let _ = serde_json::to_writer(&mut *self.0, s);
+        }
+    }
+
+    /// A string known to need no escape, between quotes.
+    fn plain(&mut self, s: &str) {
+        self.0.reserve(s.len() + 2);
+        self.0.push(b'"');
+        self.0.extend_from_slice(s.as_bytes());
+        self.0.push(b'"');
+    }
+
+    fn int(&mut self, n: impl itoa::Integer) {
+        self.0
+            .extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    }
+
+    fn bool(&mut self, b: bool) {
+        self.raw(if b { b"true" } else { b"false" });
+    }
+
+    fn json<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), serde_json::Error> {
+        serde_json::to_writer(&mut *self.0, value)
+    }
+}
+
 /// Token usage of one call, read from the upstream's `usage`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
@@ -60,8 +113,9 @@ pub enum TokenCapture {
 /// One model call, as recorded on the rollout's trace.
 ///
 /// Serialises to one JSON object (one line of a JSONL trace file). A field added here
-/// also goes in the private `Head` or `Tail` that [`CallRecord::write_json`] writes the
-/// line from (a test compares that line with this type's `Serialize`).
+/// also goes in the private `write_parts` or `write_tail` that [`CallRecord::write_json`]
+/// writes the line with, in the same place (a test compares that line with this type's
+/// `Serialize`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CallRecord {
     /// The session (rollout) id.
@@ -227,11 +281,12 @@ impl CallRecord {
         }
     }
 
-    /// The record as serde writes it, in three parts: the fields before `request`, the
-    /// two bodies copied in as they stand (the request's pieces one after the other,
-    /// without joining them first), and the fields after `response`. The request needs
-    /// no UTF-8 check: its source was checked when it was parsed and what was set since
-    /// is JSON (see [`JsonBody::set_raw`]); the response is checked.
+    /// The record as serde writes it, field by field in the order of the struct: keys
+    /// are constants (they need no escaping), plain strings and integers are copied in,
+    /// the other values go through serde_json. The two bodies are copied in as they
+    /// stand (the request's pieces one after the other, without joining them first).
+    /// The request needs no UTF-8 check: its source was checked when it was parsed and
+    /// what was set since is JSON (see [`JsonBody::set_raw`]); the response is checked.
     fn write_parts(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
         let response = match &self.response {
             Some(r) => Some(
@@ -240,51 +295,100 @@ impl CallRecord {
             ),
             None => None,
         };
-        serde_json::to_writer(
-            &mut *out,
-            &Head {
-                session: &self.session,
-                seq: self.seq,
-                dialect: self.dialect,
-                endpoint: &self.endpoint,
-                model: &self.model,
-                requested_model: &self.requested_model,
-                stream: self.stream,
-                sampling: &self.sampling,
-            },
-        )?;
-        out.pop(); // the closing brace
-        out.extend_from_slice(b",\"request\":");
-        for chunk in self.request.chunks() {
-            out.extend_from_slice(&chunk);
+        let mut line = Line(out);
+        line.raw(b"{\"session\":");
+        line.str(&self.session);
+        line.raw(key!("seq"));
+        line.int(self.seq);
+        line.raw(key!("dialect"));
+        line.plain(self.dialect.as_str());
+        line.raw(key!("endpoint"));
+        line.str(&self.endpoint);
+        line.raw(key!("model"));
+        line.str(&self.model);
+        if let Some(asked) = &self.requested_model {
+            line.raw(key!("requested_model"));
+            line.str(asked);
         }
-        out.extend_from_slice(b",\"response\":");
-        out.extend_from_slice(response.map_or(&b"null"[..], str::as_bytes));
-        let tail = out.len();
-        serde_json::to_writer(
-            &mut *out,
-            &Tail {
-                finish_reason: &self.finish_reason,
-                usage: &self.usage,
-                status: self.status,
-                started_at: self.started_at,
-                ended_at: self.ended_at,
-                ttfb_ms: self.ttfb_ms,
-                client_disconnected: self.client_disconnected,
-                error: &self.error,
-                epoch: self.epoch,
-                engine: &self.engine,
-                token_capture: self.token_capture,
-                prompt_token_ids: &self.prompt_token_ids,
-                completion_token_ids: &self.completion_token_ids,
-                completion_logprobs: &self.completion_logprobs,
-                node: &self.node,
-                policy: &self.policy,
-                truncated: self.truncated,
-            },
-        )?;
-        // The tail's opening brace continues the object.
-        out[tail] = b',';
+        line.raw(key!("stream"));
+        line.bool(self.stream);
+        line.raw(key!("sampling"));
+        line.json(&self.sampling)?;
+        line.raw(key!("request"));
+        for chunk in self.request.chunks() {
+            line.raw(&chunk);
+        }
+        line.raw(key!("response"));
+        line.raw(response.map_or(&b"null"[..], str::as_bytes));
+        line.raw(key!("finish_reason"));
+        match &self.finish_reason {
+            Some(reason) => line.str(reason),
+            None => line.raw(b"null"),
+        }
+        self.write_tail(&mut line)?;
+        line.raw(b"}");
+        Ok(())
+    }
+
+    /// The fields after `finish_reason` (see [`CallRecord::write_parts`]).
+    fn write_tail(&self, line: &mut Line<'_>) -> Result<(), serde_json::Error> {
+        let usage = &self.usage;
+        line.raw(key!("usage"));
+        line.raw(b"{\"prompt_tokens\":");
+        line.int(usage.prompt_tokens);
+        line.raw(key!("completion_tokens"));
+        line.int(usage.completion_tokens);
+        line.raw(key!("cached_input_tokens"));
+        line.int(usage.cached_input_tokens);
+        line.raw(key!("reasoning_tokens"));
+        line.int(usage.reasoning_tokens);
+        line.raw(b"}");
+        line.raw(key!("status"));
+        line.int(self.status);
+        line.raw(key!("started_at"));
+        line.json(&self.started_at)?;
+        line.raw(key!("ended_at"));
+        line.json(&self.ended_at)?;
+        line.raw(key!("ttfb_ms"));
+        line.json(&self.ttfb_ms)?;
+        line.raw(key!("client_disconnected"));
+        line.bool(self.client_disconnected);
+        line.raw(key!("error"));
+        line.json(&self.error)?;
+        line.raw(key!("epoch"));
+        line.int(self.epoch);
+        if let Some(engine) = &self.engine {
+            line.raw(key!("engine"));
+            line.str(engine);
+        }
+        if !is_off(&self.token_capture) {
+            line.raw(key!("token_capture"));
+            line.json(&self.token_capture)?;
+        }
+        if let Some(ids) = &self.prompt_token_ids {
+            line.raw(key!("prompt_token_ids"));
+            line.json(ids)?;
+        }
+        if let Some(ids) = &self.completion_token_ids {
+            line.raw(key!("completion_token_ids"));
+            line.json(ids)?;
+        }
+        if let Some(logprobs) = &self.completion_logprobs {
+            line.raw(key!("completion_logprobs"));
+            line.json(logprobs)?;
+        }
+        if let Some(node) = self.node {
+            line.raw(key!("node"));
+            line.int(node);
+        }
+        if let Some(policy) = &self.policy {
+            line.raw(key!("policy"));
+            line.json(policy)?;
+        }
+        if self.truncated {
+            line.raw(key!("truncated"));
+            line.bool(true);
+        }
         Ok(())
     }
 
@@ -309,50 +413,6 @@ impl CallRecord {
         // serde_json writes UTF-8 only.
         String::from_utf8(self.to_json_vec()).unwrap_or_default()
     }
-}
-
-/// The fields of a [`CallRecord`] before `request`, as its `Serialize` writes them.
-#[derive(Serialize)]
-struct Head<'a> {
-    session: &'a str,
-    seq: u64,
-    dialect: DialectKind,
-    endpoint: &'a str,
-    model: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    requested_model: &'a Option<String>,
-    stream: bool,
-    sampling: &'a serde_json::Map<String, serde_json::Value>,
-}
-
-/// The fields of a [`CallRecord`] after `response`, as its `Serialize` writes them.
-#[derive(Serialize)]
-struct Tail<'a> {
-    finish_reason: &'a Option<String>,
-    usage: &'a Usage,
-    status: u16,
-    started_at: f64,
-    ended_at: f64,
-    ttfb_ms: Option<f64>,
-    client_disconnected: bool,
-    error: &'a Option<CallError>,
-    epoch: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    engine: &'a Option<String>,
-    #[serde(skip_serializing_if = "is_off")]
-    token_capture: TokenCapture,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    prompt_token_ids: &'a Option<Vec<u32>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    completion_token_ids: &'a Option<Vec<u32>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    completion_logprobs: &'a Option<Vec<f64>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    node: &'a Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    policy: &'a Option<crate::network::PolicyEvent>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    truncated: bool,
 }
 
 /// Seconds since the Unix epoch, as a float.
@@ -419,6 +479,62 @@ mod tests {
             let serde = serde_json::to_vec(&record).expect("serde");
             assert_eq!(
                 String::from_utf8(record.to_json_vec()).expect("utf-8"),
+                String::from_utf8(serde).expect("utf-8")
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// Any record: strings with quotes, backslashes, control characters and
+        /// non-ASCII text, every dialect, integers and floats of any size (not finite
+        /// ones included), every optional field present or absent.
+        #[test]
+        fn any_record_is_written_as_serde_writes_it(
+            text in proptest::collection::vec("[a-z\"\\\\\\x00-\\x1f\\x7fé€😀 ]{0,12}", 5),
+            ints in proptest::collection::vec(proptest::num::u64::ANY, 6),
+            floats in proptest::collection::vec(proptest::num::f64::ANY, 3),
+            flags in proptest::collection::vec(proptest::bool::ANY, 9),
+            dialect in 0usize..4,
+        ) {
+            let mut r = minimal();
+            r.session = text[0].clone();
+            r.endpoint = text[1].clone();
+            r.model = text[2].clone();
+            r.dialect = [
+                DialectKind::ChatCompletions,
+                DialectKind::Responses,
+                DialectKind::Messages,
+                DialectKind::Completions,
+            ][dialect];
+            r.seq = ints[0];
+            r.status = ints[1] as u16;
+            r.epoch = ints[2];
+            r.usage = Usage {
+                prompt_tokens: ints[3],
+                completion_tokens: ints[4],
+                cached_input_tokens: ints[5],
+                reasoning_tokens: ints[0] / 3,
+            };
+            r.started_at = floats[0];
+            r.ended_at = floats[1];
+            r.ttfb_ms = flags[0].then_some(floats[2]);
+            r.requested_model = flags[1].then(|| text[3].clone());
+            r.finish_reason = flags[2].then(|| text[4].clone());
+            r.engine = flags[3].then(|| text[4].clone());
+            r.node = flags[4].then_some(ints[1]);
+            r.stream = flags[5];
+            r.client_disconnected = flags[6];
+            r.truncated = flags[7];
+            r.token_capture = if flags[8] { TokenCapture::Missing } else { TokenCapture::Off };
+            r.completion_logprobs = flags[8].then(|| floats.clone());
+            r.error = flags[0].then(|| CallError {
+                kind: ErrorKind::Internal,
+                message: text[2].clone(),
+                status: 500,
+            });
+            let serde = serde_json::to_vec(&r).expect("serde");
+            proptest::prop_assert_eq!(
+                String::from_utf8(r.to_json_vec()).expect("utf-8"),
                 String::from_utf8(serde).expect("utf-8")
             );
         }
