@@ -25,6 +25,7 @@
 //! # }
 //! ```
 
+pub mod alloc;
 pub mod cli;
 pub mod client;
 pub mod config;
