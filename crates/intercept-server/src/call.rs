@@ -26,7 +26,7 @@ use crate::http_body::ResponseBody;
 use crate::registry::{Entry, InflightGuard};
 use crate::respond::{error_response, json_response};
 use crate::server::Shared;
-use crate::upstream::{read_all, ReadError, UpstreamBody, UpstreamClient};
+use crate::upstream::{read_all, ReadError, UpstreamBody};
 
 mod stream;
 
@@ -324,7 +324,7 @@ impl Call {
         &self,
         base_url: &str,
     ) -> Result<http::Request<crate::http_body::SliceBody>, Error> {
-        UpstreamClient::request(
+        self.shared.upstream.request(
             &*self.dialect,
             self.entry.session.upstream(),
             base_url,
@@ -791,7 +791,7 @@ async fn aux_request(
     let base_url = engines
         .get(engine)
         .map_or(upstream.base_url.as_str(), String::as_str);
-    UpstreamClient::request(
+    shared.upstream.request(
         dialect,
         upstream,
         base_url,

@@ -424,9 +424,11 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationTo
         header_read_timeout: shared.config.header_read_timeout,
         max_connections: shared.config.max_connections,
     };
+    // The request's future is boxed: it is ~8 KiB (a model call's whole state), and
+    // hyper's dispatcher would otherwise copy it by value as it stores it.
     let service = service_fn(move |req| {
         let shared = shared.clone();
-        async move { Ok::<_, Infallible>(handle(shared, req).await) }
+        Box::pin(async move { Ok::<_, Infallible>(handle(shared, req).await) })
     });
     crate::serve::serve_connections(listener, service, options, stop.cancelled_owned()).await
 }

@@ -61,6 +61,47 @@ type Connector = HttpConnector;
 pub(crate) struct UpstreamClient {
     client: Client<Connector, SliceBody>,
     h1: Arc<H1Pool>,
+    uris: Arc<UriCache>,
+}
+
+/// The upstream URIs calls were last sent to, parsed: a call's URI is its engine's base
+/// URL joined with its dialect's path, the same few pairs call after call, and joining
+/// and parsing them cost ~1,700 instructions a call. Bounded: past [`UriCache::MAX`]
+/// pairs, the oldest is forgotten.
+#[derive(Debug, Default)]
+struct UriCache(parking_lot::Mutex<std::collections::VecDeque<CachedUri>>);
+
+/// A base URL, a dialect path, and the URI they join to.
+type CachedUri = (Box<str>, Box<str>, Uri);
+
+impl UriCache {
+    /// Pairs kept (a sidecar has one upstream, or a few engines, and four dialects).
+    const MAX: usize = 32;
+
+    /// The URI of `path` on `base_url`, from the cache or joined and parsed (and kept).
+    fn get(&self, base_url: &str, path: &str) -> Result<Uri, Error> {
+        let found = self
+            .0
+            .lock()
+            .iter()
+            .find(|(b, p, _)| **b == *base_url && **p == *path)
+            .map(|(_, _, uri)| uri.clone());
+        if let Some(uri) = found {
+            return Ok(uri);
+        }
+        let url = join_url(base_url, path);
+        let uri: Uri = url.parse().map_err(|e| {
+            Error::Internal(format!(
+                "the session's upstream URL `{url}` is not a valid URL: {e}"
+            ))
+        })?;
+        let mut uris = self.0.lock();
+        if uris.len() >= Self::MAX {
+            uris.pop_front();
+        }
+        uris.push_back((base_url.into(), path.into(), uri.clone()));
+        Ok(uri)
+    }
 }
 
 /// An upstream response body, from either kind of connection.
@@ -216,13 +257,18 @@ impl UpstreamClient {
                 read_idle: config.upstream_read_idle,
             },
         );
-        Ok(UpstreamClient { client, h1 })
+        Ok(UpstreamClient {
+            client,
+            h1,
+            uris: Arc::default(),
+        })
     }
 
     /// Builds the upstream request of a model call to one engine of `upstream`
     /// (`base_url`: one of [`Upstream::engines`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn request(
+        &self,
         dialect: &dyn Dialect,
         upstream: &Upstream,
         base_url: &str,
@@ -231,12 +277,7 @@ impl UpstreamClient {
         incoming: &HeaderMap,
         body: &JsonBody,
     ) -> Result<Request<SliceBody>, Error> {
-        let url = join_url(base_url, path);
-        let uri: Uri = url.parse().map_err(|e| {
-            Error::Internal(format!(
-                "the session's upstream URL `{url}` is not a valid URL: {e}"
-            ))
-        })?;
+        let uri = self.uris.get(base_url, path)?;
         let mut headers = forwardable(incoming);
         for (name, value) in &upstream.headers {
             if let (Ok(n), Ok(v)) = (
@@ -278,15 +319,13 @@ impl UpstreamClient {
         &self,
         req: Request<SliceBody>,
     ) -> Result<Response<UpstreamBody>, SendFailure> {
-        let host = req
-            .uri()
-            .authority()
-            .map(|a| a.to_string())
-            .unwrap_or_default();
+        // For errors only: a shared slice of the URI, no copy.
+        let authority = req.uri().authority().cloned();
+        let host = authority.as_ref().map_or("", |a| a.as_str());
         if req.uri().scheme_str() == Some("http") {
             return match self.h1.send(req).await {
                 Ok(resp) => Ok(resp.map(UpstreamBody::Driven)),
-                Err(e) => Err(h1_failure(&host, e)),
+                Err(e) => Err(h1_failure(host, e)),
             };
         }
         #[cfg(not(feature = "tls"))]
@@ -303,7 +342,7 @@ impl UpstreamClient {
         match self.client.request(req).await {
             Ok(resp) => Ok(resp.map(UpstreamBody::Pooled)),
             Err(e) => Err(SendFailure {
-                error: transport_error(&host, &e),
+                error: transport_error(host, &e),
                 connect: e.is_connect(),
             }),
         }
@@ -516,20 +555,55 @@ mod tests {
         );
         let upstream = Upstream::new("http://127.0.0.1:1/v1").with_api_key("sk-up");
         let body = JsonBody::parse(Bytes::from_static(b"{\"messages\":[]}")).expect("body");
-        let req = UpstreamClient::request(
-            &intercept_core::ChatDialect,
-            &upstream,
-            &upstream.base_url,
-            Some("r-1"),
-            "/chat/completions",
-            &incoming,
-            &body,
-        )
-        .expect("request");
+        let client = UpstreamClient::new(&ServerConfig::default()).expect("client");
+        let req = client
+            .request(
+                &intercept_core::ChatDialect,
+                &upstream,
+                &upstream.base_url,
+                Some("r-1"),
+                "/chat/completions",
+                &incoming,
+                &body,
+            )
+            .expect("request");
         assert_eq!(req.uri(), "http://127.0.0.1:1/v1/chat/completions");
         assert_eq!(req.headers()["authorization"], "Bearer sk-up");
         assert_eq!(req.headers()["x-session-id"], "r-1");
         assert_eq!(req.headers()["content-type"], "application/json");
         assert_eq!(http_body::Body::size_hint(req.body()).exact(), Some(15));
+    }
+
+    #[test]
+    fn upstream_uris_are_joined_once_per_pair_and_the_cache_stays_bounded() {
+        let cache = UriCache::default();
+        let a = cache
+            .get("http://h:1/v1", "/v1/chat/completions")
+            .expect("uri");
+        assert_eq!(a, "http://h:1/v1/chat/completions");
+        let again = cache
+            .get("http://h:1/v1", "/v1/chat/completions")
+            .expect("uri");
+        assert_eq!(again, a);
+        assert_eq!(
+            cache.0.lock().len(),
+            1,
+            "the second call was served from the cache"
+        );
+        let other = cache.get("http://h:1/v1", "/v1/messages").expect("uri");
+        assert_eq!(other, "http://h:1/v1/messages");
+        for port in 0..(UriCache::MAX as u16 + 10) {
+            let base = format!("http://h:{port}/v1");
+            let uri = cache.get(&base, "/v1/chat/completions").expect("uri");
+            assert_eq!(uri.port_u16(), Some(port));
+        }
+        assert_eq!(cache.0.lock().len(), UriCache::MAX);
+        let bad = cache.get("http://bad host", "/v1/chat/completions");
+        assert!(bad.is_err_and(|e| e.to_string().contains("not a valid URL")));
+        assert_eq!(
+            cache.0.lock().len(),
+            UriCache::MAX,
+            "an invalid URL is not kept"
+        );
     }
 }
