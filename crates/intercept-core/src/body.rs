@@ -251,6 +251,17 @@ impl JsonBody {
         self.members.iter().map(|m| &*m.key)
     }
 
+    /// The top-level members, in order: each key with its value's raw JSON text.
+    pub fn members(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.members.iter().map(|m| {
+            let raw = match &m.value {
+                Value::Source { value, .. } => &self.source[value.clone()],
+                Value::Owned(b) => &b[..],
+            };
+            (&*m.key, raw)
+        })
+    }
+
     /// Whether a top-level key is present.
     pub fn contains(&self, key: &str) -> bool {
         self.members.iter().any(|m| &*m.key == key)
@@ -342,9 +353,28 @@ impl JsonBody {
     /// The object as a list of byte slices, unchanged members shared with the source.
     /// Runs of unchanged, adjacent members are emitted as one slice.
     pub fn chunks(&self) -> Vec<Bytes> {
-        let mut out = Vec::with_capacity(4);
-        let mut glue = BytesMut::with_capacity(64);
-        glue.put_u8(b'{');
+        let mut sink = Chunks {
+            out: Vec::with_capacity(4),
+            glue: BytesMut::with_capacity(64),
+        };
+        self.walk(&mut sink);
+        let Chunks { mut out, glue } = sink;
+        out.push(glue.freeze());
+        out.retain(|b| !b.is_empty());
+        out
+    }
+
+    /// Appends the object's JSON to `out`: what [`JsonBody::chunks`] holds, one piece
+    /// after the other, without making the pieces.
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        self.walk(out);
+    }
+
+    /// Sends the object to `sink` piece by piece: runs of unchanged, adjacent members
+    /// as one slice of the source, the rest (braces, commas, keys, set values) as they
+    /// come.
+    fn walk(&self, sink: &mut impl Pieces) {
+        sink.glue(b"{");
         // The source run being extended: (start, end, index of its last member).
         let mut run: Option<(usize, usize, usize)> = None;
         let mut first = true;
@@ -359,40 +389,33 @@ impl JsonBody {
                         continue;
                     }
                 }
-                flush_run(&self.source, &mut run, &mut glue, &mut out);
+                self.flush_run(&mut run, sink);
                 if !first {
-                    glue.put_u8(b',');
+                    sink.glue(b",");
                 }
                 first = false;
                 run = Some((span.start, span.end, i));
                 continue;
             }
-            flush_run(&self.source, &mut run, &mut glue, &mut out);
+            self.flush_run(&mut run, sink);
             if !first {
-                glue.put_u8(b',');
+                sink.glue(b",");
             }
             first = false;
-            write_key(&mut glue, &m.key);
+            sink.key(&m.key);
             match &m.value {
-                Value::Source { value, .. } => {
-                    out.push(glue.split().freeze());
-                    out.push(self.source.slice(value.clone()));
-                }
-                Value::Owned(b) => {
-                    if b.len() <= 256 {
-                        glue.extend_from_slice(b);
-                    } else {
-                        out.push(glue.split().freeze());
-                        out.push(b.clone());
-                    }
-                }
+                Value::Source { value, .. } => sink.source(&self.source, value.clone()),
+                Value::Owned(b) => sink.owned(b),
             }
         }
-        flush_run(&self.source, &mut run, &mut glue, &mut out);
-        glue.put_u8(b'}');
-        out.push(glue.freeze());
-        out.retain(|b| !b.is_empty());
-        out
+        self.flush_run(&mut run, sink);
+        sink.glue(b"}");
+    }
+
+    fn flush_run(&self, run: &mut Option<(usize, usize, usize)>, sink: &mut impl Pieces) {
+        if let Some((start, end, _)) = run.take() {
+            sink.source(&self.source, start..end);
+        }
     }
 
     /// Whether the source text between member `last`'s end and `next_start` is only
@@ -416,15 +439,9 @@ impl JsonBody {
 
     /// The object as one contiguous buffer (copies).
     pub fn to_bytes(&self) -> Bytes {
-        let chunks = self.chunks();
-        if chunks.len() == 1 {
-            return chunks.into_iter().next().unwrap_or_default();
-        }
-        let mut out = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
-        for c in chunks {
-            out.extend_from_slice(&c);
-        }
-        out.freeze()
+        let mut out = Vec::with_capacity(self.size_hint());
+        self.write_to(&mut out);
+        Bytes::from(out)
     }
 
     /// The whole object as a [`serde_json::Value`] (parses everything: not for hot paths).
@@ -433,23 +450,76 @@ impl JsonBody {
     }
 }
 
-fn flush_run(
-    source: &Bytes,
-    run: &mut Option<(usize, usize, usize)>,
-    glue: &mut BytesMut,
-    out: &mut Vec<Bytes>,
-) {
-    if let Some((start, end, _)) = run.take() {
-        out.push(glue.split().freeze());
-        out.push(source.slice(start..end));
+/// Where [`JsonBody::walk`] sends the pieces of an object.
+trait Pieces {
+    /// Bytes of the object's frame: braces and commas.
+    fn glue(&mut self, bytes: &[u8]);
+    /// A member's key and its colon.
+    fn key(&mut self, key: &str);
+    /// A range of the source: a run of members, or one member's value.
+    fn source(&mut self, source: &Bytes, range: Range<usize>);
+    /// A set value (serialised JSON).
+    fn owned(&mut self, value: &Bytes);
+}
+
+/// [`JsonBody::chunks`]: the source's runs and large set values shared, everything
+/// between them gathered in `glue`.
+struct Chunks {
+    out: Vec<Bytes>,
+    glue: BytesMut,
+}
+
+impl Chunks {
+    fn push(&mut self, shared: Bytes) {
+        self.out.push(self.glue.split().freeze());
+        self.out.push(shared);
     }
 }
 
-fn write_key(out: &mut BytesMut, key: &str) {
-    let mut w = out.writer();
-    // Writing a string to a BytesMut cannot fail.
-    let _ = serde_json::to_writer(&mut w, key);
-    w.into_inner().put_u8(b':');
+impl Pieces for Chunks {
+    fn glue(&mut self, bytes: &[u8]) {
+        self.glue.extend_from_slice(bytes);
+    }
+
+    fn key(&mut self, key: &str) {
+        let mut w = (&mut self.glue).writer();
+        // Writing a string to a BytesMut cannot fail.
+        let _ = serde_json::to_writer(&mut w, key);
+        self.glue.put_u8(b':');
+    }
+
+    fn source(&mut self, source: &Bytes, range: Range<usize>) {
+        self.push(source.slice(range));
+    }
+
+    fn owned(&mut self, value: &Bytes) {
+        if value.len() <= 256 {
+            self.glue.extend_from_slice(value);
+        } else {
+            self.push(value.clone());
+        }
+    }
+}
+
+/// [`JsonBody::write_to`]: every piece copied into one buffer.
+impl Pieces for Vec<u8> {
+    fn glue(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+
+    fn key(&mut self, key: &str) {
+        // Writing a string to a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *self, key);
+        self.push(b':');
+    }
+
+    fn source(&mut self, source: &Bytes, range: Range<usize>) {
+        self.extend_from_slice(&source[range]);
+    }
+
+    fn owned(&mut self, value: &Bytes) {
+        self.extend_from_slice(value);
+    }
 }
 
 impl fmt::Debug for JsonBody {
@@ -786,6 +856,10 @@ mod tests {
             let out = b.to_bytes();
             let got: serde_json::Value = serde_json::from_slice(&out).expect("valid JSON out");
             prop_assert_eq!(got, serde_json::Value::Object(expected));
+            // The pieces sent upstream and the bytes written into a record are the same.
+            let pieces: Vec<u8> = b.chunks().concat();
+            prop_assert_eq!(&pieces[..], &out[..]);
+            prop_assert_eq!(b.encoded_len(), out.len());
         }
     }
 }

@@ -255,14 +255,42 @@ pub(crate) fn error_text(err: &serde_json::Value) -> String {
 /// Copies the keys of `sampling` that appear in `whitelist` out of `body`.
 pub(crate) fn whitelisted(body: &JsonBody, whitelist: &[&str]) -> Sampling {
     let mut out = Sampling::new();
-    for key in whitelist {
-        if let Some(v) = body.value(key) {
-            if !v.is_null() {
-                out.insert((*key).to_owned(), v);
+    for (key, raw) in body.members() {
+        if !whitelist.contains(&key) {
+            continue;
+        }
+        match sampling_value(raw) {
+            Some(serde_json::Value::Null) | None => {}
+            Some(v) => {
+                out.insert(key.to_owned(), v);
             }
         }
     }
     out
+}
+
+/// A sampling setting's raw JSON as a value. The usual ones, a count or a seed
+/// (`max_tokens`, `n`, `seed`: digits that fit a `u64`) and a flag, are read without
+/// the parser; the rest go through serde_json.
+fn sampling_value(raw: &[u8]) -> Option<serde_json::Value> {
+    match raw {
+        b"true" => return Some(serde_json::Value::Bool(true)),
+        b"false" => return Some(serde_json::Value::Bool(false)),
+        b"null" => return Some(serde_json::Value::Null),
+        // Up to 19 digits always fit a u64; a valid JSON integer has no leading zero.
+        digits
+            if !digits.is_empty()
+                && digits.len() <= 19
+                && digits.iter().all(u8::is_ascii_digit) =>
+        {
+            let n = digits
+                .iter()
+                .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+            return Some(serde_json::Value::from(n));
+        }
+        _ => {}
+    }
+    crate::body::from_json_bytes(raw).ok()
 }
 
 /// Joins an upstream base URL and a dialect path without doubling a version segment
@@ -285,6 +313,48 @@ pub fn join_url(base: &str, path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sampling_settings_read_as_serde_json_reads_them() {
+        let values = [
+            "0",
+            "7",
+            "256",
+            "1234567890123456789",
+            "18446744073709551615",
+            "99999999999999999999",
+            "-1",
+            "0.7",
+            "1e3",
+            "1.0",
+            "true",
+            "false",
+            "null",
+            "\"high\"",
+            "[\"\\n\", \"stop\"]",
+            "{\"a\": [1, {\"b\": null}]}",
+        ];
+        for v in values {
+            let text =
+                format!(r#"{{"model": "m", "temperature": {v}, "seed": {v}, "messages": []}}"#);
+            let body = JsonBody::parse(bytes::Bytes::from(text)).expect("body");
+            let got = whitelisted(&body, &["temperature", "seed", "max_tokens"]);
+            let value: serde_json::Value = serde_json::from_str(v).expect("json");
+            let mut expected = Sampling::new();
+            if !value.is_null() {
+                expected.insert("seed".into(), value.clone());
+                expected.insert("temperature".into(), value);
+            }
+            assert_eq!(got, expected, "{v}");
+            for (key, raw) in body
+                .members()
+                .filter(|(k, _)| *k != "model" && *k != "messages")
+            {
+                let parsed: serde_json::Value = serde_json::from_slice(raw).expect("raw");
+                assert_eq!(sampling_value(raw), Some(parsed), "{key} = {v}");
+            }
+        }
+    }
 
     #[test]
     fn join_url_dedups_only_versions() {
