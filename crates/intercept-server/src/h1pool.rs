@@ -119,7 +119,9 @@ pub(crate) enum H1Error {
 /// The pool: idle connections per `host:port`, oldest first; the newest is taken first.
 pub(crate) struct H1Pool<D: Dial = Tcp> {
     dial: D,
-    idle: Mutex<HashMap<String, VecDeque<Idle<D::Io>>>>,
+    /// Keyed by upstream hosts (the sessions' configuration, not the harnesses'), so a
+    /// fast hash with a per-process seed: it is hashed at every checkout and return.
+    idle: Mutex<HashMap<String, VecDeque<Idle<D::Io>>, foldhash::fast::RandomState>>,
     max_idle_per_host: usize,
     idle_timeout: Duration,
     connect_timeout: Duration,
@@ -156,7 +158,7 @@ impl<D: Dial> H1Pool<D> {
     ) -> Arc<Self> {
         Arc::new(H1Pool {
             dial,
-            idle: Mutex::new(HashMap::new()),
+            idle: Mutex::new(HashMap::default()),
             max_idle_per_host,
             idle_timeout: IDLE_TIMEOUT,
             connect_timeout,
@@ -1608,7 +1610,7 @@ mod tests {
             let pool = Arc::new(H1Pool {
                 dial: Tcp,
                 timeouts: Timeouts::default(),
-                idle: Mutex::new(HashMap::new()),
+                idle: Mutex::new(HashMap::default()),
                 max_idle_per_host: 8,
                 idle_timeout: Duration::from_millis(50),
                 connect_timeout: Duration::from_secs(5),
