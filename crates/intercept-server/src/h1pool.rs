@@ -116,12 +116,15 @@ pub(crate) enum H1Error {
     Exchange(io::Error),
 }
 
+/// Idle connections by `host:port`.
+type IdleByHost<Io> = HashMap<String, VecDeque<Idle<Io>>, foldhash::fast::RandomState>;
+
 /// The pool: idle connections per `host:port`, oldest first; the newest is taken first.
 pub(crate) struct H1Pool<D: Dial = Tcp> {
     dial: D,
     /// Keyed by upstream hosts (the sessions' configuration, not the harnesses'), so a
     /// fast hash with a per-process seed: it is hashed at every checkout and return.
-    idle: Mutex<HashMap<String, VecDeque<Idle<D::Io>>, foldhash::fast::RandomState>>,
+    idle: Mutex<IdleByHost<D::Io>>,
     max_idle_per_host: usize,
     idle_timeout: Duration,
     connect_timeout: Duration,
