@@ -26,7 +26,7 @@ pub enum Command {
 }
 
 /// Flags of `intercept serve`: `--config` and one flag per setting of
-/// [`SETTINGS`](crate::config::SETTINGS), each overriding the config file and
+/// [`SETTINGS`], each overriding the config file and
 /// `INTERCEPT_*`.
 ///
 /// The flags take text, checked by the same deserializer as the other layers, so errors
