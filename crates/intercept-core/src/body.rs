@@ -253,13 +253,15 @@ impl JsonBody {
 
     /// The top-level members, in order: each key with its value's raw JSON text.
     pub fn members(&self) -> impl Iterator<Item = (&str, &[u8])> {
-        self.members.iter().map(|m| {
-            let raw = match &m.value {
-                Value::Source { value, .. } => &self.source[value.clone()],
-                Value::Owned(b) => &b[..],
-            };
-            (&*m.key, raw)
-        })
+        self.members.iter().map(|m| (&*m.key, self.raw_of(m)))
+    }
+
+    /// A member's value as raw JSON text.
+    fn raw_of<'s>(&'s self, m: &'s Member) -> &'s [u8] {
+        match &m.value {
+            Value::Source { value, .. } => &self.source[value.clone()],
+            Value::Owned(b) => &b[..],
+        }
     }
 
     /// Whether a top-level key is present.
@@ -272,10 +274,7 @@ impl JsonBody {
         self.members
             .iter()
             .find(|m| &*m.key == key)
-            .map(|m| match &m.value {
-                Value::Source { value, .. } => &self.source[value.clone()],
-                Value::Owned(b) => &b[..],
-            })
+            .map(|m| self.raw_of(m))
     }
 
     /// The raw JSON text of a top-level value as a shared slice (no copy).
