@@ -305,7 +305,7 @@ impl CallRecord {
     /// The record as serde writes it, field by field in the order of the struct: keys
     /// are constants (they need no escaping), plain strings and integers are copied in,
     /// the other values go through serde_json. The two bodies are copied in as they
-    /// stand (the request's pieces one after the other, without joining them first).
+    /// stand (the request straight from its pieces, [`JsonBody::write_to`]).
     /// The request needs no UTF-8 check: its source was checked when it was parsed and
     /// what was set since is JSON (see [`JsonBody::set_raw`]); the response is checked.
     fn write_parts(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {

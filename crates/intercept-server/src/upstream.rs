@@ -79,15 +79,15 @@ impl UriCache {
     const MAX: usize = 32;
 
     /// The URI of `path` on `base_url`, from the cache or joined and parsed (and kept).
+    /// The lock is held over a miss's join and parse (a few microseconds), so that two
+    /// calls missing the same pair at once keep it once.
     fn get(&self, base_url: &str, path: &str) -> Result<Uri, Error> {
-        let found = self
-            .0
-            .lock()
+        let mut uris = self.0.lock();
+        if let Some((_, _, uri)) = uris
             .iter()
             .find(|(b, p, _)| **b == *base_url && **p == *path)
-            .map(|(_, _, uri)| uri.clone());
-        if let Some(uri) = found {
-            return Ok(uri);
+        {
+            return Ok(uri.clone());
         }
         let url = join_url(base_url, path);
         let uri: Uri = url.parse().map_err(|e| {
@@ -95,7 +95,6 @@ impl UriCache {
                 "the session's upstream URL `{url}` is not a valid URL: {e}"
             ))
         })?;
-        let mut uris = self.0.lock();
         if uris.len() >= Self::MAX {
             uris.pop_front();
         }
