@@ -2,7 +2,7 @@
 //! the settings of `intercept serve` ([`intercept_cli::config::SETTINGS`]).
 //!
 //! The table sits between two marker comments; [`render`] replaces what is between them
-//! and [`write`] saves the result. `cargo xtask tidy` fails when the committed table is
+//! and [`write()`] saves the result. `cargo xtask tidy` fails when the committed table is
 //! not the rendered one (rule `config-docs`), so the page cannot drift from the code.
 
 use std::fs;

@@ -39,7 +39,7 @@ pub struct FrpcInstall {
     /// never downloaded: install frpc yourself and set `FRPC_PATH`, or pin one here.
     pub sha256: BTreeMap<String, String>,
     /// How error messages tell the user to pin a checksum (default: "in the tunnel
-    /// config (frpc.sha256.<platform>)"); a front end names its own setting (the sidecar:
+    /// config (`frpc.sha256.<platform>`)"); a front end names its own setting (the sidecar:
     /// `frpc_sha256`). Not part of config files.
     #[serde(skip)]
     pub pin_hint: Option<String>,
