@@ -7,9 +7,9 @@
 //! over-allocation for some alignments. Every mimalloc block is aligned to 8 bytes, which
 //! is the alignment of nearly every Rust allocation, so those go to `mi_malloc`,
 //! `mi_zalloc` and `mi_realloc`; a larger alignment (tokio's cache-padded task cells)
-//! still goes to the aligned calls. A JSON call through the proxy makes ~67 allocations;
-//! this saves ~1,700 instructions of its ~73,700 (docs/benchmarks.md, "The allocator's
-//! fast path").
+//! still goes to the aligned calls. A JSON call through the proxy made ~67 allocations
+//! when this was measured; it saved ~1,700 instructions of its ~73,700 (docs/benchmarks.md,
+//! "The allocator's fast path").
 //!
 //! ```no_run
 //! #[global_allocator]
