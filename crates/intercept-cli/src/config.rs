@@ -487,7 +487,8 @@ pub const SETTINGS: &[Setting] = &[
         doc: "A client of the harness ports or the control API must send a whole request \
             head within this many seconds of opening the connection (or of the previous \
             answer), else the connection is closed. This is also the idle timeout of \
-            kept-alive connections; it never cuts an answer being sent. `0`: no limit.",
+            kept-alive connections (HTTP/1 and HTTP/2); it never cuts a request in \
+            progress or an answer being sent. `0`: no limit.",
     },
     Setting {
         key: "released_retention",
@@ -715,9 +716,9 @@ pub struct ServeConfig {
     /// Default network policy: what a forbidden capability gets (default strip).
     #[serde(deserialize_with = "value::on_violation")]
     pub network_on_violation: OnViolation,
-    /// An HTTP/1 request head (harness ports and control API) must be complete this
-    /// long after the connection opened or its previous answer, else the connection is
-    /// closed; `None` (`0` in the settings): no limit.
+    /// A request head (harness ports and control API) must be complete this long after
+    /// the connection opened or its previous answer, else the connection is closed;
+    /// `None` (`0` in the settings): no limit.
     #[serde(
         rename = "header_read_timeout_secs",
         deserialize_with = "value::header_timeout"

@@ -584,7 +584,11 @@ async fn accept(listener: TcpListener, state: Arc<ControlState>, stop: Cancellat
         let state = state.clone();
         async move { Ok::<_, Infallible>(crate::control::handle(state, req).await) }
     });
-    let serve =
-        intercept_server::serve_connections(listener, service, options, stop.cancelled_owned());
+    let serve = intercept_server::serve_connections(
+        listener,
+        move |_: &intercept_server::Connection| service.clone(),
+        options,
+        stop.cancelled_owned(),
+    );
     tracing::Instrument::instrument(serve, tracing::info_span!("control_api")).await
 }

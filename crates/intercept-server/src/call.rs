@@ -112,11 +112,6 @@ impl Call {
             policy: outgoing.policy,
         }
     }
-
-    /// Cancelled when the rollout is released or the server stops.
-    pub(crate) fn cancel(&self) -> &tokio_util::sync::CancellationToken {
-        &self.entry.cancel
-    }
 }
 
 /// A call's token capture: off, or on with its collector until the relay takes it (the
@@ -154,13 +149,13 @@ impl Capture {
 /// it, and once the call is cancelled the answer has a bounded time to go out.
 pub(crate) struct Reply {
     tx: oneshot::Sender<Response<ResponseBody>>,
-    busy: Option<crate::serve::Busy>,
+    busy: crate::serve::Busy,
 }
 
 impl Reply {
     pub(crate) fn new(
         tx: oneshot::Sender<Response<ResponseBody>>,
-        busy: Option<crate::serve::Busy>,
+        busy: crate::serve::Busy,
     ) -> Self {
         Reply { tx, busy }
     }
@@ -169,11 +164,17 @@ impl Reply {
         self.tx.is_closed()
     }
 
-    /// Sends the head; `Err` if nobody waits for it any more.
-    fn send(self, mut resp: Response<ResponseBody>) -> Result<(), ()> {
-        if let Some(busy) = self.busy {
-            resp.body_mut().hold(busy);
+    /// Sends the head; `Err` if nobody waits for it any more. A stream's body is
+    /// written while `cancel` may still fire: the connection is told to end it then.
+    fn send(
+        mut self,
+        mut resp: Response<ResponseBody>,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> Result<(), ()> {
+        if resp.body().is_stream() {
+            self.busy.cancelled_by(cancel.clone());
         }
+        resp.body_mut().hold(self.busy);
         self.tx.send(resp).map_err(drop)
     }
 }
@@ -311,8 +312,7 @@ impl Outcome {
 impl Call {
     /// Runs the exchange; sends the response head (and, for streams, feeds the body).
     pub(crate) async fn run(self, reply: Reply) {
-        let session_id = self.entry.session.id().to_owned();
-        let span = tracing::debug_span!("call", session = %session_id, seq = self.seq, stream = self.prepared.stream);
+        let span = tracing::debug_span!("call", session = %self.entry.session.id(), seq = self.seq, stream = self.prepared.stream);
         if self.prepared.stream {
             tracing::Instrument::instrument(self.run_stream(reply), span).await
         } else {
@@ -495,7 +495,7 @@ impl Call {
         outcome.client_disconnected = reply.is_closed();
         outcome.tokens = capture.map(TokenCollector::finish);
         self.record(outcome);
-        let _ = reply.send(response);
+        let _ = reply.send(response, &self.entry.cancel);
     }
 
     /// The upstream's 2xx answer, read whole, unless the call is cancelled first.

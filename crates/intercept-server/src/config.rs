@@ -35,10 +35,11 @@ pub struct ServerConfig {
     /// After a harness disconnects mid-stream, the upstream stream is still read (and
     /// recorded) for at most this long (default 120 s).
     pub disconnect_grace: Duration,
-    /// A harness connection whose HTTP/1 request head is not complete this long after
-    /// it opened, or after the previous answer on a kept-alive connection, is closed
-    /// (default 30 s): this bounds slow-header (slowloris) and idle connections.
-    /// `None`: no limit.
+    /// A harness connection with no request in progress this long after it opened, or
+    /// after its previous answer, is closed (default 30 s): a request head must be
+    /// complete within it. This bounds slow-header (slowloris) clients, connections
+    /// that never send a byte and idle kept-alive ones (HTTP/1 and HTTP/2 alike); a
+    /// request in progress is never cut by it. `None`: no limit.
     pub header_read_timeout: Option<Duration>,
     /// Connect timeout towards upstreams (default 5 s).
     pub connect_timeout: Duration,

@@ -94,6 +94,11 @@ impl ResponseBody {
         ResponseBody(Kind::Channel { rx, call: None }, None)
     }
 
+    /// Whether the body is a relayed stream.
+    pub(crate) fn is_stream(&self) -> bool {
+        matches!(self.0, Kind::Channel { .. })
+    }
+
     /// Keeps `busy` until the body is dropped (written out, or its connection gone).
     pub(crate) fn hold(&mut self, busy: crate::serve::Busy) {
         self.1 = Some(busy);

@@ -424,16 +424,26 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationTo
         header_read_timeout: shared.config.header_read_timeout,
         max_connections: shared.config.max_connections,
     };
-    // The request's future is boxed: it is ~8 KiB (a model call's whole state), and
-    // hyper's dispatcher would otherwise copy it by value as it stores it.
-    let service = service_fn(move |req| {
+    // The request's future is boxed: hyper's dispatcher would otherwise copy it by value
+    // as it stores it. It is ~3 KiB, a model call's stages up to handing the call over
+    // (`handle` boxes its rarer, larger routes, so that they do not set its size).
+    let service = move |connection: &crate::serve::Connection| {
         let shared = shared.clone();
-        Box::pin(async move { Ok::<_, Infallible>(handle(shared, req).await) })
-    });
+        let connection = connection.clone();
+        service_fn(move |req| {
+            let shared = shared.clone();
+            let connection = connection.clone();
+            Box::pin(async move { Ok::<_, Infallible>(handle(shared, connection, req).await) })
+        })
+    };
     crate::serve::serve_connections(listener, service, options, stop.cancelled_owned()).await
 }
 
-async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ResponseBody> {
+async fn handle(
+    shared: Arc<Shared>,
+    connection: crate::serve::Connection,
+    req: Request<Incoming>,
+) -> Response<ResponseBody> {
     let path = req.uri().path();
     let method = req.method().clone();
     for dialect in &shared.dialects {
@@ -456,7 +466,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Respons
                 };
                 return error_response(&*dialect, &e);
             }
-            return model_call(shared, dialect, req).await;
+            return model_call(shared, dialect, connection, req).await;
         }
         if let Some((_, upstream_path)) = dialect
             .aux_routes()
@@ -471,15 +481,17 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Respons
                 };
                 return error_response(&*dialect, &e);
             }
-            return crate::call::aux_call(shared, dialect, upstream_path, req).await;
+            // Boxed, as the other routes below: a future is as large as its largest
+            // branch, and every request's future is moved into a box (see `accept`).
+            return Box::pin(crate::call::aux_call(shared, dialect, upstream_path, req)).await;
         }
     }
     match (path, &method) {
         ("/v1/models" | "/models", &Method::GET) => models(&shared, &req),
         ("/state", &Method::GET | &Method::PUT) | ("/task", &Method::GET) => {
-            state_route(shared, req).await
+            Box::pin(state_route(shared, req)).await
         }
-        ("/tool", &Method::POST) => tool_route(shared, req).await,
+        ("/tool", &Method::POST) => Box::pin(tool_route(shared, req)).await,
         ("/healthz", &Method::GET) => json_response(StatusCode::OK, &b"{\"status\":\"ok\"}"[..]),
         _ => plain_error(&Error::NotFound {
             method: method.to_string(),
@@ -789,6 +801,7 @@ async fn prepare(
 async fn model_call(
     shared: Arc<Shared>,
     dialect: Arc<dyn Dialect>,
+    connection: crate::serve::Connection,
     req: Request<Incoming>,
 ) -> Response<ResponseBody> {
     let fail = |e: Error| error_response(&*dialect, &e);
@@ -798,7 +811,6 @@ async fn model_call(
     };
     let session = entry.session.clone();
     let (parts, body) = req.into_parts();
-    let connection = parts.extensions.get::<crate::serve::Connection>().cloned();
     let bytes = match read_body(&shared, body, Some(&entry.cancel), "the request body").await {
         Ok(b) => b,
         Err(e) => return fail(e),
@@ -852,7 +864,7 @@ async fn model_call(
         },
     );
     let (tx, rx) = oneshot::channel();
-    let tx = crate::call::Reply::new(tx, connection.map(|c| c.busy(call.cancel().clone())));
+    let tx = crate::call::Reply::new(tx, connection.busy());
     // The call runs in this task (the harness's connection): here until the response
     // head exists, then in the response body. Dropped unfinished (the harness went
     // away), it goes on as a task of the server's tracker, to its record.

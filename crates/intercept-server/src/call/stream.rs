@@ -41,7 +41,7 @@ impl Call {
             Ok(body) => body,
             Err(failed) => return self.fail_stream(head, &tx, failed).await,
         };
-        let client_gone = head.send();
+        let client_gone = head.send(&self.entry.cancel);
         let config = &self.shared.config;
         let gone = tokio::time::sleep(config.disconnect_grace);
         let keepalive = tokio::time::sleep(config.keepalive);
@@ -74,7 +74,7 @@ impl Call {
                 _ = cancel.cancelled() => return Err(self.cancellation()),
                 r = &mut open => return r.map(|(resp, _)| resp),
                 _ = sleep_until(early_at), if head.is_pending() => {
-                    head.send();
+                    head.send(cancel);
                     debug!("slow first byte: stream answered early, keeping it alive");
                     next_keepalive = Some(tokio::time::Instant::now());
                 }
@@ -123,7 +123,7 @@ impl Call {
                 let (mut outcome, response) = self.failure_answer(failed);
                 outcome.client_disconnected = client_gone;
                 self.record(outcome);
-                let _ = reply.send(response);
+                let _ = reply.send(response, &self.entry.cancel);
             }
             Head::Sent { client_gone } => {
                 let mut outcome = Outcome::failed(&failed.recorded);
@@ -202,9 +202,10 @@ impl Head {
     }
 
     /// Sends the event-stream head, if it is still pending; whether the harness is gone.
-    fn send(&mut self) -> bool {
+    /// `cancel` is what cancels the call.
+    fn send(&mut self, cancel: &tokio_util::sync::CancellationToken) -> bool {
         let client_gone = match std::mem::replace(self, Head::Sent { client_gone: true }) {
-            Head::Pending(reply, rx) => reply.send(sse_head(rx)).is_err(),
+            Head::Pending(reply, rx) => reply.send(sse_head(rx), cancel).is_err(),
             Head::Sent { client_gone } => client_gone,
         };
         *self = Head::Sent { client_gone };
