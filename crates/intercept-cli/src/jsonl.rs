@@ -14,7 +14,10 @@
 //! the time of the write before), never more than the byte bound. A line that cannot be
 //! written (a full disk) is counted ([`TraceWriter::lost_lines`]) and logged with its
 //! file, never dropped silently; a line torn by a failed write is ended before the next
-//! line goes to that file.
+//! line goes to that file. A failure that goes on (every file of a full disk) does not
+//! flood the log: the first loss is logged at once, then at most one line every 10 s
+//! sums up the lines lost since (with the last file and error), and one line says when
+//! appends work again.
 //!
 //! Either way a crash can tear at most the last line of a file. [`read_trace_file`] skips
 //! such a torn line (and any line that does not parse) and reports it, rather than
@@ -34,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use intercept_core::{CallRecord, RecordSink, RolloutSession};
 use parking_lot::{Condvar, Mutex};
-use tracing::warn;
+use tracing::{info, warn};
 
 /// Writes `<dir>/<id>.episode.json` (the session's episode, pretty JSON) and returns its
 /// path.
@@ -182,9 +185,115 @@ fn write_all_vectored(file: &mut File, lines: &[&[u8]]) -> std::io::Result<()> {
 impl RecordSink for JsonlSink {
     fn on_record(&self, record: &CallRecord) {
         let line = line_of(record);
-        if let Err(e) = self.append(&[&line]) {
-            warn!(session = %record.session, seq = record.seq, path = %self.path.display(), error = %e, "could not append the call record to the trace file");
+        match self.append(&[&line]) {
+            Ok(()) => LOSSES.written(),
+            Err(e) => LOSSES.failed(&self.path, 1, &e),
         }
+    }
+}
+
+/// How often, at most, the log says more about trace lines being lost.
+const LOSS_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// The log of trace lines that could not be appended, for the whole process.
+static LOSSES: LossLog = LossLog::new(LOSS_LOG_EVERY);
+
+/// Logs lost trace lines without flooding the log when every append fails (a full disk,
+/// thousands of files): the first loss is logged at once; while losses go on, at most
+/// one line per `every` sums up the lines lost since, naming the last file and error;
+/// the first append that works after losses says so (also at most once per `every`).
+struct LossLog {
+    every: Duration,
+    /// Whether lines were lost since appends last worked (read without the lock on
+    /// every append that works).
+    losing: AtomicBool,
+    state: Mutex<LossState>,
+}
+
+struct LossState {
+    /// When the log last said something.
+    logged_at: Option<Instant>,
+    /// Lines lost and not logged yet.
+    unlogged: u64,
+    /// The last file and error of those.
+    last: Option<(PathBuf, String)>,
+}
+
+impl LossLog {
+    const fn new(every: Duration) -> Self {
+        LossLog {
+            every,
+            losing: AtomicBool::new(false),
+            state: Mutex::new(LossState {
+                logged_at: None,
+                unlogged: 0,
+                last: None,
+            }),
+        }
+    }
+
+    /// `lines` lines for `path` could not be appended.
+    fn failed(&self, path: &Path, lines: usize, error: &std::io::Error) {
+        self.losing.store(true, Ordering::Relaxed);
+        let mut s = self.state.lock();
+        s.unlogged += lines as u64;
+        let now = Instant::now();
+        if s.logged_at
+            .is_some_and(|at| now.duration_since(at) < self.every)
+        {
+            s.last = Some((path.to_owned(), error.to_string()));
+            return;
+        }
+        warn!(
+            path = %path.display(),
+            lines = s.unlogged,
+            error = %error,
+            "could not append call records to the trace file; they are lost (while appends \
+             keep failing, one line every {} s sums up the losses)",
+            self.every.as_secs_f64()
+        );
+        s.unlogged = 0;
+        s.last = None;
+        s.logged_at = Some(now);
+    }
+
+    /// An append worked.
+    fn written(&self) {
+        if !self.losing.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut s = self.state.lock();
+        let now = Instant::now();
+        if s.logged_at
+            .is_some_and(|at| now.duration_since(at) < self.every)
+        {
+            return;
+        }
+        self.report(&mut s);
+        self.losing.store(false, Ordering::Relaxed);
+        info!("call records are appended to the trace files again");
+        s.logged_at = Some(now);
+    }
+
+    /// Logs the losses not logged yet, if any.
+    fn report(&self, s: &mut LossState) {
+        if s.unlogged == 0 {
+            return;
+        }
+        let (path, error) = s.last.take().unwrap_or_default();
+        warn!(
+            lines = s.unlogged,
+            last_path = %path.display(),
+            last_error = %error,
+            "more call records could not be appended to their trace files; they are lost"
+        );
+        s.unlogged = 0;
+    }
+
+    /// Logs the losses not logged yet (the writer is ending).
+    fn flush(&self) {
+        let mut s = self.state.lock();
+        self.report(&mut s);
     }
 }
 
@@ -382,6 +491,7 @@ impl Shared {
                 };
                 self.0.progress.notify_all();
                 self.0.write(left);
+                LOSSES.flush();
                 // Nothing is queued any more, also after a panic mid-batch (the gauge
                 // reads it).
                 let mut q = self.0.queue.lock();
@@ -428,9 +538,12 @@ impl Shared {
         for run in batch.chunk_by(|a, b| Arc::ptr_eq(&a.file, &b.file)) {
             let file = &run[0].file;
             let lines: Vec<&[u8]> = run.iter().map(|p| p.line.as_slice()).collect();
-            if let Err(e) = file.append(&lines) {
-                self.lost.fetch_add(run.len() as u64, Ordering::Relaxed);
-                warn!(path = %file.path.display(), lines = run.len(), error = %e, "could not append call records to the trace file; they are lost");
+            match file.append(&lines) {
+                Ok(()) => LOSSES.written(),
+                Err(e) => {
+                    self.lost.fetch_add(run.len() as u64, Ordering::Relaxed);
+                    LOSSES.failed(&file.path, run.len(), &e);
+                }
             }
         }
     }
@@ -637,6 +750,62 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(w.lost_lines(), 0);
+    }
+
+    /// A disk that stays full gives a few log lines, not one per lost line: the first
+    /// loss at once, then one sum per period, then one line when appends work again.
+    #[test]
+    fn losses_that_go_on_are_summed_up_not_logged_one_by_one() {
+        #[derive(Clone, Default)]
+        struct Captured(Arc<Mutex<Vec<u8>>>);
+        impl Write for Captured {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        let every = Duration::from_millis(200);
+        let log = LossLog::new(every);
+        tracing::subscriber::with_default(subscriber, || {
+            let full = std::io::Error::from_raw_os_error(28);
+            for i in 0..1000 {
+                log.failed(Path::new(&format!("/t/{}.jsonl", i % 50)), 2, &full);
+            }
+            // Within the period, an append that works says nothing yet.
+            log.written();
+            std::thread::sleep(every + every / 4);
+            log.failed(Path::new("/t/last.jsonl"), 1, &full);
+            std::thread::sleep(every + every / 4);
+            log.written();
+            log.written();
+        });
+        let text = String::from_utf8(captured.0.lock().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(lines[0].contains("WARN"), "{text}");
+        assert!(
+            lines[0].contains("path=/t/0.jsonl") && lines[0].contains("lines=2"),
+            "{text}"
+        );
+        // The other 999 failures (1,998 lines) and the last one, summed up.
+        assert!(
+            lines[1].contains("path=/t/last.jsonl") && lines[1].contains("lines=1999"),
+            "{text}"
+        );
+        assert!(
+            lines[2].contains("INFO") && lines[2].contains("again"),
+            "{text}"
+        );
     }
 
     #[test]
