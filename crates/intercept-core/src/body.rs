@@ -17,6 +17,8 @@ use serde_json::value::RawValue;
 
 use crate::error::Error;
 
+mod scan;
+
 /// One top-level member of a [`JsonBody`].
 #[derive(Clone)]
 struct Member {
@@ -172,6 +174,11 @@ fn not_an_object(source: &[u8], parse_error: &serde_json::Error) -> Error {
         ));
     }
     match serde_json::from_slice::<serde::de::IgnoredAny>(source) {
+        // An object that skips as JSON but does not read as one: a key that does not
+        // decode (a lone surrogate escape).
+        Ok(_) if source.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{') => {
+            Error::invalid(format!("request body is not valid JSON: {parse_error}"))
+        }
         Ok(_) => {
             let found = match source.iter().find(|b| !b.is_ascii_whitespace()) {
                 Some(b'[') => "an array",
@@ -191,6 +198,14 @@ impl JsonBody {
     /// [`MAX_JSON_DEPTH`] levels. The error says what is wrong (not UTF-8, not JSON at
     /// all, JSON but not an object, too deep) in words a person can act on.
     pub fn parse(source: Bytes) -> Result<Self, Error> {
+        if let Some(members) = std::str::from_utf8(&source)
+            .ok()
+            .and_then(|text| scan::scan_object(text, MAX_JSON_DEPTH))
+            .and_then(|members| Self::from_scan(&source, members))
+        {
+            return Ok(JsonBody { source, members });
+        }
+        // Not a JSON object within the limits: serde_json's parse says what is wrong.
         let top: TopLevel<'_> = match from_json_bytes(&source) {
             Ok(top) => top,
             Err(e) => return Err(not_an_object(&source, &e)),
@@ -226,6 +241,33 @@ impl JsonBody {
             }
         }
         Ok(JsonBody { source, members })
+    }
+
+    /// The members of `source` from its scan; `None` if a key's escapes do not decode
+    /// (a lone surrogate), which the slower parse reports.
+    fn from_scan(source: &[u8], scanned: Vec<scan::TopMember>) -> Option<Vec<Member>> {
+        let mut members: Vec<Member> = Vec::with_capacity(scanned.len());
+        for m in scanned {
+            let (key, span): (Box<str>, _) = if m.escaped {
+                // The scan checked the escapes; only their decoding is left.
+                let quoted = &source[m.key.start - 1..m.key.end + 1];
+                (serde_json::from_slice::<String>(quoted).ok()?.into(), None)
+            } else {
+                let key = std::str::from_utf8(&source[m.key.clone()]).ok()?;
+                (key.into(), Some(m.key.start - 1..m.value.end))
+            };
+            let value = m.value;
+            // Duplicate keys: the last one wins, at the position of the first.
+            if let Some(existing) = members.iter_mut().find(|e| e.key == key) {
+                existing.value = Value::Source { span: None, value };
+            } else {
+                members.push(Member {
+                    key,
+                    value: Value::Source { span, value },
+                });
+            }
+        }
+        Some(members)
     }
 
     /// The empty object `{}`.
@@ -805,6 +847,20 @@ mod tests {
         let b = body(r#"{"mo\u0064el":"x","k":1,"k":2}"#);
         assert_eq!(b.str("model").as_deref(), Some("x"));
         assert_eq!(b.to_value(), json!({"model":"x","k":2}));
+    }
+
+    #[test]
+    fn a_key_that_does_not_decode_is_invalid_json() {
+        let e =
+            JsonBody::parse(Bytes::from_static(br#"{"\ud800":1}"#)).expect_err("lone surrogate");
+        let text = e.to_string();
+        assert!(
+            text.contains("not valid JSON") && text.contains("escape"),
+            "{text}"
+        );
+        // In a value it is taken, as serde_json takes it when it skips a value.
+        let b = JsonBody::parse(Bytes::from_static(br#"{"a":"\ud800"}"#)).expect("taken");
+        assert_eq!(b.raw("a"), Some(&br#""\ud800""#[..]));
     }
 
     #[test]

@@ -1,0 +1,404 @@
+//! A validating scan of a JSON object's top level: each member's key and the span of its
+//! value, in one pass over the text, for [`JsonBody::parse`](super::JsonBody::parse).
+//!
+//! It takes what `serde_json::from_str` takes (RFC 8259: the number grammar, the escapes,
+//! no control characters in strings, whitespace of space, tab, CR and LF only) and no
+//! more, and refuses nesting deeper than asked. Where serde_json checks strings eight
+//! bytes at a time, this finds a string's end with `memchr` (vectorised, chosen at run
+//! time) and checks the bytes before it for control characters in one vectorised fold.
+//! Anything it does not take (invalid JSON, not an object, too deep) returns `None`:
+//! the caller then parses with serde_json, which says what is wrong.
+
+use std::ops::Range;
+
+/// A top-level member: its key, inside the quotes, and its value's text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct TopMember {
+    pub(super) key: Range<usize>,
+    /// Whether the key has escapes (its text is not the key itself).
+    pub(super) escaped: bool,
+    pub(super) value: Range<usize>,
+}
+
+/// The members of the object `text` is, in order, if it is one that nests at most
+/// `max_depth` levels (the object itself counting as one).
+pub(super) fn scan_object(text: &str, max_depth: usize) -> Option<Vec<TopMember>> {
+    // The open containers are kept as bits (one = an object) of a `u128`.
+    if max_depth == 0 || max_depth > 128 {
+        return None;
+    }
+    let b = text.as_bytes();
+    let mut i = skip_ws(b, 0);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    let mut members = Vec::with_capacity(8);
+    i = skip_ws(b, i + 1);
+    if b.get(i) == Some(&b'}') {
+        i += 1;
+    } else {
+        loop {
+            let (key, escaped, after) = key_and_colon(b, i)?;
+            let start = skip_ws(b, after);
+            let end = skip_value(b, start, max_depth - 1)?;
+            members.push(TopMember {
+                key,
+                escaped,
+                value: start..end,
+            });
+            i = skip_ws(b, end);
+            match b.get(i)? {
+                b',' => i = skip_ws(b, i + 1),
+                b'}' => {
+                    i += 1;
+                    break;
+                }
+                _ => return None,
+            }
+        }
+    }
+    (skip_ws(b, i) == b.len()).then_some(members)
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while let Some(b' ' | b'\n' | b'\r' | b'\t') = b.get(i) {
+        i += 1;
+    }
+    i
+}
+
+/// A key at `i` (its opening quote), then `:`: the key's text inside its quotes, whether
+/// it has escapes, and where its value may begin (after the colon).
+fn key_and_colon(b: &[u8], i: usize) -> Option<(Range<usize>, bool, usize)> {
+    if b.get(i) != Some(&b'"') {
+        return None;
+    }
+    let (end, escaped) = skip_string(b, i)?;
+    let colon = skip_ws(b, end);
+    (b.get(colon) == Some(&b':')).then_some((i + 1..end - 1, escaped, colon + 1))
+}
+
+/// A string whose opening quote is at `i`: where it ends (after its closing quote) and
+/// whether it has escapes.
+fn skip_string(b: &[u8], i: usize) -> Option<(usize, bool)> {
+    let mut j = i + 1;
+    let mut escaped = false;
+    loop {
+        let run = memchr::memchr2(b'"', b'\\', &b[j..])?;
+        if has_control(&b[j..j + run]) {
+            return None;
+        }
+        j += run;
+        if b[j] == b'"' {
+            return Some((j + 1, escaped));
+        }
+        escaped = true;
+        j += match b.get(j + 1)? {
+            b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => 2,
+            b'u' if b.get(j + 2..j + 6)?.iter().all(u8::is_ascii_hexdigit) => 6,
+            _ => return None,
+        };
+    }
+}
+
+/// Whether `run` has a byte below 0x20, which a JSON string may not hold raw.
+fn has_control(run: &[u8]) -> bool {
+    // Branch-free over each block, so that it is vectorised.
+    run.chunks(64)
+        .any(|block| block.iter().fold(false, |any, &c| any | (c < 0x20)))
+}
+
+/// A value starting at `i`, nesting at most `depth` levels: where it ends.
+fn skip_value(b: &[u8], i: usize, depth: usize) -> Option<usize> {
+    match b.get(i)? {
+        b'{' | b'[' => skip_container(b, i, depth),
+        _ => skip_scalar(b, i),
+    }
+}
+
+/// A string, number or literal at `i`: where it ends.
+fn skip_scalar(b: &[u8], i: usize) -> Option<usize> {
+    match b.get(i)? {
+        b'"' => skip_string(b, i).map(|(end, _)| end),
+        b't' => literal(b, i, b"true"),
+        b'f' => literal(b, i, b"false"),
+        b'n' => literal(b, i, b"null"),
+        b'-' | b'0'..=b'9' => skip_number(b, i),
+        _ => None,
+    }
+}
+
+fn literal(b: &[u8], i: usize, word: &[u8]) -> Option<usize> {
+    (b.get(i..i + word.len())? == word).then_some(i + word.len())
+}
+
+/// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?` at `i`: where it ends.
+fn skip_number(b: &[u8], i: usize) -> Option<usize> {
+    let digits = |mut j: usize| {
+        let start = j;
+        while b.get(j).is_some_and(u8::is_ascii_digit) {
+            j += 1;
+        }
+        (j > start).then_some(j)
+    };
+    let mut j = i + usize::from(b[i] == b'-');
+    j = match b.get(j)? {
+        b'0' => j + 1,
+        b'1'..=b'9' => digits(j)?,
+        _ => return None,
+    };
+    if b.get(j) == Some(&b'.') {
+        j = digits(j + 1)?;
+    }
+    if let Some(b'e' | b'E') = b.get(j) {
+        j += 1;
+        if let Some(b'+' | b'-') = b.get(j) {
+            j += 1;
+        }
+        j = digits(j)?;
+    }
+    Some(j)
+}
+
+/// An array or object at `i`, nesting at most `depth` levels (itself one of them):
+/// where it ends. Iterative, the open containers kept as bits.
+fn skip_container(b: &[u8], mut i: usize, depth: usize) -> Option<usize> {
+    // Bit `n` of `objects`: whether the container at level `n + 1` is an object.
+    let mut objects: u128 = 0;
+    let mut level = 0usize;
+    loop {
+        // A value begins at `i`.
+        match b.get(i)? {
+            open @ (b'{' | b'[') => {
+                if level == depth {
+                    return None;
+                }
+                let object = *open == b'{';
+                objects = (objects & !(1 << level)) | (u128::from(object) << level);
+                level += 1;
+                i = skip_ws(b, i + 1);
+                let close = if object { b'}' } else { b']' };
+                if b.get(i) == Some(&close) {
+                    i += 1;
+                    level -= 1;
+                } else {
+                    if object {
+                        i = skip_ws(b, key_and_colon(b, i)?.2);
+                    }
+                    continue;
+                }
+            }
+            _ => i = skip_scalar(b, i)?,
+        }
+        // A value ended at `i`: close containers until one goes on.
+        loop {
+            if level == 0 {
+                return Some(i);
+            }
+            i = skip_ws(b, i);
+            let object = objects & (1 << (level - 1)) != 0;
+            match (b.get(i)?, object) {
+                (b',', _) => {
+                    i = skip_ws(b, i + 1);
+                    if object {
+                        i = skip_ws(b, key_and_colon(b, i)?.2);
+                    }
+                    break;
+                }
+                (b'}', true) | (b']', false) => {
+                    i += 1;
+                    level -= 1;
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use proptest::prelude::*;
+    use serde_json::value::RawValue;
+
+    use super::*;
+
+    /// What serde_json makes of `text`: the members' keys and value spans, if it takes
+    /// it as an object nesting at most `max_depth` levels.
+    fn by_serde(text: &str, max_depth: usize) -> Option<Vec<(String, Range<usize>)>> {
+        let map: Vec<(Cow<'_, str>, &RawValue)> =
+            serde_json::from_str::<super::super::TopLevel<'_>>(text)
+                .ok()?
+                .members;
+        if super::super::nests_deeper_than(text.as_bytes(), max_depth) {
+            return None;
+        }
+        Some(
+            map.into_iter()
+                .map(|(k, v)| {
+                    let start = v.get().as_ptr() as usize - text.as_ptr() as usize;
+                    (k.into_owned(), start..start + v.get().len())
+                })
+                .collect(),
+        )
+    }
+
+    /// The same from the scan; a key whose escapes do not decode (a lone surrogate)
+    /// sends `JsonBody::parse` to serde_json, as here.
+    fn by_scan(text: &str, max_depth: usize) -> Option<Vec<(String, Range<usize>)>> {
+        scan_object(text, max_depth)?
+            .into_iter()
+            .map(|m| {
+                let key = if m.escaped {
+                    serde_json::from_str(&text[m.key.start - 1..m.key.end + 1]).ok()?
+                } else {
+                    text[m.key.clone()].to_owned()
+                };
+                Some((key, m.value))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn takes_what_serde_json_takes() {
+        for text in [
+            r#"{}"#,
+            " {\t\"a\" :\r\n1 } \n",
+            r#"{"a":-0,"b":0.5e-7,"c":1E+9,"d":[],"e":{},"f":[{}],"g":"\u00e9\n\"\\\/"}"#,
+            r#"{"k\"ey":true,"n":null,"f":false,"s":"é ☃ 𝄞"}"#,
+            r#"{"a":[1,[2,[3,{"b":[{"c":"d"}]}]]]}"#,
+            r#"{"a":1,"a":2}"#,
+        ] {
+            let fast = by_scan(text, 127);
+            assert!(fast.is_some(), "not taken: {text}");
+            assert_eq!(fast, by_serde(text, 127), "{text}");
+        }
+    }
+
+    #[test]
+    fn refuses_what_serde_json_refuses() {
+        for text in [
+            "",
+            "[]",
+            r#""a""#,
+            r#"{"a"}"#,
+            r#"{"a":}"#,
+            r#"{"a":1,}"#,
+            r#"{"a":1}x"#,
+            r#"{"a":01}"#,
+            r#"{"a":1.}"#,
+            r#"{"a":.5}"#,
+            r#"{"a":1e}"#,
+            r#"{"a":-}"#,
+            r#"{"a":+1}"#,
+            r#"{"a":tru}"#,
+            r#"{"a":nul}"#,
+            r#"{"a":[1,]}"#,
+            r#"{"a":[1}"#,
+            r#"{"a":{"b":1]}"#,
+            r#"{"a":{1:2}}"#,
+            r#"{"a":"\x"}"#,
+            r#"{"a":"\u12G4"}"#,
+            "{\"a\":\"tab\there\"}",
+            "{\"a\":\"\u{1}\"}",
+            "{\"a\":1}\u{b}",
+            r#"{"a":"unterminated}"#,
+            r#"{"a":[[[]]"#,
+        ] {
+            assert_eq!(by_scan(text, 127), None, "taken: {text:?}");
+            assert_eq!(by_serde(text, 127), None, "serde_json takes {text:?}");
+        }
+    }
+
+    #[test]
+    fn refuses_nesting_past_the_limit_and_takes_it_up_to_it() {
+        let nested = |levels: usize| {
+            // The object is one level; `levels - 1` arrays inside it.
+            format!(
+                "{{\"a\":{}1{}}}",
+                "[".repeat(levels - 1),
+                "]".repeat(levels - 1)
+            )
+        };
+        assert!(by_scan(&nested(127), 127).is_some());
+        assert_eq!(by_scan(&nested(128), 127), None);
+        assert_eq!(by_serde(&nested(128), 127), None);
+        assert!(by_scan(&nested(3), 3).is_some());
+        assert_eq!(by_scan(&nested(4), 3), None);
+        // Far deeper than any limit: refused without recursion.
+        assert_eq!(by_scan(&nested(100_000), 127), None);
+    }
+
+    fn arb_json() -> impl Strategy<Value = serde_json::Value> {
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(serde_json::Value::from),
+            "[a-z \\\\\"\u{e9}\u{1}\n/\u{1d11e}]{0,12}".prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                prop::collection::btree_map("[a-z\"\\\\]{1,4}", inner, 0..4)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// Any object serde_json writes, compact or pretty, is taken, with serde_json's
+        /// own keys and spans.
+        #[test]
+        fn objects_are_taken_as_serde_json_takes_them(
+            obj in prop::collection::btree_map("[a-z\"\\\\]{1,4}", arb_json(), 0..6),
+            pretty in any::<bool>(),
+        ) {
+            let value = serde_json::Value::Object(obj.into_iter().collect());
+            let text = if pretty {
+                serde_json::to_string_pretty(&value).unwrap()
+            } else {
+                serde_json::to_string(&value).unwrap()
+            };
+            let fast = by_scan(&text, 127);
+            prop_assert!(fast.is_some(), "not taken: {}", text);
+            prop_assert_eq!(fast, by_serde(&text, 127));
+        }
+
+        /// The same texts with one byte changed, removed or added: the scan takes what
+        /// serde_json takes, the same way, and refuses what it refuses.
+        #[test]
+        fn an_edited_text_is_taken_exactly_as_serde_json_takes_it(
+            obj in prop::collection::btree_map("[a-z]{1,3}", arb_json(), 0..5),
+            at in any::<prop::sample::Index>(),
+            edit in 0u8..3,
+            byte in prop::sample::select(
+                b"{}[]\",:\\ \t\n0123456789-+.eEtrufalsn/u\x01\x7f".to_vec()
+            ),
+        ) {
+            let value = serde_json::Value::Object(obj.into_iter().collect());
+            let mut bytes = serde_json::to_vec(&value).unwrap();
+            let i = at.index(bytes.len() + 1);
+            match edit {
+                0 if i < bytes.len() => bytes[i] = byte,
+                1 if i < bytes.len() => { bytes.remove(i); }
+                _ => bytes.insert(i.min(bytes.len()), byte),
+            }
+            let Ok(text) = std::str::from_utf8(&bytes) else { return Ok(()) };
+            prop_assert_eq!(by_scan(text, 127), by_serde(text, 127), "{}", text);
+        }
+
+        /// Any text at all over JSON's own bytes, with a low nesting limit: the same.
+        #[test]
+        fn any_text_is_taken_exactly_as_serde_json_takes_it(
+            bytes in proptest::collection::vec(
+                proptest::sample::select(b"{}[]\":,\\ 01-.eEtrunlfas\x01".to_vec()), 0..40),
+        ) {
+            let text = std::str::from_utf8(&bytes).unwrap();
+            prop_assert_eq!(by_scan(text, 5), by_serde(text, 5), "{}", text);
+        }
+    }
+}
