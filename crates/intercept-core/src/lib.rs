@@ -37,6 +37,7 @@ pub mod dialect;
 pub mod episode;
 pub mod error;
 pub mod interception;
+mod json_text;
 pub mod network;
 pub mod record;
 pub mod redact;

@@ -21,16 +21,9 @@ impl Line<'_> {
         self.0.extend_from_slice(bytes);
     }
 
-    /// A JSON string. One that needs no escape (no quote, backslash or control
-    /// character, the usual case for ids, names and URLs) is copied in between quotes;
-    /// any other is escaped by serde_json.
+    /// A JSON string, escaped as serde_json escapes it.
     fn str(&mut self, s: &str) {
-        if !needs_escape(s.as_bytes()) {
-            self.plain(s);
-        } else {
-            // A `str` always serialises.
-            let _ = serde_json::to_writer(&mut *self.0, s);
-        }
+        crate::json_text::write_str(self.0, s);
     }
 
     /// A string known to need no escape, between quotes.
@@ -53,31 +46,6 @@ impl Line<'_> {
     fn json<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), serde_json::Error> {
         serde_json::to_writer(&mut *self.0, value)
     }
-}
-
-/// Whether a JSON string needs an escape: a control character, a quote or a backslash.
-/// Eight bytes at a time (a word's bytes tested at once), the rest one by one.
-fn needs_escape(bytes: &[u8]) -> bool {
-    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-    // A byte of `x` below `n` (n <= 0x80) sets its high bit here; as a whole, exact.
-    let below = |x: u64, n: u8| x.wrapping_sub(ONES * u64::from(n)) & !x & HIGHS;
-    let zero = |x: u64| below(x, 1);
-    let mut words = bytes.chunks_exact(8);
-    for word in &mut words {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(word);
-        let x = u64::from_ne_bytes(w);
-        let quote = zero(x ^ (ONES * u64::from(b'"')));
-        let backslash = zero(x ^ (ONES * u64::from(b'\\')));
-        if below(x, 0x20) | quote | backslash != 0 {
-            return true;
-        }
-    }
-    words
-        .remainder()
-        .iter()
-        .any(|&b| b < 0x20 || b == b'"' || b == b'\\')
 }
 
 /// Token usage of one call, read from the upstream's `usage`.
@@ -556,26 +524,6 @@ mod tests {
                 String::from_utf8(r.to_json_vec()).expect("utf-8"),
                 String::from_utf8(serde).expect("utf-8")
             );
-        }
-    }
-
-    proptest::proptest! {
-        /// The word-at-a-time test agrees with the byte-by-byte one, at every length
-        /// and position (bytes drawn mostly from the ones near the limits).
-        #[test]
-        fn needs_escape_is_the_byte_test(
-            bytes in proptest::collection::vec(
-                proptest::prop_oneof![
-                    proptest::sample::select(
-                        vec![0x00u8, 0x1f, 0x20, 0x21, b'"', b'\\', 0x7f, 0x80, 0xff, b'a']
-                    ),
-                    proptest::num::u8::ANY,
-                ],
-                0..40,
-            )
-        ) {
-            let by_byte = bytes.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\');
-            proptest::prop_assert_eq!(needs_escape(&bytes), by_byte);
         }
     }
 }
