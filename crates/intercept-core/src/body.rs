@@ -872,17 +872,22 @@ mod tests {
         assert_eq!(back, b);
     }
 
-    fn arb_json() -> impl Strategy<Value = serde_json::Value> {
+    /// Any JSON value, a few levels deep: integers and finite floats, strings with
+    /// quotes, backslashes, control and non-ASCII characters, keys that need escapes.
+    pub(super) fn arb_json() -> impl Strategy<Value = serde_json::Value> {
         let leaf = prop_oneof![
             Just(serde_json::Value::Null),
             any::<bool>().prop_map(serde_json::Value::from),
-            any::<i32>().prop_map(serde_json::Value::from),
-            "[a-z \\\\\"\u{e9}]{0,8}".prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(serde_json::Value::from),
+            "[a-z \\\\\"\u{e9}\u{1}\n/\u{1d11e}]{0,12}".prop_map(serde_json::Value::from),
         ];
-        leaf.prop_recursive(3, 24, 4, |inner| {
+        leaf.prop_recursive(4, 32, 4, |inner| {
             prop_oneof![
                 prop::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
-                prop::collection::btree_map("[a-z]{1,4}", inner, 0..4)
+                prop::collection::btree_map("[a-z\"\\\\]{1,4}", inner, 0..4)
                     .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
             ]
         })

@@ -222,6 +222,7 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::value::RawValue;
 
+    use super::super::tests::arb_json;
     use super::*;
 
     /// What serde_json makes of `text`: the members' keys and value spans, if it takes
@@ -328,25 +329,6 @@ mod tests {
         assert_eq!(by_scan(&nested(4), 3), None);
         // Far deeper than any limit: refused without recursion.
         assert_eq!(by_scan(&nested(100_000), 127), None);
-    }
-
-    fn arb_json() -> impl Strategy<Value = serde_json::Value> {
-        let leaf = prop_oneof![
-            Just(serde_json::Value::Null),
-            any::<bool>().prop_map(serde_json::Value::from),
-            any::<i64>().prop_map(serde_json::Value::from),
-            any::<f64>()
-                .prop_filter("finite", |f| f.is_finite())
-                .prop_map(serde_json::Value::from),
-            "[a-z \\\\\"\u{e9}\u{1}\n/\u{1d11e}]{0,12}".prop_map(serde_json::Value::from),
-        ];
-        leaf.prop_recursive(4, 32, 4, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
-                prop::collection::btree_map("[a-z\"\\\\]{1,4}", inner, 0..4)
-                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
-            ]
-        })
     }
 
     proptest! {
