@@ -1157,7 +1157,7 @@ fn growth_case(
         thread_cpu_lines(&thread_cpu[0], &thread_cpu[1])
     );
     println!(
-        "  memory the run touched: RSS +{:.0} MiB, trace files {:.0} MiB (in the page cache)",
+        "  memory the run took: RSS +{:.0} MiB; trace files written: {:.0} MiB",
         rss_end.saturating_sub(rss_start) as f64 / 1024.0,
         recorded.trace_bytes as f64 / (1024.0 * 1024.0)
     );
