@@ -93,6 +93,44 @@ impl<'de> Deserialize<'de> for TopLevel<'de> {
     }
 }
 
+/// The members of the object `text` from its scan; `None` if a key's escapes do not
+/// decode (a lone surrogate), which serde_json's parse then reports.
+fn members_of(text: &str, scanned: Vec<scan::TopMember>) -> Option<Vec<Member>> {
+    let mut members = Vec::with_capacity(scanned.len());
+    for m in scanned {
+        let (key, span): (Box<str>, _) = if m.escaped {
+            // The scan checked the escapes; only their decoding is left.
+            let quoted = &text[m.key.start - 1..m.key.end + 1];
+            (serde_json::from_str::<String>(quoted).ok()?.into(), None)
+        } else {
+            (
+                text[m.key.clone()].into(),
+                Some(m.key.start - 1..m.value.end),
+            )
+        };
+        add_member(&mut members, key, span, m.value);
+    }
+    Some(members)
+}
+
+/// Adds a member read from the source (`span`: its key and value's text, when the key
+/// stands in it unescaped). Duplicate keys: the last one wins, at the position of the
+/// first.
+fn add_member(
+    members: &mut Vec<Member>,
+    key: Box<str>,
+    span: Option<Range<usize>>,
+    value: Range<usize>,
+) {
+    match members.iter_mut().find(|m| m.key == key) {
+        Some(existing) => existing.value = Value::Source { span: None, value },
+        None => members.push(Member {
+            key,
+            value: Value::Source { span, value },
+        }),
+    }
+}
+
 fn offset_in(outer: &[u8], inner: &[u8]) -> usize {
     inner.as_ptr() as usize - outer.as_ptr() as usize
 }
@@ -173,24 +211,20 @@ fn not_an_object(source: &[u8], parse_error: &serde_json::Error) -> Error {
             "request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep"
         ));
     }
-    match serde_json::from_slice::<serde::de::IgnoredAny>(source) {
-        // An object that skips as JSON but does not read as one: a key that does not
-        // decode (a lone surrogate escape).
-        Ok(_) if source.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{') => {
-            Error::invalid(format!("request body is not valid JSON: {parse_error}"))
-        }
-        Ok(_) => {
-            let found = match source.iter().find(|b| !b.is_ascii_whitespace()) {
-                Some(b'[') => "an array",
-                Some(b'"') => "a string",
-                Some(b't' | b'f') => "a boolean",
-                Some(b'n') => "null",
-                _ => "a number",
-            };
-            Error::invalid(format!("request body must be a JSON object, not {found}"))
-        }
-        Err(_) => Error::invalid(format!("request body is not valid JSON: {parse_error}")),
+    let first = source.iter().find(|b| !b.is_ascii_whitespace());
+    // Not JSON; or an object that does not read as one although it is JSON: a key that
+    // does not decode (a lone surrogate escape).
+    if first == Some(&b'{') || serde_json::from_slice::<serde::de::IgnoredAny>(source).is_err() {
+        return Error::invalid(format!("request body is not valid JSON: {parse_error}"));
     }
+    let found = match first {
+        Some(b'[') => "an array",
+        Some(b'"') => "a string",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'n') => "null",
+        _ => "a number",
+    };
+    Error::invalid(format!("request body must be a JSON object, not {found}"))
 }
 
 impl JsonBody {
@@ -200,8 +234,7 @@ impl JsonBody {
     pub fn parse(source: Bytes) -> Result<Self, Error> {
         if let Some(members) = std::str::from_utf8(&source)
             .ok()
-            .and_then(|text| scan::scan_object(text, MAX_JSON_DEPTH))
-            .and_then(|members| Self::from_scan(&source, members))
+            .and_then(|text| members_of(text, scan::scan_object(text, MAX_JSON_DEPTH)?))
         {
             return Ok(JsonBody { source, members });
         }
@@ -227,47 +260,9 @@ impl JsonBody {
                 }
                 Cow::Owned(_) => None,
             };
-            let member = Member {
-                key: key.into_owned().into(),
-                value: Value::Source { span, value },
-            };
-            // Duplicate keys: the last one wins, at the position of the first.
-            if let Some(existing) = members.iter_mut().find(|m| m.key == member.key) {
-                if let Value::Source { value, .. } = member.value {
-                    existing.value = Value::Source { span: None, value };
-                }
-            } else {
-                members.push(member);
-            }
+            add_member(&mut members, key.into_owned().into(), span, value);
         }
         Ok(JsonBody { source, members })
-    }
-
-    /// The members of `source` from its scan; `None` if a key's escapes do not decode
-    /// (a lone surrogate), which the slower parse reports.
-    fn from_scan(source: &[u8], scanned: Vec<scan::TopMember>) -> Option<Vec<Member>> {
-        let mut members: Vec<Member> = Vec::with_capacity(scanned.len());
-        for m in scanned {
-            let (key, span): (Box<str>, _) = if m.escaped {
-                // The scan checked the escapes; only their decoding is left.
-                let quoted = &source[m.key.start - 1..m.key.end + 1];
-                (serde_json::from_slice::<String>(quoted).ok()?.into(), None)
-            } else {
-                let key = std::str::from_utf8(&source[m.key.clone()]).ok()?;
-                (key.into(), Some(m.key.start - 1..m.value.end))
-            };
-            let value = m.value;
-            // Duplicate keys: the last one wins, at the position of the first.
-            if let Some(existing) = members.iter_mut().find(|e| e.key == key) {
-                existing.value = Value::Source { span: None, value };
-            } else {
-                members.push(Member {
-                    key,
-                    value: Value::Source { span, value },
-                });
-            }
-        }
-        Some(members)
     }
 
     /// The empty object `{}`.
@@ -523,9 +518,7 @@ impl Pieces for Chunks {
     }
 
     fn key(&mut self, key: &str) {
-        let mut w = (&mut self.glue).writer();
-        // Writing a string to a BytesMut cannot fail.
-        let _ = serde_json::to_writer(&mut w, key);
+        crate::json_text::write_str(&mut self.glue, key);
         self.glue.put_u8(b':');
     }
 
@@ -549,8 +542,7 @@ impl Pieces for Vec<u8> {
     }
 
     fn key(&mut self, key: &str) {
-        // Writing a string to a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut *self, key);
+        crate::json_text::write_str(self, key);
         self.push(b':');
     }
 

@@ -6,6 +6,8 @@
 //! character), and runs are copied whole: model text, mostly plain with a few newlines,
 //! costs about a third of the instructions.
 
+use bytes::BufMut;
+
 /// Whether eight bytes hold, at once, a quote, a backslash or a control character
 /// (below 0x20): what a JSON string must escape.
 fn word_needs_escape(word: &[u8]) -> bool {
@@ -28,10 +30,9 @@ fn byte_needs_escape(b: u8) -> bool {
 
 /// Appends `s` as a JSON string, quotes included, exactly as `serde_json::to_writer`
 /// writes it.
-pub(crate) fn write_str(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn write_str(out: &mut impl BufMut, s: &str) {
     let b = s.as_bytes();
-    out.reserve(b.len() + 2);
-    out.push(b'"');
+    out.put_u8(b'"');
     let (mut start, mut i) = (0, 0);
     while i < b.len() {
         if b.len() - i >= 8 && !word_needs_escape(&b[i..i + 8]) {
@@ -43,7 +44,7 @@ pub(crate) fn write_str(out: &mut Vec<u8>, s: &str) {
         if !byte_needs_escape(c) {
             continue;
         }
-        out.extend_from_slice(&b[start..i - 1]);
+        out.put_slice(&b[start..i - 1]);
         start = i;
         let escape: &[u8] = match c {
             b'"' => b"\\\"",
@@ -55,16 +56,24 @@ pub(crate) fn write_str(out: &mut Vec<u8>, s: &str) {
             0x0c => b"\\f",
             _ => {
                 const HEX: &[u8; 16] = b"0123456789abcdef";
-                out.extend_from_slice(b"\\u00");
-                out.push(HEX[usize::from(c >> 4)]);
-                out.push(HEX[usize::from(c & 0x0f)]);
+                out.put_slice(b"\\u00");
+                out.put_u8(HEX[usize::from(c >> 4)]);
+                out.put_u8(HEX[usize::from(c & 0x0f)]);
                 continue;
             }
         };
-        out.extend_from_slice(escape);
+        out.put_slice(escape);
     }
-    out.extend_from_slice(&b[start..]);
-    out.push(b'"');
+    out.put_slice(&b[start..]);
+    out.put_u8(b'"');
+}
+
+/// Appends `s` as a JSON string, or `null`.
+pub(crate) fn write_opt_str(out: &mut impl BufMut, s: Option<&str>) {
+    match s {
+        Some(s) => write_str(out, s),
+        None => out.put_slice(b"null"),
+    }
 }
 
 #[cfg(test)]

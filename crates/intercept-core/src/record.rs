@@ -308,10 +308,7 @@ impl CallRecord {
         line.raw(key!("response"));
         line.raw(response.map_or(&b"null"[..], str::as_bytes));
         line.raw(key!("finish_reason"));
-        match &self.finish_reason {
-            Some(reason) => line.str(reason),
-            None => line.raw(b"null"),
-        }
+        crate::json_text::write_opt_str(line.0, self.finish_reason.as_deref());
         self.write_tail(&mut line)?;
         line.raw(b"}");
         Ok(())

@@ -721,18 +721,10 @@ mod tests {
     const BOUND: Duration = Duration::from_secs(20);
 
     /// A body that never ends and never sends a byte.
-    struct Endless;
-
-    impl Body for Endless {
-        type Data = Bytes;
-        type Error = Infallible;
-
-        fn poll_frame(
-            self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-            Poll::Pending
-        }
+    fn endless(
+    ) -> http_body_util::StreamBody<futures_util::stream::Pending<Result<Frame<Bytes>, Infallible>>>
+    {
+        http_body_util::StreamBody::new(futures_util::stream::pending())
     }
 
     /// Reads from `tcp` until the peer closes; how long that took.
@@ -805,7 +797,7 @@ mod tests {
                         tokio::time::sleep(BOUND).await;
                         drop(busy);
                     });
-                    async { Ok::<_, Infallible>(Response::new(Endless)) }
+                    async { Ok::<_, Infallible>(Response::new(endless())) }
                 })
             },
             ServeOptions::default(),

@@ -804,8 +804,9 @@ impl ChatAssembler {
     }
 }
 
-/// The assembled `chat.completion`'s choice, serialised straight from the assembler's
-/// buffers (no `serde_json::Value` tree, no copy of the text).
+/// The assembled `chat.completion`'s choice, written straight from the assembler's
+/// buffers (no `serde_json::Value` tree, no copy of the text) by its
+/// [`AssembledChoice`] impl; the derived `Serialize` is what the tests compare it with.
 #[derive(Serialize)]
 struct OutChoice<'a> {
     index: u32,
@@ -843,22 +844,23 @@ struct OutFunction<'a> {
     arguments: &'a str,
 }
 
-impl OutChoice<'_> {
-    /// Appends the choice as JSON, as its derived `Serialize` writes it, with the text
-    /// fields escaped by [`crate::json_text`] (serde_json escapes byte by byte).
+/// The one choice of an assembled completion, written into the response.
+pub(super) trait AssembledChoice {
+    fn write_json(&self, out: &mut Vec<u8>);
+}
+
+impl AssembledChoice for OutChoice<'_> {
+    /// The choice as its derived `Serialize` writes it (the tests' reference), with the
+    /// text fields escaped by [`crate::json_text`] (serde_json escapes byte by byte).
     fn write_json(&self, out: &mut Vec<u8>) {
-        use crate::json_text::write_str;
-        let opt = |out: &mut Vec<u8>, s: Option<&str>| match s {
-            Some(s) => write_str(out, s),
-            None => out.extend_from_slice(b"null"),
-        };
+        use crate::json_text::{write_opt_str, write_str};
         let m = &self.message;
         out.extend_from_slice(b"{\"index\":");
         out.extend_from_slice(itoa::Buffer::new().format(self.index).as_bytes());
         out.extend_from_slice(b",\"message\":{\"role\":");
         write_str(out, m.role);
         out.extend_from_slice(b",\"content\":");
-        opt(out, m.content);
+        write_opt_str(out, m.content);
         if !m.reasoning_content.is_empty() {
             out.extend_from_slice(b",\"reasoning_content\":");
             write_str(out, m.reasoning_content);
@@ -890,19 +892,8 @@ impl OutChoice<'_> {
             out.push(b']');
         }
         out.extend_from_slice(b"},\"finish_reason\":");
-        opt(out, self.finish_reason);
+        write_opt_str(out, self.finish_reason);
         out.extend_from_slice(b",\"logprobs\":null}");
-    }
-}
-
-/// The one choice of an assembled completion, written into the response.
-pub(super) trait AssembledChoice {
-    fn write_json(&self, out: &mut Vec<u8>);
-}
-
-impl AssembledChoice for OutChoice<'_> {
-    fn write_json(&self, out: &mut Vec<u8>) {
-        OutChoice::write_json(self, out)
     }
 }
 
