@@ -33,6 +33,7 @@
 
 pub mod body;
 pub mod capture;
+mod chunked;
 pub mod dialect;
 pub mod episode;
 pub mod error;

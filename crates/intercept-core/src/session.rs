@@ -569,47 +569,12 @@ impl Trace {
     }
 }
 
-/// The records a session keeps in memory, in chunks that are never moved: the first
-/// holds 8 records, each next one twice as many up to 256. Recording a call never
-/// reallocates (and copies) the records before it, so its cost does not grow with the
-/// trace, and a short trace does not reserve room for a long one.
-#[derive(Debug, Default)]
-struct Calls {
-    chunks: Vec<Vec<CallRecord>>,
-}
-
-impl Calls {
-    const FIRST: usize = 8;
-    const MOST: usize = 256;
-
-    fn push(&mut self, record: CallRecord) {
-        match self.chunks.last_mut() {
-            Some(chunk) if chunk.len() < chunk.capacity() => chunk.push(record),
-            last => {
-                let size = last.map_or(Self::FIRST, |c| (c.len() * 2).min(Self::MOST));
-                let mut chunk = Vec::with_capacity(size);
-                chunk.push(record);
-                self.chunks.push(chunk);
-            }
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.chunks.iter().map(Vec::len).sum()
-    }
-
-    fn to_vec(&self) -> Vec<CallRecord> {
-        let mut out = Vec::with_capacity(self.len());
-        for chunk in &self.chunks {
-            out.extend(chunk.iter().cloned());
-        }
-        out
-    }
-}
-
 #[derive(Debug, Default)]
 struct Inner {
-    calls: Calls,
+    /// The records kept in memory, in chunks that never move (see
+    /// [`Chunked`](crate::chunked::Chunked)): recording a call never copies the records
+    /// before it.
+    calls: crate::chunked::Chunked<CallRecord>,
     /// Records made (also those not kept in memory).
     recorded: usize,
     totals: Totals,
@@ -698,7 +663,7 @@ impl RolloutSession {
         Trace {
             id: self.config.id.clone(),
             stop_condition: inner.stop.as_ref().map(|r| r.as_str().to_owned()),
-            calls: inner.calls.to_vec(),
+            calls: inner.calls.iter().cloned().collect(),
             replays: inner.replays,
         }
     }
@@ -901,18 +866,12 @@ mod tests {
         let mut first_chunk = None;
         for seq in 0..1000 {
             s.record(call(seq));
-            let inner = s.inner.lock();
-            let ptr = inner.calls.chunks[0].as_ptr();
+            let ptr = s.inner.lock().calls.first_ptr();
             assert_eq!(
                 *first_chunk.get_or_insert(ptr),
                 ptr,
                 "the first records moved"
             );
-            assert!(inner
-                .calls
-                .chunks
-                .iter()
-                .all(|c| c.capacity() <= Calls::MOST));
         }
         assert_eq!(s.calls(), 1000);
         let trace = s.trace();
@@ -922,11 +881,8 @@ mod tests {
         );
         // 8 + 16 + ... + 256, then chunks of 256.
         assert_eq!(
-            s.inner.lock().calls.chunks[..6]
-                .iter()
-                .map(Vec::capacity)
-                .collect::<Vec<_>>(),
-            [8, 16, 32, 64, 128, 256]
+            s.inner.lock().calls.chunk_capacities(),
+            [8, 16, 32, 64, 128, 256, 256, 256]
         );
     }
 

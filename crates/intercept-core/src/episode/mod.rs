@@ -58,6 +58,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use crate::chunked::Chunked;
 use crate::dialect::DialectKind;
 use crate::record::CallRecord;
 use crate::session::Trace;
@@ -215,15 +216,18 @@ struct NodeData {
     message: Message,
     sampled: bool,
     call: Option<u64>,
-    children: u32,
-    tokens: Option<Tokens>,
+    /// Boxed: most nodes have none, and a node's size is memory per call.
+    tokens: Option<Box<Tokens>>,
 }
 
 /// Builds an episode call by call ([`EpisodeBuilder::commit`]); the graph grows with the
 /// new messages and new tokens only.
 #[derive(Debug, Default)]
 pub struct EpisodeBuilder {
-    nodes: Vec<NodeData>,
+    /// Appended to only; a node never learns of its children (that would touch an older
+    /// node, out of the cache, on every call): [`EpisodeBuilder::episode`] finds the
+    /// leaves.
+    nodes: Chunked<NodeData>,
     /// (parent + 1, content hash) → the latest node with that content there.
     by_hash: HashMap<(u32, Hash), u32, Keyed>,
     /// (parent + 1, visible hash) → the latest sampled node with that visible content.
@@ -368,8 +372,7 @@ impl EpisodeBuilder {
             message: sampled,
             sampled: true,
             call: Some(record.seq),
-            children: 0,
-            tokens,
+            tokens: tokens.map(Box::new),
         });
         self.by_hash.insert((key(parent), hash), id);
         self.by_visible.insert((key(parent), visible), id);
@@ -495,12 +498,7 @@ impl EpisodeBuilder {
     }
 
     fn push(&mut self, node: NodeData) -> u32 {
-        let id = self.nodes.len() as u32;
-        if let Some(p) = node.parent {
-            self.nodes[p as usize].children += 1;
-        }
-        self.nodes.push(node);
-        id
+        self.nodes.push(node) as u32
     }
 
     /// The node for `message` after `parent`: an existing one with the same content (or
@@ -525,7 +523,6 @@ impl EpisodeBuilder {
             message,
             sampled: false,
             call: None,
-            children: 0,
             tokens: None,
         });
         self.by_hash.insert((key(parent), hash), id);
@@ -666,8 +663,14 @@ impl EpisodeBuilder {
                 }
             })
             .collect();
+        let mut has_child = vec![false; self.nodes.len()];
+        for n in self.nodes.iter() {
+            if let Some(p) = n.parent {
+                has_child[p as usize] = true;
+            }
+        }
         let branches: Vec<Branch> = (0..self.nodes.len() as u32)
-            .filter(|&i| self.nodes[i as usize].children == 0)
+            .filter(|&i| !has_child[i as usize])
             .map(|leaf| self.branch(leaf))
             .collect();
         let mut summary = self.summary.clone();
@@ -743,10 +746,10 @@ impl EpisodeBuilder {
     pub fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
         let mut total = self.nodes.capacity() * size_of::<NodeData>();
-        for n in &self.nodes {
+        for n in self.nodes.iter() {
             total += message_bytes(&n.message);
             if let Some(t) = &n.tokens {
-                total += t.ids.capacity() * size_of::<u32>();
+                total += size_of::<Tokens>() + t.ids.capacity() * size_of::<u32>();
                 total += t
                     .logprobs
                     .as_ref()
