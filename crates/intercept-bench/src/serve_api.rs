@@ -253,6 +253,14 @@ impl ControlClient {
         Ok(out)
     }
 
+    /// Has the sidecar write every trace line it has queued, by reading the live trace
+    /// of session `id` (a read of a trace kept in a file writes the whole queue first).
+    pub async fn flush_traces(&mut self, id: &str) -> Result<()> {
+        self.call(Method::GET, &format!("/v1/sessions/{id}/trace"), None)
+            .await
+            .map(drop)
+    }
+
     /// Calls recorded so far by all sessions, and how many sessions there are.
     pub async fn recorded_calls(&mut self) -> Result<(u64, usize)> {
         let list = self.call(Method::GET, "/v1/sessions", None).await?;

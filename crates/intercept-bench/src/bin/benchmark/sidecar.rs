@@ -17,6 +17,9 @@ use serde_json::{json, Value};
 
 use super::{reap, Env};
 
+/// The prefix of the sessions' ids (`bench-0`, `bench-1`, …).
+const SESSIONS: &str = "bench";
+
 /// A running `intercept serve` with its sessions; stopped (SIGTERM, then killed if it
 /// lingers) and its trace folder removed when dropped.
 pub(super) struct Sidecar {
@@ -109,7 +112,7 @@ impl Sidecar {
             .build()?;
         let made = within(&rt, "making its sessions", async {
             let mut client = ControlClient::connect(&ready).await?;
-            let made = client.create_sessions(sessions, "bench").await?;
+            let made = client.create_sessions(sessions, SESSIONS).await?;
             anyhow::Ok((client, made))
         });
         let (client, made) = match made {
@@ -180,12 +183,18 @@ impl Sidecar {
     /// What it recorded once it has recorded `expected` calls in its sessions and its
     /// files, or after 5 s (a call's record may be written just after its response).
     /// The files are read only once the sessions count `expected` calls (or at the
-    /// deadline): they hold gigabytes after a long run.
+    /// deadline), after the sidecar was asked to write its queued lines: they hold
+    /// gigabytes after a long run, and reading them can outlast the deadline.
     pub(super) fn settle(&mut self, expected: u64) -> Result<Recorded> {
         let deadline = Instant::now() + Duration::from_secs(5);
         while self.calls()? != expected && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
         }
+        within(
+            &self.rt,
+            "asking it to write its queued trace lines",
+            self.client.flush_traces(&format!("{SESSIONS}-0")),
+        )?;
         loop {
             let r = self.recorded()?;
             if r.is(expected) || Instant::now() >= deadline {
