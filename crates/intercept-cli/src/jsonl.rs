@@ -11,11 +11,7 @@
 //! The writer waits at most [`WriterConfig::flush_interval`] after a line arrives before
 //! writing it (less when the queue is half full or a flush is asked for), so a crash
 //! loses the lines still queued: those of calls recorded in the last flush interval (plus
-//! the time of the write before), never more than the byte bound. After each file the
-//! writer yields its core to any thread waiting for it (`sched_yield`): a batch of a
-//! thousand sessions' lines costs about a millisecond and a half of CPU, and on a core
-//! the calls keep busy it would otherwise hold every call up for that long. Yielding,
-//! the batch takes longer instead, and the next one carries more lines per file. A line that cannot be
+//! the time of the write before), never more than the byte bound. A line that cannot be
 //! written (a full disk) is counted ([`TraceWriter::lost_lines`]) and logged with its
 //! file, never dropped silently; a line torn by a failed write is ended before the next
 //! line goes to that file. A failure that goes on (every file of a full disk) does not
@@ -596,9 +592,6 @@ impl Shared {
                     LOSSES.failed(&file.path, run.len(), &e);
                 }
             }
-            // Lets a runnable call go first (see the module docs). Returns at once when
-            // nothing else waits for this core.
-            std::thread::yield_now();
         }
     }
 }
