@@ -98,10 +98,10 @@ impl JsonlSink {
             }
         }
         Ok(JsonlSink {
-            unadvised: AtomicU64::new(first_hint_offset(&path)),
             path,
             file: Mutex::new(file),
             torn: AtomicBool::new(false),
+            unadvised: AtomicU64::new(0),
         })
     }
 
@@ -116,10 +116,10 @@ impl JsonlSink {
             .append(true)
             .open(&path)?;
         Ok(JsonlSink {
-            unadvised: AtomicU64::new(first_hint_offset(&path)),
             path,
             file: Mutex::new(file),
             torn: AtomicBool::new(false),
+            unadvised: AtomicU64::new(0),
         })
     }
 
@@ -170,18 +170,6 @@ impl JsonlSink {
 /// the clean ones go, so the writer reuses pages instead of taking new ones. It loses
 /// nothing: dirty pages stay until they are written.
 const PAGE_CACHE_HINT_EVERY: u64 = 1 << 20;
-
-/// Where in its first [`PAGE_CACHE_HINT_EVERY`] a file starts counting: a fixed hash of
-/// its path. The sessions of a run write their files at about the same pace; counted
-/// from zero they would all reach the interval together, and one batch would start the
-/// writeback of every file at once (a dip in the calls every interval). Spread like
-/// this, about the same share of files reaches it in every batch.
-fn first_hint_offset(path: &Path) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::hash::DefaultHasher::new();
-    path.hash(&mut h);
-    h.finish() % PAGE_CACHE_HINT_EVERY
-}
 
 /// Tells the kernel that `file`'s pages need not stay in the page cache (a hint: an
 /// error is ignored; a no-op where there is no such hint).
@@ -693,33 +681,6 @@ mod tests {
 
     /// A file written well past the page-cache hint's interval keeps every line, whole
     /// and in order, whether lines come one by one or in batches through the writer.
-    #[test]
-    fn files_reach_their_page_cache_hints_at_spread_out_times() {
-        // A run's files grow at about the same pace: their first hints must not come
-        // in one batch. The starting counts of 1000 session files cover the interval
-        // about evenly: none of its tenths holds more than twice its share.
-        let mut tenths = [0usize; 10];
-        for i in 0..1000 {
-            let offset = first_hint_offset(Path::new(&format!("/traces/rollout-{i}.jsonl")));
-            assert!(offset < PAGE_CACHE_HINT_EVERY);
-            tenths[(offset * 10 / PAGE_CACHE_HINT_EVERY) as usize] += 1;
-        }
-        assert!(tenths.iter().all(|&n| n > 0 && n <= 200), "{tenths:?}");
-        // The same file starts at the same place (a reopened file too).
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("s.jsonl");
-        let a = JsonlSink::create_new(&path).unwrap();
-        let b = JsonlSink::open(&path).unwrap();
-        assert_eq!(
-            a.unadvised.load(Ordering::Relaxed),
-            b.unadvised.load(Ordering::Relaxed)
-        );
-        assert_eq!(
-            a.unadvised.load(Ordering::Relaxed),
-            first_hint_offset(&path)
-        );
-    }
-
     #[test]
     fn lines_past_the_page_cache_hints_are_all_kept_in_order() {
         let dir = tempfile::tempdir().unwrap();
