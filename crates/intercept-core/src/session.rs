@@ -660,10 +660,12 @@ impl RolloutSession {
     /// A copy of the trace so far (without calls when they are not kept in memory).
     pub fn trace(&self) -> Trace {
         let inner = self.inner.lock();
+        let mut calls = Vec::with_capacity(inner.calls.len());
+        calls.extend(inner.calls.iter().cloned());
         Trace {
             id: self.config.id.clone(),
             stop_condition: inner.stop.as_ref().map(|r| r.as_str().to_owned()),
-            calls: inner.calls.iter().cloned().collect(),
+            calls,
             replays: inner.replays,
         }
     }
