@@ -10,7 +10,7 @@
 //! constant time.
 
 /// An append-only list kept in chunks that are never moved (see the module docs).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Chunked<T> {
     chunks: Vec<Vec<T>>,
     len: usize,
@@ -73,12 +73,6 @@ impl<T> Chunked<T> {
         self.chunks.get(chunk)?.get(at)
     }
 
-    /// Item `index`, mutably, if there is one.
-    pub(crate) fn get_mut(&mut self, index: usize) -> Option<&mut T> {
-        let (chunk, at) = Self::place(index);
-        self.chunks.get_mut(chunk)?.get_mut(at)
-    }
-
     /// The items, first to last.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
         self.chunks.iter().flatten()
@@ -109,16 +103,6 @@ impl<T> std::ops::Index<usize> for Chunked<T> {
         match self.get(index) {
             Some(item) => item,
             None => panic!("index {index} out of a list of {}", self.len),
-        }
-    }
-}
-
-impl<T> std::ops::IndexMut<usize> for Chunked<T> {
-    fn index_mut(&mut self, index: usize) -> &mut T {
-        let len = self.len;
-        match self.get_mut(index) {
-            Some(item) => item,
-            None => panic!("index {index} out of a list of {len}"),
         }
     }
 }
@@ -167,10 +151,6 @@ mod tests {
             prop_assert_eq!(list.get(probe).copied(), (probe < n).then_some(probe * 3));
             prop_assert_eq!(list.iter().copied().collect::<Vec<_>>(),
                 (0..n).map(|i| i * 3).collect::<Vec<_>>());
-            if n > 0 {
-                list[n - 1] = 7;
-                prop_assert_eq!(list.get(n - 1), Some(&7));
-            }
         }
     }
 }
