@@ -244,7 +244,22 @@ pub struct EpisodeBuilder {
     last_chat: Option<LastChat>,
     /// Responses `id` → its sampled node (for `previous_response_id`).
     responses: HashMap<String, u32>,
+    /// The last sampled node's entries in `by_hash` and `by_visible`, not written yet.
+    /// They are written before the maps are next read, or when the next sampled node
+    /// has other keys, so the maps always answer as if written at once. A call whose
+    /// sampled node replaces the same keys (the same answer after the same prompt)
+    /// never touches the maps, which between two calls of a session have left the cache.
+    unindexed: Option<Unindexed>,
     summary: EpisodeSummary,
+}
+
+/// A sampled node's map entries, written later (see [`EpisodeBuilder`]'s `unindexed`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Unindexed {
+    key: u32,
+    hash: Hash,
+    visible: Hash,
+    id: u32,
 }
 
 /// The maps' hasher: foldhash, seeded at random per map. Their keys are content hashes
@@ -374,8 +389,18 @@ impl EpisodeBuilder {
             call: Some(record.seq),
             tokens: tokens.map(Box::new),
         });
-        self.by_hash.insert((key(parent), hash), id);
-        self.by_visible.insert((key(parent), visible), id);
+        let entry = Unindexed {
+            key: key(parent),
+            hash,
+            visible,
+            id,
+        };
+        match self.unindexed {
+            // The same keys: the later node is what both maps would keep.
+            Some(old) if (old.key, old.hash, old.visible) == (entry.key, hash, visible) => {}
+            _ => self.index_sampled(),
+        }
+        self.unindexed = Some(entry);
         if let Some(rid) = response.as_ref().and_then(|r| r.get("id")?.as_str()) {
             self.responses.insert(rid.to_owned(), id);
         }
@@ -504,6 +529,7 @@ impl EpisodeBuilder {
     /// The node for `message` after `parent`: an existing one with the same content (or
     /// a sampled one the harness sent back without its reasoning), else a new one.
     fn match_or_add(&mut self, parent: Option<u32>, message: Message) -> u32 {
+        self.index_sampled();
         let (hash, visible) = message.hashes();
         if let Some(&n) = self.by_hash.get(&(key(parent), hash)) {
             if self.nodes[n as usize].message == message {
@@ -527,6 +553,14 @@ impl EpisodeBuilder {
         });
         self.by_hash.insert((key(parent), hash), id);
         id
+    }
+
+    /// Writes the last sampled node's map entries, if they are not written yet.
+    fn index_sampled(&mut self) {
+        if let Some(e) = self.unindexed.take() {
+            self.by_hash.insert((e.key, e.hash), e.id);
+            self.by_visible.insert((e.key, e.visible), e.id);
+        }
     }
 
     /// The nearest sampled node at or above `from`.
@@ -846,6 +880,88 @@ impl Trace {
 #[cfg(test)]
 mod tests {
     use super::appended;
+    use super::EpisodeBuilder;
+    use crate::{CallRecord, DialectKind, JsonBody, RawJson};
+
+    fn chat(seq: u64, messages: &str, reply: &str) -> CallRecord {
+        CallRecord {
+            session: "s".into(),
+            seq,
+            dialect: DialectKind::ChatCompletions,
+            endpoint: "/chat/completions".into(),
+            model: "m".into(),
+            stream: false,
+            sampling: Default::default(),
+            request: JsonBody::parse(format!(r#"{{"messages":{messages}}}"#).into()).unwrap(),
+            response: Some(RawJson::new(
+                format!(r#"{{"choices":[{{"message":{reply}}}]}}"#).into(),
+            )),
+            finish_reason: None,
+            usage: Default::default(),
+            status: 200,
+            started_at: 0.0,
+            ended_at: 0.0,
+            ttfb_ms: None,
+            client_disconnected: false,
+            error: None,
+            epoch: 0,
+            engine: None,
+            token_capture: Default::default(),
+            prompt_token_ids: None,
+            completion_token_ids: None,
+            completion_logprobs: None,
+            node: None,
+            requested_model: None,
+            policy: None,
+            truncated: false,
+            sampled: Default::default(),
+        }
+    }
+
+    /// The last sampled node's map entries are written late (or never, when the next
+    /// call's node takes the same keys); the graph must come out as if written at once:
+    /// a prompt that sends an answer back continues from the latest node with that
+    /// content, or with that visible content when the reasoning was left out.
+    #[test]
+    fn sampled_nodes_are_matched_as_if_indexed_at_once() {
+        let hi = r#"{"role":"user","content":"hi"}"#;
+        let hello = r#"{"role":"assistant","content":"hello","reasoning_content":"think"}"#;
+        let bare = r#"{"role":"assistant","content":"hello"}"#;
+        let other = r#"{"role":"assistant","content":"other"}"#;
+        let user = |t: &str| format!(r#"{{"role":"user","content":"{t}"}}"#);
+        let list = |m: &[&str]| format!("[{}]", m.join(","));
+        let mut b = EpisodeBuilder::new();
+        let mut commit = |seq: u64, prompt: &[&str], reply: &str| {
+            let node = b.commit(&chat(seq, &list(prompt), reply));
+            let e = b.episode("s");
+            (node, e)
+        };
+        // The same call three times: three sampled nodes under "hi" with the same keys,
+        // then another answer to it (other keys).
+        assert_eq!(commit(0, &[hi], hello).0, Some(1));
+        assert_eq!(commit(1, &[hi], hello).0, Some(2));
+        assert_eq!(commit(2, &[hi], hello).0, Some(3));
+        assert_eq!(commit(3, &[hi], other).0, Some(4));
+        // The first answer sent back whole continues from the latest node with it.
+        let (node, e) = commit(4, &[hi, hello, &user("go")], other);
+        assert_eq!(node, Some(6));
+        assert_eq!(e.nodes[5].parent, Some(3), "{:?}", e.nodes[5]);
+        // Sent back without its reasoning: matched by its visible content.
+        let (node, e) = commit(5, &[hi, bare, &user("again")], other);
+        assert_eq!(node, Some(8));
+        assert_eq!(e.nodes[7].parent, Some(3), "{:?}", e.nodes[7]);
+        // The other answer to "hi" continues from its own node.
+        let (node, e) = commit(6, &[hi, other, &user("more")], other);
+        assert_eq!(node, Some(10));
+        assert_eq!(e.nodes[9].parent, Some(4), "{:?}", e.nodes[9]);
+        // The answer of the call just made, sent back at once.
+        let (node, e) = commit(7, &[hi, other, &user("more"), other, &user("fin")], other);
+        assert_eq!(node, Some(12));
+        assert_eq!(e.nodes[11].parent, Some(10), "{:?}", e.nodes[11]);
+        assert_eq!(e.nodes.len(), 13);
+        // Branches end at 1 and 2 (answered again, never continued), 6, 8 and 12.
+        assert_eq!(e.branches.len(), 5);
+    }
 
     #[test]
     fn appended_finds_the_elements_added_to_an_array() {
