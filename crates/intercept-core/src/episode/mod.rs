@@ -242,8 +242,10 @@ pub struct EpisodeBuilder {
     /// and the node of its last message: a prompt that starts with the same bytes
     /// continues from there, and only its new messages are read.
     last_chat: Option<LastChat>,
-    /// Responses `id` → its sampled node (for `previous_response_id`).
-    responses: HashMap<String, u32>,
+    /// Responses `id` → its sampled node (for `previous_response_id`). Boxed, and made
+    /// on the first Responses answer: the builder is part of every session, also of the
+    /// many that never see one.
+    responses: Option<Box<HashMap<String, u32>>>,
     /// The last sampled node's entries in `by_hash` and `by_visible`, not written yet.
     /// They are written before the maps are next read, or when the next sampled node
     /// has other keys, so the maps always answer as if written at once. A call whose
@@ -402,7 +404,9 @@ impl EpisodeBuilder {
         }
         self.unindexed = Some(entry);
         if let Some(rid) = response.as_ref().and_then(|r| r.get("id")?.as_str()) {
-            self.responses.insert(rid.to_owned(), id);
+            self.responses
+                .get_or_insert_default()
+                .insert(rid.to_owned(), id);
         }
         self.summary.sampled += 1;
         Some(id)
@@ -499,7 +503,7 @@ impl EpisodeBuilder {
                 let mut out = Vec::new();
                 let start = body
                     .str("previous_response_id")
-                    .and_then(|id| self.responses.get(&id).copied());
+                    .and_then(|id| self.responses.as_ref()?.get(&id).copied());
                 if start.is_none() {
                     if let Some(Value::String(s)) = parse("instructions") {
                         if !s.is_empty() {
