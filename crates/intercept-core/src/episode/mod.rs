@@ -886,41 +886,24 @@ impl Trace {
 mod tests {
     use super::appended;
     use super::EpisodeBuilder;
-    use crate::{CallRecord, DialectKind, JsonBody, RawJson};
+    use crate::{CallRecord, JsonBody, RawJson};
 
+    /// A successful Chat call of `messages` answered by `reply` (both JSON texts).
     fn chat(seq: u64, messages: &str, reply: &str) -> CallRecord {
-        CallRecord {
-            session: "s".into(),
-            seq,
-            dialect: DialectKind::ChatCompletions,
-            endpoint: "/chat/completions".into(),
-            model: "m".into(),
-            stream: false,
-            sampling: Default::default(),
-            request: JsonBody::parse(format!(r#"{{"messages":{messages}}}"#).into()).unwrap(),
-            response: Some(RawJson::new(
-                format!(r#"{{"choices":[{{"message":{reply}}}]}}"#).into(),
-            )),
-            finish_reason: None,
-            usage: Default::default(),
-            status: 200,
-            started_at: 0.0,
-            ended_at: 0.0,
-            ttfb_ms: None,
-            client_disconnected: false,
-            error: None,
-            epoch: 0,
-            engine: None,
-            token_capture: Default::default(),
-            prompt_token_ids: None,
-            completion_token_ids: None,
-            completion_logprobs: None,
-            node: None,
-            requested_model: None,
-            policy: None,
-            truncated: false,
-            sampled: Default::default(),
-        }
+        let mut record: CallRecord = serde_json::from_value(serde_json::json!({
+            "session": "s", "seq": seq, "dialect": "chat_completions",
+            "endpoint": "/chat/completions", "model": "m", "stream": false, "sampling": {},
+            "request": {}, "response": null, "finish_reason": null, "status": 200,
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "cached_input_tokens": 0,
+                "reasoning_tokens": 0},
+            "started_at": 0.0, "ended_at": 0.0, "ttfb_ms": null, "error": null
+        }))
+        .expect("record");
+        let request = format!(r#"{{"messages":{messages}}}"#);
+        record.request = JsonBody::parse(request.into()).expect("request");
+        let response = format!(r#"{{"choices":[{{"message":{reply}}}]}}"#);
+        record.response = Some(RawJson::new(response.into()));
+        record
     }
 
     /// The last sampled node's map entries are written late (or never, when the next
