@@ -27,21 +27,30 @@ impl<T> Default for Chunked<T> {
 
 impl<T> Chunked<T> {
     /// Items in the first chunk.
-    pub(crate) const FIRST: usize = 8;
+    const FIRST: usize = 8;
     /// Items in the largest chunks.
-    pub(crate) const MOST: usize = 256;
+    const MOST: usize = 256;
     /// Chunks before the first of the largest: 8, 16, 32, 64, 128.
     const GROWING: usize = (Self::MOST / Self::FIRST).trailing_zeros() as usize;
     /// Items in those chunks (248).
     const BEFORE_MOST: usize = Self::MOST - Self::FIRST;
 
+    /// Items chunk `k` holds: the layout [`Chunked::place`] reads.
+    fn chunk_size(k: usize) -> usize {
+        if k < Self::GROWING {
+            Self::FIRST << k
+        } else {
+            Self::MOST
+        }
+    }
+
     /// Appends `item` and returns its index.
     pub(crate) fn push(&mut self, item: T) -> usize {
+        let chunks = self.chunks.len();
         match self.chunks.last_mut() {
-            Some(chunk) if chunk.len() < chunk.capacity() => chunk.push(item),
-            last => {
-                let size = last.map_or(Self::FIRST, |c| (c.len() * 2).min(Self::MOST));
-                let mut chunk = Vec::with_capacity(size);
+            Some(chunk) if chunk.len() < Self::chunk_size(chunks - 1) => chunk.push(item),
+            _ => {
+                let mut chunk = Vec::with_capacity(Self::chunk_size(chunks));
                 chunk.push(item);
                 self.chunks.push(chunk);
             }

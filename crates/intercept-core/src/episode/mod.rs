@@ -257,7 +257,7 @@ pub struct EpisodeBuilder {
 }
 
 /// A sampled node's map entries, written later (see [`EpisodeBuilder`]'s `unindexed`).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 struct Unindexed {
     key: u32,
     hash: Hash,
