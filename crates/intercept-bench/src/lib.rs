@@ -5,7 +5,9 @@
 //! (`bench-scale`), and the slow-stream rig: a cheap paced upstream (`slow-upstream`)
 //! and a lean streaming client (`slowgen`). The driver also measures the `intercept`
 //! binary itself (`intercept serve`, sessions made through its control API:
-//! [`serve_api`]), and how it holds up as its records pile up ([`growth`]). This
+//! [`serve_api`]), how it holds up as its records pile up ([`growth`]), and what
+//! appending its trace lines costs with no proxy around it ([`write_cost`],
+//! `bench-write`). This
 //! library holds what the binaries share, so tests can drive every piece in-process.
 //!
 //! ```no_run
@@ -47,5 +49,6 @@ pub mod serve_api;
 pub mod session;
 pub mod slow_streams;
 pub mod slow_upstream;
+pub mod write_cost;
 
 pub use session::CountingSession;

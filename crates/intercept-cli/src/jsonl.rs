@@ -169,11 +169,12 @@ impl JsonlSink {
 /// (`POSIX_FADV_DONTNEED` over the file) starts the writeback of the dirty pages and lets
 /// the clean ones go, so the writer reuses pages instead of taking new ones. It loses
 /// nothing: dirty pages stay until they are written.
-const PAGE_CACHE_HINT_EVERY: u64 = 1 << 20;
+pub const PAGE_CACHE_HINT_EVERY: u64 = 1 << 20;
 
 /// Tells the kernel that `file`'s pages need not stay in the page cache (a hint: an
-/// error is ignored; a no-op where there is no such hint).
-fn release_page_cache(file: &File) {
+/// error is ignored; a no-op where there is no such hint). The trace files take it every
+/// [`PAGE_CACHE_HINT_EVERY`] bytes appended.
+pub fn release_page_cache(file: &File) {
     #[cfg(any(target_os = "linux", target_os = "android"))]
     let _ = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed);
     #[cfg(not(any(target_os = "linux", target_os = "android")))]

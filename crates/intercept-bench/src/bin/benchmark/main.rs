@@ -27,6 +27,11 @@
 //! recorded call with the request and response bytes of a call; it also reports the
 //! sidecar's CPU per request by thread over both windows.
 //!
+//! Then the floor under recording (`floor.rs`): `bench-write` appends the json c16
+//! case's mean trace line to as many files as there are sessions, with no proxy,
+//! pinned like the proxies; its CPU per line is set beside nginx's CPU per request and
+//! the recording group's CPU goal.
+//!
 //! Scale figures follow: memory and acquire/release time per registered session (100k
 //! sessions, `bench-scale`), peak RSS while proxying one 256 MiB request body, and with
 //! `--scale` the slow-stream ramp: 1000 to 10,000 concurrent slow streams (200 chunks
@@ -48,6 +53,7 @@ use intercept_bench::load::Intervals;
 use intercept_bench::procfs;
 use serde_json::{json, Value};
 
+mod floor;
 mod sidecar;
 mod streams;
 
@@ -102,6 +108,9 @@ const BODY_BYTES: usize = 2048;
 const PROXY: &str = "bench-proxy";
 /// The `intercept` binary as users run it, with a trace folder.
 const SERVE: &str = "intercept-serve";
+/// The recording group's goal for `intercept serve --trace-dir`'s CPU per request, as a
+/// multiple of nginx's.
+const SERVE_CPU_GOAL: f64 = 1.25;
 /// The targets of every load case, in the order of the table.
 const MODES: [&str; 4] = ["direct", PROXY, SERVE, "nginx"];
 
@@ -811,6 +820,22 @@ fn run(options: &BenchOptions) -> Result<()> {
     drop(proxy);
     drop(nginx);
 
+    // The floor under recording: the json c16 case's mean trace line, written alone.
+    let floor = match serve_checks
+        .iter()
+        .find(|c| c["case"] == CASES[1].name)
+        .and_then(floor::mean_line_bytes)
+    {
+        Some(line_bytes) => {
+            println!(
+                "
+recording floor: bench-write, {line_bytes}-byte lines, no proxy"
+            );
+            Some(floor::measure(&env, SESSIONS, line_bytes)?)
+        }
+        None => None,
+    };
+
     let growth_secs = options
         .growth_secs
         .unwrap_or(if options.quick { 12.0 } else { 60.0 });
@@ -919,6 +944,16 @@ fn run(options: &BenchOptions) -> Result<()> {
             );
         }
     }
+    let floor = floor.map(|f| floor::report(&f, &rows));
+    if let Some((lines, _)) = &floor {
+        println!(
+            "
+recording floor (what writing the trace line costs without a proxy):"
+        );
+        for line in lines {
+            println!("  {line}");
+        }
+    }
     let results = json!({
         "quick": options.quick,
         "machine": machine,
@@ -932,6 +967,7 @@ fn run(options: &BenchOptions) -> Result<()> {
         "intercept_upstream_requests": proxied,
         "serve_recorded": serve_checks,
         "growth": growth.as_ref().map(|g| g.json.clone()),
+        "recording_floor": floor.map(|(_, json)| json),
         "scale_sessions": scale,
         "big_body": big,
         "slow_streams": streams,
@@ -1369,7 +1405,7 @@ fn vs_nginx(rows: &[Row], mode: &str, label: &str, rps: f64, cpu: f64) -> Vec<Ta
 /// nginx's, the growth case's flatness and memory per recorded call, and every call
 /// proxied once and recorded.
 fn serve_targets(rows: &[Row], growth: Option<&Growth>, recorded_all: bool) -> Vec<Target> {
-    let mut out = vs_nginx(rows, SERVE, &format!("{SERVE} "), 0.95, 1.25);
+    let mut out = vs_nginx(rows, SERVE, &format!("{SERVE} "), 0.95, SERVE_CPU_GOAL);
     match growth {
         Some(g) => {
             out.push(Target::new(

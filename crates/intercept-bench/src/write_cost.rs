@@ -1,0 +1,249 @@
+//! What appending trace lines costs on this machine, with no proxy around it: the floor
+//! under what recording a call to a file can cost.
+//!
+//! [`measure`] appends lines of a given size round-robin to a number of files, one
+//! `write` per line, the way the sidecar's trace writer appends to its sessions' files
+//! (`O_APPEND`, the page-cache hint of [`intercept_cli::jsonl::release_page_cache`]
+//! every [`PAGE_CACHE_HINT_EVERY`] bytes per file), and reads the thread's CPU time
+//! around the loop. The benchmark runs it (`bench-write`) pinned to the proxies' core,
+//! with the mean trace line of its json c16 case, and sets the result beside nginx's CPU
+//! per request: whatever else a recording proxy does, each recorded call costs at least
+//! this much more than a proxy that records nothing.
+//!
+//! ```no_run
+//! use intercept_bench::write_cost::{measure, WriteCostConfig};
+//!
+//! let dir = std::env::temp_dir().join("write-cost");
+//! let cost = measure(&WriteCostConfig {
+//!     files: 1000,
+//!     line_bytes: 3300,
+//!     lines: 300_000,
+//!     ..WriteCostConfig::new(&dir)
+//! })?;
+//! println!("{:.2} µs of CPU per line", cost.cpu_us_per_line());
+//! # Ok::<(), std::io::Error>(())
+//! ```
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+pub use intercept_cli::jsonl::PAGE_CACHE_HINT_EVERY;
+use serde::Serialize;
+
+use crate::procfs;
+
+/// What [`measure`] writes.
+#[derive(Debug, Clone)]
+pub struct WriteCostConfig {
+    /// The folder the files are made in (created if missing; it should hold nothing
+    /// else, since the files are created anew, `0.jsonl`, `1.jsonl`, …).
+    pub dir: PathBuf,
+    /// Files written in turn.
+    pub files: usize,
+    /// Bytes per line, its newline included (at least 1).
+    pub line_bytes: usize,
+    /// Lines written in all.
+    pub lines: u64,
+    /// Bytes appended to a file between two page-cache hints (0: no hint).
+    pub hint_every: u64,
+}
+
+impl WriteCostConfig {
+    /// 1000 files (the benchmark's sessions), lines of 3,300 bytes, 300,000 of them, the
+    /// sidecar's page-cache hint, in `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        WriteCostConfig {
+            dir: dir.into(),
+            files: 1000,
+            line_bytes: 3300,
+            lines: 300_000,
+            hint_every: PAGE_CACHE_HINT_EVERY,
+        }
+    }
+}
+
+/// What the lines cost, per line.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct WriteCost {
+    /// Lines written.
+    pub lines: u64,
+    /// Bytes per line.
+    pub line_bytes: usize,
+    /// Files written in turn.
+    pub files: usize,
+    /// The thread's user time per line, in µs (the loop itself).
+    pub user_us_per_line: f64,
+    /// The thread's system time per line, in µs (the kernel's append).
+    pub system_us_per_line: f64,
+    /// Wall time per line, in µs.
+    pub wall_us_per_line: f64,
+    /// Page-cache hints given.
+    pub hints: u64,
+}
+
+impl WriteCost {
+    /// User and system time per line, in µs.
+    pub fn cpu_us_per_line(&self) -> f64 {
+        self.user_us_per_line + self.system_us_per_line
+    }
+}
+
+/// Appends `config.lines` lines of `config.line_bytes` bytes (`x`s and a newline)
+/// round-robin to `config.files` new files in `config.dir`, one `write` per line, and
+/// returns the calling thread's CPU time per line. The files stay; the caller removes
+/// them. CPU time comes from `/proc/thread-self/stat` (clock ticks, 10 ms): write for a
+/// second or more for a figure within a few per cent. Where `/proc` is missing the CPU
+/// figures are NaN.
+pub fn measure(config: &WriteCostConfig) -> std::io::Result<WriteCost> {
+    if config.files == 0 || config.line_bytes == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "write cost: at least one file and one byte per line",
+        ));
+    }
+    std::fs::create_dir_all(&config.dir)?;
+    let mut files = (0..config.files)
+        .map(|i| open_new(&config.dir.join(format!("{i}.jsonl"))))
+        .collect::<std::io::Result<Vec<File>>>()?;
+    let mut unadvised = vec![0u64; config.files];
+    let mut line = vec![b'x'; config.line_bytes];
+    line[config.line_bytes - 1] = b'\n';
+    let mut hints = 0;
+
+    let cpu0 = thread_cpu_ticks();
+    let t0 = Instant::now();
+    for n in 0..config.lines {
+        let i = (n % config.files as u64) as usize;
+        files[i].write_all(&line)?;
+        unadvised[i] += line.len() as u64;
+        if config.hint_every > 0 && unadvised[i] >= config.hint_every {
+            intercept_cli::jsonl::release_page_cache(&files[i]);
+            unadvised[i] = 0;
+            hints += 1;
+        }
+    }
+    let wall = t0.elapsed();
+    let cpu1 = thread_cpu_ticks();
+
+    let per_line_us = |ticks: u64| {
+        ticks as f64 * 1e6 / procfs::CLOCK_TICKS_PER_SECOND as f64 / config.lines.max(1) as f64
+    };
+    let (user, system) = match (cpu0, cpu1) {
+        (Some((u0, s0)), Some((u1, s1))) => (per_line_us(u1 - u0), per_line_us(s1 - s0)),
+        _ => (f64::NAN, f64::NAN),
+    };
+    Ok(WriteCost {
+        lines: config.lines,
+        line_bytes: config.line_bytes,
+        files: config.files,
+        user_us_per_line: user,
+        system_us_per_line: system,
+        wall_us_per_line: wall.as_secs_f64() * 1e6 / config.lines.max(1) as f64,
+        hints,
+    })
+}
+
+/// Creates `path` anew for appending, as the sidecar creates a session's trace file.
+fn open_new(path: &Path) -> std::io::Result<File> {
+    let file = OpenOptions::new().create(true).append(true).open(path)?;
+    file.set_len(0)?;
+    Ok(file)
+}
+
+/// The calling thread's `(utime, stime)` in clock ticks.
+fn thread_cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    procfs::parse_stat_times(&stat)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("intercept-write-cost-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn lines_go_round_robin_whole_and_hints_are_counted() {
+        let dir = temp_dir("round-robin");
+        let config = WriteCostConfig {
+            files: 3,
+            line_bytes: 100,
+            lines: 20,
+            hint_every: 250,
+            ..WriteCostConfig::new(&dir)
+        };
+        let cost = measure(&config).unwrap();
+        assert_eq!(
+            (cost.lines, cost.line_bytes, cost.files),
+            (20, 100, 3),
+            "{cost:?}"
+        );
+        // 20 lines over 3 files: 7, 7 and 6, each a line of 99 `x`s and a newline.
+        let mut lines_seen = 0;
+        for (i, expected) in [7, 7, 6].into_iter().enumerate() {
+            let text = std::fs::read_to_string(dir.join(format!("{i}.jsonl"))).unwrap();
+            assert_eq!(text.len(), expected * 100, "file {i}");
+            for line in text.split_terminator('\n') {
+                assert_eq!(line, "x".repeat(99), "file {i}");
+                lines_seen += 1;
+            }
+        }
+        assert_eq!(lines_seen, 20);
+        // A hint each time a file has 300 bytes unadvised (three lines): twice in the
+        // files of seven lines, twice in the one of six.
+        assert_eq!(cost.hints, 6);
+        assert!(cost.wall_us_per_line > 0.0);
+        if std::path::Path::new("/proc/thread-self/stat").exists() {
+            assert!(cost.cpu_us_per_line() >= 0.0, "{cost:?}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_second_run_starts_the_files_anew() {
+        let dir = temp_dir("anew");
+        let config = WriteCostConfig {
+            files: 2,
+            line_bytes: 10,
+            lines: 4,
+            hint_every: 0,
+            ..WriteCostConfig::new(&dir)
+        };
+        measure(&config).unwrap();
+        let cost = measure(&config).unwrap();
+        assert_eq!(cost.hints, 0);
+        for i in 0..2 {
+            let len = std::fs::metadata(dir.join(format!("{i}.jsonl")))
+                .unwrap()
+                .len();
+            assert_eq!(len, 20, "file {i} holds the second run's two lines only");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn no_files_or_empty_lines_are_refused() {
+        let dir = temp_dir("refused");
+        for config in [
+            WriteCostConfig {
+                files: 0,
+                ..WriteCostConfig::new(&dir)
+            },
+            WriteCostConfig {
+                line_bytes: 0,
+                ..WriteCostConfig::new(&dir)
+            },
+        ] {
+            let err = measure(&config).unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+        }
+        assert!(!dir.exists(), "nothing is made for a refused config");
+    }
+}
