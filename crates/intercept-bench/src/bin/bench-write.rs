@@ -1,8 +1,10 @@
 //! `bench-write`: what appending trace lines costs on this machine, with no proxy around
 //! it (see [`intercept_bench::write_cost`]). Appends `--lines` lines of `--line-bytes`
-//! bytes round-robin to `--files` new files in `--dir`, removes the files, and prints one
-//! JSON line: `{"lines", "line_bytes", "files", "user_us_per_line",
-//! "system_us_per_line", "wall_us_per_line", "hints"}`.
+//! bytes round-robin to `--files` new files in `--dir` (`--lines-per-write` at a time),
+//! removes the files, and prints one JSON line: a
+//! [`WriteCost`](intercept_bench::write_cost::WriteCost), `{"lines", "line_bytes",
+//! "files", "lines_per_write", "user_us_per_line", "system_us_per_line",
+//! "wall_us_per_line", "hints"}`.
 
 use std::path::PathBuf;
 
@@ -17,14 +19,17 @@ struct Args {
     #[arg(long)]
     dir: PathBuf,
     /// Files written in turn.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = WriteCostConfig::FILES)]
     files: usize,
     /// Bytes per line, its newline included.
-    #[arg(long, default_value_t = 3300)]
+    #[arg(long, default_value_t = WriteCostConfig::LINE_BYTES)]
     line_bytes: usize,
     /// Lines written in all.
-    #[arg(long, default_value_t = 300_000)]
+    #[arg(long, default_value_t = WriteCostConfig::LINES)]
     lines: u64,
+    /// Lines appended to a file by one `write`.
+    #[arg(long, default_value_t = 1)]
+    lines_per_write: usize,
     /// Bytes appended to a file between two page-cache hints (0: none); the sidecar's
     /// by default.
     #[arg(long, default_value_t = PAGE_CACHE_HINT_EVERY)]
@@ -37,6 +42,7 @@ fn main() -> Result<()> {
         files: args.files,
         line_bytes: args.line_bytes,
         lines: args.lines,
+        lines_per_write: args.lines_per_write,
         hint_every: args.hint_every,
         ..WriteCostConfig::new(&args.dir)
     };

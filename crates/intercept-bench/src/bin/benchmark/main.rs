@@ -827,10 +827,7 @@ fn run(options: &BenchOptions) -> Result<()> {
         .and_then(floor::mean_line_bytes)
     {
         Some(line_bytes) => {
-            println!(
-                "
-recording floor: bench-write, {line_bytes}-byte lines, no proxy"
-            );
+            println!("\nrecording floor: bench-write, {line_bytes}-byte lines, no proxy");
             Some(floor::measure(&env, SESSIONS, line_bytes)?)
         }
         None => None,
@@ -944,12 +941,9 @@ recording floor: bench-write, {line_bytes}-byte lines, no proxy"
             );
         }
     }
-    let floor = floor.map(|f| floor::report(&f, &rows));
-    if let Some((lines, _)) = &floor {
-        println!(
-            "
-recording floor (what writing the trace line costs without a proxy):"
-        );
+    let floor_report = floor.map(|f| floor::report(&f, &rows));
+    if let Some((lines, _)) = &floor_report {
+        println!("\nrecording floor (what writing the trace line costs without a proxy):");
         for line in lines {
             println!("  {line}");
         }
@@ -967,7 +961,7 @@ recording floor (what writing the trace line costs without a proxy):"
         "intercept_upstream_requests": proxied,
         "serve_recorded": serve_checks,
         "growth": growth.as_ref().map(|g| g.json.clone()),
-        "recording_floor": floor.map(|(_, json)| json),
+        "recording_floor": floor_report.map(|(_, json)| json),
         "scale_sessions": scale,
         "big_body": big,
         "slow_streams": streams,
