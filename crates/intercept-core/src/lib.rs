@@ -39,6 +39,7 @@ pub mod episode;
 pub mod error;
 pub mod interception;
 mod json_text;
+pub mod log;
 pub mod network;
 pub mod record;
 pub mod redact;

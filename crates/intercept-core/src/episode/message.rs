@@ -122,6 +122,20 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     s
 }
 
+/// The bytes of 32 lowercase or uppercase hex digits.
+pub(crate) fn unhex(text: &str) -> Option<Hash> {
+    let b = text.as_bytes();
+    if b.len() != 32 {
+        return None;
+    }
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut out = [0u8; 16];
+    for (i, pair) in b.chunks(2).enumerate() {
+        out[i] = digit(pair[0])? << 4 | digit(pair[1])?;
+    }
+    Some(out)
+}
+
 /// One field of a message's hashed encoding: its tag, its length (8 bytes, little
 /// endian) and its bytes.
 fn put(out: &mut Vec<u8>, tag: u8, bytes: &[u8]) {

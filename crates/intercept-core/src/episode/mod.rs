@@ -290,7 +290,7 @@ struct LastChat {
 /// If `new` is the array `prev` with zero or more elements appended (byte for byte,
 /// `prev` having at least one), the bytes of the appended elements (`e, e]`, or empty
 /// when there are none).
-fn appended<'a>(prev: &[u8], new: &'a [u8]) -> Option<&'a [u8]> {
+pub(crate) fn appended<'a>(prev: &[u8], new: &'a [u8]) -> Option<&'a [u8]> {
     let body = prev.strip_suffix(b"]")?.trim_ascii_end();
     let rest = new.strip_prefix(body)?.trim_ascii_start();
     match rest.first()? {
@@ -778,6 +778,131 @@ impl EpisodeBuilder {
         branch.mask = Some(mask);
         branch.logprobs = logprobs;
         branch
+    }
+
+    /// Nodes in the graph.
+    pub(crate) fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The counts so far (nodes and branches are counted by [`EpisodeBuilder::episode`]).
+    pub(crate) fn summary(&self) -> EpisodeSummary {
+        let mut summary = self.summary.clone();
+        summary.nodes = self.nodes.len() as u64;
+        summary
+    }
+
+    /// A node's parent.
+    pub(crate) fn node_parent(&self, id: usize) -> Option<u32> {
+        self.nodes[id].parent
+    }
+
+    /// What token data a node holds, if any.
+    pub(crate) fn node_tokens(&self, id: usize) -> Option<crate::log::NodeTokens> {
+        self.nodes[id]
+            .tokens
+            .as_ref()
+            .map(|t| crate::log::NodeTokens {
+                logprobs: t.logprobs.is_some(),
+            })
+    }
+
+    /// Writes node `id` as a log `node` line (with its newline; see `docs/traces.md`).
+    pub(crate) fn write_node_line(
+        &self,
+        id: usize,
+        enc: &mut crate::log::encode::Encoder<'_>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), crate::log::encode::Invalid> {
+        let n = &self.nodes[id];
+        let int = |out: &mut Vec<u8>, v: u64| {
+            out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+        };
+        out.extend_from_slice(b"{\"type\":\"node\",\"id\":");
+        int(out, id as u64);
+        out.extend_from_slice(b",\"parent\":");
+        match n.parent {
+            Some(p) => int(out, u64::from(p)),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"hash\":\"");
+        out.extend_from_slice(message::hex(&n.hash).as_bytes());
+        out.extend_from_slice(b"\",\"sampled\":");
+        out.extend_from_slice(if n.sampled { b"true" } else { b"false" });
+        if let Some(call) = n.call {
+            out.extend_from_slice(b",\"call\":");
+            int(out, call);
+        }
+        if let Some(t) = &n.tokens {
+            out.extend_from_slice(b",\"token_ids\":");
+            serde_json::to_writer(&mut *out, &t.ids).map_err(|_| crate::log::encode::Invalid)?;
+            out.extend_from_slice(b",\"prompt_tokens\":");
+            int(out, t.prompt as u64);
+            if let Some(l) = &t.logprobs {
+                out.extend_from_slice(b",\"logprobs\":");
+                serde_json::to_writer(&mut *out, l).map_err(|_| crate::log::encode::Invalid)?;
+            }
+            if t.start {
+                out.extend_from_slice(b",\"token_start\":true");
+            }
+            if let Some(b) = t.brk {
+                out.extend_from_slice(b",\"token_break\":\"");
+                out.extend_from_slice(b.as_str().as_bytes());
+                out.push(b'"');
+            }
+        }
+        out.extend_from_slice(b",\"message\":");
+        let message = serde_json::to_vec(&n.message).map_err(|_| crate::log::encode::Invalid)?;
+        enc.value(&message, 0, out, 2)?;
+        out.extend_from_slice(b"}\n");
+        Ok(())
+    }
+
+    /// A builder holding `nodes` (as a log or an [`Episode`] gives them), for reading:
+    /// [`EpisodeBuilder::episode`] then gives their branches. `calls` counts the
+    /// records: (all, failed, unreadable).
+    pub(crate) fn restore(nodes: Vec<Node>, calls: (u64, u64, u64)) -> Self {
+        let mut b = EpisodeBuilder::new();
+        b.summary.calls = calls.0;
+        b.summary.failed = calls.1;
+        b.summary.unreadable = calls.2;
+        for n in nodes {
+            let tokens = n.token_ids.map(|ids| {
+                let prompt = n
+                    .mask
+                    .as_ref()
+                    .map_or(0, |m| m.iter().take_while(|x| !**x).count());
+                Tokens {
+                    logprobs: n
+                        .logprobs
+                        .map(|l| l.get(prompt..).unwrap_or_default().to_vec()),
+                    prompt,
+                    ids,
+                    start: n.token_start,
+                    brk: n.token_break,
+                }
+            });
+            if n.sampled {
+                b.summary.sampled += 1;
+            }
+            if let Some(t) = &tokens {
+                b.summary.token_turns += 1;
+                b.summary.tokens += t.ids.len() as u64;
+                if let Some(brk) = t.brk {
+                    b.summary.token_breaks += 1;
+                    *b.summary.token_breaks_by_reason.entry(brk).or_default() += 1;
+                }
+            }
+            b.nodes.push(NodeData {
+                parent: n.parent,
+                hash: message::unhex(&n.hash).unwrap_or_default(),
+                message: n.message,
+                sampled: n.sampled,
+                call: n.call,
+                tokens: tokens.map(Box::new),
+            });
+        }
+        b
     }
 
     /// Heap bytes held by the graph's nodes (messages, tokens, logprobs) and indexes: for

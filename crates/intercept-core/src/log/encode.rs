@@ -1,0 +1,459 @@
+//! JSON values as the log writes them: long strings and large members written once per
+//! session as `value` lines and referenced after that, the rest copied as it stands.
+//!
+//! The encoder walks raw JSON text (already known to be valid: a request the server
+//! parsed, a response it read, a message serde wrote) and writes it compact, with:
+//!
+//! - every string of at least [`MIN_STRING`] bytes replaced by `{"$v":N}`, the id of a
+//!   `value` line holding it (written the first time the string is seen);
+//! - a container nested deeper than [`MAX_DEPTH`] in the line written as `{"$j":"…"}`,
+//!   its JSON text as a string, so that every line parses with the usual recursion limits;
+//! - an object that would read as one of these markers (one member, keyed `$v`, `$a`,
+//!   `$e` or `$j`) wrapped as `{"$e":{…}}`, so that nothing is ambiguous.
+
+use std::collections::HashMap;
+
+use crate::json_text;
+
+/// Strings this long (in their JSON text, escapes included) or longer are written once.
+pub const MIN_STRING: usize = 64;
+
+/// Request and response members (objects and arrays) this long or longer are written
+/// once as a whole (tool lists, long system blocks, echoed settings).
+pub const MIN_MEMBER: usize = 256;
+
+/// The deepest a container is written as it stands, counted in the line.
+pub const MAX_DEPTH: usize = 100;
+
+/// The keys that make a one-member object a marker.
+pub(crate) const MARKERS: [&str; 4] = ["$v", "$a", "$e", "$j"];
+
+/// The hash's domain: a string's text and a member's JSON never share an id.
+const TAG_STRING: u64 = 0x5354_5249_4e47;
+const TAG_MEMBER: u64 = 0x4d45_4d42_4552;
+
+/// Text that is not the valid JSON the encoder was promised (or not UTF-8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Invalid;
+
+type Result<T> = std::result::Result<T, Invalid>;
+
+/// The values of one log: content hash → id, and the next id.
+#[derive(Debug, Default)]
+pub(crate) struct Values {
+    seed: u64,
+    ids: HashMap<u128, u32, foldhash::fast::RandomState>,
+    next: u32,
+    /// Bytes of value text written.
+    pub(crate) bytes: u64,
+}
+
+impl Values {
+    fn seed(&mut self) -> u64 {
+        if self.seed == 0 {
+            use std::hash::{BuildHasher as _, RandomState};
+            self.seed = RandomState::new().hash_one(0x6c6f_67u64) | 1;
+        }
+        self.seed
+    }
+
+    /// The id of the value with this key, or the key to [`Values::insert`] it by.
+    fn find(&mut self, tag: u64, text: &[u8]) -> std::result::Result<u32, u128> {
+        let seed = self.seed() ^ tag;
+        let key = xxhash_rust::xxh3::xxh3_128_with_seed(text, seed);
+        self.ids.get(&key).copied().ok_or(key)
+    }
+
+    /// A new value's id.
+    fn insert(&mut self, key: u128) -> u32 {
+        let id = self.next;
+        self.next += 1;
+        self.ids.insert(key, id);
+        id
+    }
+
+    /// Heap bytes held (for memory accounting).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.ids.capacity() * (16 + 4 + 1)
+    }
+}
+
+/// An encoder writing into one line, and the `value` lines it needs into `defs` (which
+/// the caller writes before the line).
+pub(crate) struct Encoder<'a> {
+    pub(crate) values: &'a mut Values,
+    pub(crate) defs: &'a mut Vec<u8>,
+}
+
+fn ws(b: &[u8], mut i: usize) -> usize {
+    while i < b.len() && matches!(b[i], b' ' | b'\n' | b'\r' | b'\t') {
+        i += 1;
+    }
+    i
+}
+
+/// The index just after the string that starts at `i` (at its quote).
+fn string_end(b: &[u8], i: usize) -> Result<usize> {
+    let mut at = i + 1;
+    loop {
+        let rel = memchr::memchr2(b'"', b'\\', b.get(at..).ok_or(Invalid)?).ok_or(Invalid)?;
+        at += rel;
+        if b[at] == b'\\' {
+            at += 2;
+        } else {
+            return Ok(at + 1);
+        }
+    }
+}
+
+/// The index just after the value that starts at or after `i`.
+pub(crate) fn skip_value(b: &[u8], i: usize) -> Result<usize> {
+    let i = ws(b, i);
+    match b.get(i).ok_or(Invalid)? {
+        b'"' => string_end(b, i),
+        b'{' | b'[' => {
+            // Strings are skipped whole, so brackets inside them do not count.
+            let mut depth = 0usize;
+            let mut at = i;
+            loop {
+                match b.get(at).ok_or(Invalid)? {
+                    b'"' => {
+                        at = string_end(b, at)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Ok(at + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                at += 1;
+            }
+        }
+        _ => {
+            let mut at = i;
+            while at < b.len()
+                && !matches!(b[at], b',' | b']' | b'}' | b' ' | b'\n' | b'\r' | b'\t')
+            {
+                at += 1;
+            }
+            if at == i {
+                return Err(Invalid);
+            }
+            Ok(at)
+        }
+    }
+}
+
+/// The decoded text of a key (or any string token, quotes included).
+fn key_text(token: &[u8]) -> Result<std::borrow::Cow<'_, str>> {
+    let inner = &token[1..token.len() - 1];
+    if memchr::memchr(b'\\', inner).is_none() {
+        return std::str::from_utf8(inner)
+            .map(std::borrow::Cow::Borrowed)
+            .map_err(|_| Invalid);
+    }
+    serde_json::from_slice::<String>(token)
+        .map(std::borrow::Cow::Owned)
+        .map_err(|_| Invalid)
+}
+
+impl Encoder<'_> {
+    /// Writes the value starting at or after `i` into `out`; returns the index after it.
+    pub(crate) fn value(
+        &mut self,
+        b: &[u8],
+        i: usize,
+        out: &mut Vec<u8>,
+        depth: usize,
+    ) -> Result<usize> {
+        let i = ws(b, i);
+        match b.get(i).ok_or(Invalid)? {
+            b'"' => {
+                let end = string_end(b, i)?;
+                self.string(&b[i..end], out)?;
+                Ok(end)
+            }
+            b'{' | b'[' if depth >= MAX_DEPTH => {
+                let end = skip_value(b, i)?;
+                let text = std::str::from_utf8(&b[i..end]).map_err(|_| Invalid)?;
+                out.extend_from_slice(b"{\"$j\":");
+                json_text::write_str(out, text);
+                out.push(b'}');
+                Ok(end)
+            }
+            b'{' => self.object(b, i, out, depth),
+            b'[' => {
+                out.push(b'[');
+                let mut at = ws(b, i + 1);
+                if b.get(at) == Some(&b']') {
+                    out.push(b']');
+                    return Ok(at + 1);
+                }
+                loop {
+                    at = self.value(b, at, out, depth + 1)?;
+                    at = ws(b, at);
+                    match b.get(at).ok_or(Invalid)? {
+                        b',' => {
+                            out.push(b',');
+                            at += 1;
+                        }
+                        b']' => {
+                            out.push(b']');
+                            return Ok(at + 1);
+                        }
+                        _ => return Err(Invalid),
+                    }
+                }
+            }
+            _ => {
+                let end = skip_value(b, i)?;
+                out.extend_from_slice(&b[i..end]);
+                Ok(end)
+            }
+        }
+    }
+
+    fn object(&mut self, b: &[u8], i: usize, out: &mut Vec<u8>, depth: usize) -> Result<usize> {
+        let mut at = ws(b, i + 1);
+        if b.get(at) == Some(&b'}') {
+            out.extend_from_slice(b"{}");
+            return Ok(at + 1);
+        }
+        // One member keyed like a marker: escaped.
+        let escaped = {
+            let key_end = string_end(b, at)?;
+            let key = key_text(&b[at..key_end])?;
+            MARKERS.contains(&&*key) && {
+                let colon = ws(b, key_end);
+                let value_end = skip_value(b, colon + 1)?;
+                b.get(ws(b, value_end)) == Some(&b'}')
+            }
+        };
+        if escaped {
+            out.extend_from_slice(b"{\"$e\":");
+        }
+        out.push(b'{');
+        loop {
+            if b.get(at) != Some(&b'"') {
+                return Err(Invalid);
+            }
+            let key_end = string_end(b, at)?;
+            std::str::from_utf8(&b[at..key_end]).map_err(|_| Invalid)?;
+            out.extend_from_slice(&b[at..key_end]);
+            at = ws(b, key_end);
+            if b.get(at) != Some(&b':') {
+                return Err(Invalid);
+            }
+            out.push(b':');
+            at = self.value(b, at + 1, out, depth + 1 + usize::from(escaped))?;
+            at = ws(b, at);
+            match b.get(at).ok_or(Invalid)? {
+                b',' => {
+                    out.push(b',');
+                    at = ws(b, at + 1);
+                }
+                b'}' => {
+                    out.push(b'}');
+                    if escaped {
+                        out.push(b'}');
+                    }
+                    return Ok(at + 1);
+                }
+                _ => return Err(Invalid),
+            }
+        }
+    }
+
+    /// A string token (quotes included): as it stands when short, else by reference.
+    fn string(&mut self, token: &[u8], out: &mut Vec<u8>) -> Result<()> {
+        let inner = &token[1..token.len() - 1];
+        if inner.len() < MIN_STRING {
+            std::str::from_utf8(inner).map_err(|_| Invalid)?;
+            out.extend_from_slice(token);
+            return Ok(());
+        }
+        // Escapes that writers spell differently (`\u00e9` for `é`, `\/`) are brought to
+        // serde_json's spelling, so that the same text is one value.
+        let canonical;
+        let text: &[u8] = if memchr::memmem::find(inner, b"\\u").is_some()
+            || memchr::memmem::find(inner, b"\\/").is_some()
+        {
+            let s: String = serde_json::from_slice(token).map_err(|_| Invalid)?;
+            let mut c = Vec::with_capacity(token.len());
+            json_text::write_str(&mut c, &s);
+            canonical = c;
+            &canonical[1..canonical.len() - 1]
+        } else {
+            std::str::from_utf8(inner).map_err(|_| Invalid)?;
+            inner
+        };
+        let id = match self.values.find(TAG_STRING, text) {
+            Ok(id) => id,
+            Err(key) => {
+                let id = self.values.insert(key);
+                self.define(id, |defs| {
+                    defs.push(b'"');
+                    defs.extend_from_slice(text);
+                    defs.push(b'"');
+                });
+                id
+            }
+        };
+        reference(out, id);
+        Ok(())
+    }
+
+    /// A member's value: a large object or array written once as a whole, anything else
+    /// as [`Encoder::value`] writes it.
+    pub(crate) fn member(&mut self, raw: &[u8], out: &mut Vec<u8>, depth: usize) -> Result<()> {
+        let start = ws(raw, 0);
+        let large = raw.len() >= MIN_MEMBER && matches!(raw.get(start), Some(b'{' | b'['));
+        if !large {
+            let end = self.value(raw, start, out, depth)?;
+            return if ws(raw, end) == raw.len() {
+                Ok(())
+            } else {
+                Err(Invalid)
+            };
+        }
+        let id = match self.values.find(TAG_MEMBER, raw) {
+            Ok(id) => id,
+            Err(key) => {
+                // The value line's own text: its strings by reference too, written
+                // before it.
+                let mut text = Vec::with_capacity(raw.len());
+                let end = self.value(raw, start, &mut text, 2)?;
+                if ws(raw, end) != raw.len() {
+                    return Err(Invalid);
+                }
+                let id = self.values.insert(key);
+                self.define(id, |defs| defs.extend_from_slice(&text));
+                id
+            }
+        };
+        reference(out, id);
+        Ok(())
+    }
+
+    /// Writes the `value` line of `id`.
+    fn define(&mut self, id: u32, value: impl FnOnce(&mut Vec<u8>)) {
+        let start = self.defs.len();
+        self.defs.extend_from_slice(b"{\"type\":\"value\",\"id\":");
+        self.defs
+            .extend_from_slice(itoa::Buffer::new().format(id).as_bytes());
+        self.defs.extend_from_slice(b",\"value\":");
+        value(self.defs);
+        self.defs.extend_from_slice(b"}\n");
+        self.values.bytes += (self.defs.len() - start) as u64;
+    }
+}
+
+/// `{"$v":id}`.
+fn reference(out: &mut Vec<u8>, id: u32) {
+    out.extend_from_slice(b"{\"$v\":");
+    out.extend_from_slice(itoa::Buffer::new().format(id).as_bytes());
+    out.push(b'}');
+}
+
+/// The elements of a JSON array's text, each as its raw text (whitespace around it
+/// left out); `None` when the text is not an array.
+pub(crate) fn elements(raw: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut at = ws(raw, 0);
+    if raw.get(at) != Some(&b'[') {
+        return None;
+    }
+    let mut out = Vec::new();
+    at = ws(raw, at + 1);
+    if raw.get(at) == Some(&b']') {
+        return (ws(raw, at + 1) == raw.len()).then_some(out);
+    }
+    loop {
+        let start = ws(raw, at);
+        let end = skip_value(raw, start).ok()?;
+        out.push(&raw[start..end]);
+        at = ws(raw, end);
+        match raw.get(at)? {
+            b',' => at += 1,
+            b']' => return (ws(raw, at + 1) == raw.len()).then_some(out),
+            _ => return None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encode(text: &str) -> (String, String) {
+        let mut values = Values::default();
+        let mut defs = Vec::new();
+        let mut out = Vec::new();
+        let mut e = Encoder {
+            values: &mut values,
+            defs: &mut defs,
+        };
+        e.value(text.as_bytes(), 0, &mut out, 0).expect("valid");
+        (
+            String::from_utf8(out).expect("utf-8"),
+            String::from_utf8(defs).expect("utf-8"),
+        )
+    }
+
+    #[test]
+    fn short_values_stand_long_strings_are_referenced_once() {
+        let long = "x".repeat(MIN_STRING);
+        let (out, defs) = encode(&format!(
+            r#"{{ "a" : [1, true, null, "s"], "b": "{long}", "c": ["{long}"] }}"#
+        ));
+        assert_eq!(
+            out,
+            r#"{"a":[1,true,null,"s"],"b":{"$v":0},"c":[{"$v":0}]}"#
+        );
+        assert_eq!(
+            defs,
+            format!("{{\"type\":\"value\",\"id\":0,\"value\":\"{long}\"}}\n")
+        );
+    }
+
+    #[test]
+    fn marker_shaped_objects_are_escaped_and_spellings_share_a_value() {
+        let (out, _) = encode(r#"{"$v": 3}"#);
+        assert_eq!(out, r#"{"$e":{"$v":3}}"#);
+        let (out, _) = encode(r#"{"\u0024a": {"$j": "x"}}"#);
+        assert_eq!(out, r#"{"$e":{"\u0024a":{"$e":{"$j":"x"}}}}"#);
+        // Two members: no marker.
+        let (out, _) = encode(r#"{"$v": 3, "b": 1}"#);
+        assert_eq!(out, r#"{"$v":3,"b":1}"#);
+        let long = "é".repeat(40);
+        let escaped = "\\u00e9".repeat(40);
+        let (out, defs) = encode(&format!(r#"["{long}", "{escaped}"]"#));
+        assert_eq!(out, r#"[{"$v":0},{"$v":0}]"#);
+        assert_eq!(defs.lines().count(), 1);
+    }
+
+    #[test]
+    fn deep_values_are_written_as_text() {
+        let deep = format!(
+            "{}1{}",
+            "[".repeat(MAX_DEPTH + 3),
+            "]".repeat(MAX_DEPTH + 3)
+        );
+        let (out, _) = encode(&deep);
+        assert!(out.contains("{\"$j\":\"[[[1]]]\"}"), "{out}");
+    }
+
+    #[test]
+    fn elements_of_an_array() {
+        assert_eq!(
+            elements(b" [ 1 , {\"a\": [2]} ,\"x\" ] "),
+            Some(vec![&b"1"[..], b"{\"a\": [2]}", b"\"x\""])
+        );
+        assert_eq!(elements(b"[]"), Some(vec![]));
+        assert_eq!(elements(b"{}"), None);
+        assert_eq!(elements(b"[1,]"), None);
+    }
+}
