@@ -497,10 +497,39 @@ impl SessionConfig {
     }
 }
 
-/// Receives each call record as it is made (e.g. to append it to a JSONL file).
+/// Receives what a session records, as it is recorded: each call's record, and the
+/// session's trace log (see [`crate::log`]) line by line. Both methods do nothing by
+/// default; a sink implements what it stores.
 pub trait RecordSink: Send + Sync + fmt::Debug {
     /// Called once per record, on the request path: keep it quick.
-    fn on_record(&self, record: &CallRecord);
+    fn on_record(&self, record: &CallRecord) {
+        let _ = record;
+    }
+
+    /// Called with the log lines the session adds, in log order: the header when the sink
+    /// is added, each call's lines as it is recorded, the end line at release. Called
+    /// with the session's lock held (that keeps the order), on the request path: keep it
+    /// quick, and do not call back into the session.
+    fn on_log(&self, lines: &[u8]) {
+        let _ = lines;
+    }
+}
+
+/// The settings a session's log header records: what the session imposes and where it
+/// calls (never the upstream's key or headers).
+fn settings_of(config: &SessionConfig, capture_tokens: bool) -> serde_json::Value {
+    let upstream = if config.upstream.base_urls.is_empty() {
+        vec![config.upstream.base_url.clone()]
+    } else {
+        config.upstream.base_urls.clone()
+    };
+    serde_json::json!({
+        "model": config.model,
+        "sampling": config.sampling,
+        "limits": config.limits,
+        "upstream": upstream,
+        "capture_tokens": capture_tokens,
+    })
 }
 
 /// The lifecycle status of a [`RolloutSession`].
@@ -569,12 +598,17 @@ impl Trace {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
-    /// The records kept in memory, in chunks that never move (see
-    /// [`Chunked`](crate::chunked::Chunked)): recording a call never copies the records
-    /// before it.
-    calls: crate::chunked::Chunked<CallRecord>,
+    /// The trace log's writer: the episode, and what it needs to write each call as
+    /// what it adds.
+    log: crate::log::LogWriter,
+    /// The log's lines after the header, kept in memory (see
+    /// [`RolloutSession::with_calls_in_memory`]), each call's in one piece, in chunks
+    /// that never move: recording a call never copies the lines before it.
+    lines: crate::chunked::Chunked<Box<[u8]>>,
+    /// Bytes of `lines`.
+    line_bytes: usize,
     /// Records made (also those not kept in memory).
     recorded: usize,
     totals: Totals,
@@ -582,15 +616,17 @@ struct Inner {
     state: serde_json::Value,
     released: bool,
     replays: u64,
-    episode: crate::episode::EpisodeBuilder,
 }
 
 /// The ready session: imposes a model and sampling, enforces [`Limits`], keeps the
-/// trace in memory and forwards records to optional [`RecordSink`]s.
+/// trace in memory as its log ([`crate::log`]: each message, tool list and token once,
+/// never a call's whole body) and forwards records and log lines to optional
+/// [`RecordSink`]s.
 ///
-/// A session whose sinks store the records (a trace file) need not keep a second copy:
-/// with [`RolloutSession::with_calls_in_memory`]`(false)` it keeps only the count, the
-/// totals and the episode, and [`RolloutSession::trace`] has no calls.
+/// A session whose sinks store the log (a trace file) need not keep a second copy: with
+/// [`RolloutSession::with_calls_in_memory`]`(false)` it keeps only the count, the totals
+/// and what writing the log needs (the episode and its indexes), and
+/// [`RolloutSession::trace`] has no calls.
 ///
 /// ```
 /// use intercept_core::{RolloutSession, SessionConfig, Upstream, Limits, Session};
@@ -611,18 +647,33 @@ pub struct RolloutSession {
     capture_tokens: bool,
     keep_calls: bool,
     sinks: Vec<Arc<dyn RecordSink>>,
+    /// The log's header line.
+    header: Box<[u8]>,
     inner: Mutex<Inner>,
 }
 
 impl RolloutSession {
     /// A new, active session.
     pub fn new(config: SessionConfig) -> Self {
+        let log = crate::log::LogWriter::new(&config.id);
+        let header = log.header(settings_of(&config, false)).into_boxed_slice();
         RolloutSession {
             config,
             capture_tokens: false,
             keep_calls: true,
             sinks: Vec::new(),
-            inner: Mutex::new(Inner::default()),
+            header,
+            inner: Mutex::new(Inner {
+                log,
+                lines: Default::default(),
+                line_bytes: 0,
+                recorded: 0,
+                totals: Totals::default(),
+                stop: None,
+                state: serde_json::Value::Null,
+                released: false,
+                replays: 0,
+            }),
         }
     }
 
@@ -640,15 +691,24 @@ impl RolloutSession {
         self.keep_calls
     }
 
-    /// Adds a sink that sees every record.
+    /// Adds a sink that sees every record and every log line; it is handed the log's
+    /// header at once.
     pub fn with_sink(mut self, sink: Arc<dyn RecordSink>) -> Self {
+        sink.on_log(&self.header);
         self.sinks.push(sink);
         self
     }
 
-    /// Turns token capture on or off (see [`Session::capture_tokens`]).
+    /// Turns token capture on or off (see [`Session::capture_tokens`]). Call it before
+    /// adding sinks: the log's header says it.
     pub fn with_capture_tokens(mut self, capture: bool) -> Self {
         self.capture_tokens = capture;
+        self.header = self
+            .inner
+            .get_mut()
+            .log
+            .header(settings_of(&self.config, capture))
+            .into_boxed_slice();
         self
     }
 
@@ -657,23 +717,67 @@ impl RolloutSession {
         &self.config
     }
 
-    /// A copy of the trace so far (without calls when they are not kept in memory).
+    /// A copy of the trace so far, each record rebuilt from the log (without calls when
+    /// they are not kept in memory).
     pub fn trace(&self) -> Trace {
-        let inner = self.inner.lock();
-        let mut calls = Vec::with_capacity(inner.calls.len());
-        calls.extend(inner.calls.iter().cloned());
+        let (log, stop, replays) = {
+            let inner = self.inner.lock();
+            let log = self.keep_calls.then(|| self.log_of(&inner));
+            (
+                log,
+                inner.stop.as_ref().map(|r| r.as_str().to_owned()),
+                inner.replays,
+            )
+        };
+        let calls = log
+            .and_then(|log| crate::log::LogReader::from_bytes(&log).ok())
+            .map(|read| {
+                (0..read.calls().len())
+                    .filter_map(|i| read.record(i).ok())
+                    .collect()
+            })
+            .unwrap_or_default();
         Trace {
             id: self.config.id.clone(),
-            stop_condition: inner.stop.as_ref().map(|r| r.as_str().to_owned()),
+            stop_condition: stop,
             calls,
-            replays: inner.replays,
+            replays,
         }
+    }
+
+    /// The trace log so far (see [`crate::log`]): the header, every call's lines and,
+    /// once released, the end line. Without calls in memory, the header and end only
+    /// (the sinks hold the rest).
+    pub fn log(&self) -> Vec<u8> {
+        let inner = self.inner.lock();
+        self.log_of(&inner)
+    }
+
+    fn log_of(&self, inner: &Inner) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.header.len() + inner.line_bytes);
+        out.extend_from_slice(&self.header);
+        for lines in inner.lines.iter() {
+            out.extend_from_slice(lines);
+        }
+        out
+    }
+
+    /// Bytes of log lines the session wrote, by kind (also those not kept in memory).
+    pub fn log_bytes(&self) -> crate::log::LogBytes {
+        self.inner.lock().log.bytes()
+    }
+
+    /// Heap bytes the session holds for its record: the log's graph and indexes, and the
+    /// lines kept in memory (for memory accounting).
+    pub fn record_heap_bytes(&self) -> usize {
+        let inner = self.inner.lock();
+        inner.log.heap_bytes() + inner.line_bytes
     }
 
     /// The rollout as a message graph (see [`crate::episode`]), built call by call as
     /// the records arrived: the same as `self.trace().episode()`, without rebuilding.
     pub fn episode(&self) -> crate::episode::Episode {
-        self.inner.lock().episode.episode(&self.config.id)
+        self.inner.lock().log.episode()
     }
 
     /// The number of recorded calls.
@@ -743,25 +847,31 @@ impl Session for RolloutSession {
     }
 
     fn record(&self, mut record: CallRecord) {
-        {
-            let mut inner = self.inner.lock();
-            if !inner.released {
-                record.node = inner.episode.commit_taking(&mut record);
-            }
-        }
-        for sink in &self.sinks {
-            sink.on_record(&record);
-        }
         let mut inner = self.inner.lock();
         if inner.released {
+            drop(inner);
+            for sink in &self.sinks {
+                sink.on_record(&record);
+            }
             return;
+        }
+        let mut lines = Vec::new();
+        inner.log.record(&mut record, &mut lines);
+        // Under the lock: each sink sees the lines in log order.
+        for sink in &self.sinks {
+            sink.on_log(&lines);
         }
         if record.error.is_none() {
             inner.totals.add(&record.usage);
         }
         inner.recorded += 1;
         if self.keep_calls {
-            inner.calls.push(record);
+            inner.line_bytes += lines.len();
+            inner.lines.push(lines.into_boxed_slice());
+        }
+        drop(inner);
+        for sink in &self.sinks {
+            sink.on_record(&record);
         }
     }
 
@@ -810,7 +920,26 @@ impl Session for RolloutSession {
     }
 
     fn on_release(&self) {
-        self.inner.lock().released = true;
+        let mut inner = self.inner.lock();
+        if inner.released {
+            return;
+        }
+        inner.released = true;
+        let end = crate::log::LogEnd {
+            ended_at: crate::record::epoch_seconds(std::time::SystemTime::now()),
+            stop_condition: inner.stop.as_ref().map(|r| r.as_str().to_owned()),
+            calls: inner.recorded as u64,
+            replays: inner.replays,
+            summary: inner.log.summary(),
+        };
+        let line = inner.log.end(&end);
+        for sink in &self.sinks {
+            sink.on_log(&line);
+        }
+        if self.keep_calls {
+            inner.line_bytes += line.len();
+            inner.lines.push(line.into_boxed_slice());
+        }
     }
 }
 
@@ -863,12 +992,12 @@ mod tests {
     }
 
     #[test]
-    fn records_are_kept_in_chunks_that_never_move_and_in_order() {
+    fn log_lines_are_kept_in_chunks_that_never_move_and_in_order() {
         let s = RolloutSession::new(SessionConfig::new("r", "m", Upstream::new("http://x/v1")));
         let mut first_chunk = None;
         for seq in 0..1000 {
             s.record(call(seq));
-            let ptr = s.inner.lock().calls.first_ptr();
+            let ptr = s.inner.lock().lines.first_ptr();
             assert_eq!(
                 *first_chunk.get_or_insert(ptr),
                 ptr,
@@ -883,7 +1012,7 @@ mod tests {
         );
         // 8 + 16 + ... + 256, then chunks of 256.
         assert_eq!(
-            s.inner.lock().calls.chunk_capacities(),
+            s.inner.lock().lines.chunk_capacities(),
             [8, 16, 32, 64, 128, 256, 256, 256]
         );
     }

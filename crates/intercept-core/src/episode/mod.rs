@@ -785,10 +785,17 @@ impl EpisodeBuilder {
         self.nodes.len()
     }
 
-    /// The counts so far (nodes and branches are counted by [`EpisodeBuilder::episode`]).
+    /// The counts so far, without building the episode.
     pub(crate) fn summary(&self) -> EpisodeSummary {
         let mut summary = self.summary.clone();
         summary.nodes = self.nodes.len() as u64;
+        let mut has_child = vec![false; self.nodes.len()];
+        for n in self.nodes.iter() {
+            if let Some(p) = n.parent {
+                has_child[p as usize] = true;
+            }
+        }
+        summary.branches = has_child.iter().filter(|c| !**c).count() as u64;
         summary
     }
 
