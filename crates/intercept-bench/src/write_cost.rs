@@ -3,7 +3,7 @@
 //!
 //! [`measure`] appends lines of a given size round-robin to a number of files, one
 //! `write` per line, the way the sidecar's trace writer appends to its sessions' files
-//! (`O_APPEND`, the page-cache hint of [`intercept_cli::jsonl::release_page_cache`]
+//! (`O_APPEND`, the page-cache hint of [`intercept_trace::release_page_cache`]
 //! every [`PAGE_CACHE_HINT_EVERY`] bytes per file), and reads the thread's CPU time
 //! around the loop. The benchmark runs it (`bench-write`) pinned to the proxies' core,
 //! with the mean trace line of its json c16 case, and sets the result beside nginx's CPU
@@ -29,7 +29,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-pub use intercept_cli::jsonl::PAGE_CACHE_HINT_EVERY;
+pub use intercept_trace::PAGE_CACHE_HINT_EVERY;
 use serde::{Deserialize, Serialize};
 
 use crate::procfs;
@@ -137,7 +137,7 @@ pub fn measure(config: &WriteCostConfig) -> std::io::Result<WriteCost> {
         turn += 1;
         unadvised[i] += (n * config.line_bytes) as u64;
         if config.hint_every > 0 && unadvised[i] >= config.hint_every {
-            intercept_cli::jsonl::release_page_cache(&files[i]);
+            intercept_trace::release_page_cache(&files[i]);
             unadvised[i] = 0;
             hints += 1;
         }

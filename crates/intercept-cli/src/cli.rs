@@ -23,6 +23,47 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Run simulated rollouts against an embedded mock model and print a summary.
     Demo(DemoArgs),
+    /// Read trace files: print their records, their stats, or export their episodes.
+    #[command(subcommand)]
+    Trace(TraceCommand),
+}
+
+/// `intercept trace ...`.
+#[derive(Debug, Subcommand)]
+pub enum TraceCommand {
+    /// Print one full record per call (the record schema of docs/sidecar.md), one per
+    /// line; files of trace_format = full are printed as they are.
+    Cat {
+        /// Trace files.
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
+    /// Print, per log, one JSON line: calls, nodes, branches, values, bytes, and bytes
+    /// per byte of unique content (of the log, and of the same calls as full records).
+    Stats {
+        /// Trace logs.
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
+    /// Write the logs' episodes as one table, one row per branch.
+    Export {
+        /// The table's format.
+        #[arg(long, value_enum, default_value = "parquet")]
+        format: ExportFormat,
+        /// The file to write (replaced whole; written through a temporary file).
+        #[arg(long, value_name = "PATH")]
+        out: PathBuf,
+        /// Trace logs.
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
+}
+
+/// Formats of `intercept trace export`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// Apache Parquet (pyarrow, Hugging Face `datasets`, pandas, polars read it).
+    Parquet,
 }
 
 /// Flags of `intercept serve`: `--config` and one flag per setting of

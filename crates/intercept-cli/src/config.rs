@@ -45,6 +45,7 @@ use intercept_core::{NetworkPolicy, OnViolation, Secret};
 use intercept_pool::{
     ElasticConfig, ElasticEntry, InterceptionConfig, ServerEntry, SettingNames, StaticEntry,
 };
+use intercept_trace::TraceFormat;
 use intercept_tunnel::{redact_url, LimiterBackend, TunnelConfig};
 use serde::Deserialize;
 
@@ -436,9 +437,18 @@ pub const SETTINGS: &[Setting] = &[
         key: "trace_dir",
         value: "DIR",
         default: "none",
-        doc: "When set, each call record is appended to `<dir>/<session id>.jsonl` as the \
-            call ends (created if missing), and a released session's episode is written to \
-            `<dir>/<session id>.episode.json`.",
+        doc: "When set, each session's trace is appended to `<dir>/<session id>.jsonl` as \
+            its calls end (the folder is created if missing), in `trace_format`.",
+    },
+    Setting {
+        key: "trace_format",
+        value: "log|full",
+        default: "`log`",
+        doc: "With `trace_dir`: `log`, the trace log of [traces.md](traces.md) (each \
+            message, value and token written once; the episode is in it), or `full`, the \
+            format of earlier versions for readers that cannot change yet (one whole record \
+            per line, each repeating the conversation so far, and the episode in \
+            `<dir>/<session id>.episode.json` at release).",
     },
     Setting {
         key: "log",
@@ -697,6 +707,9 @@ pub struct ServeConfig {
     /// Directory of the JSONL trace files (`<dir>/<session id>.jsonl`).
     #[serde(deserialize_with = "value::dir")]
     pub trace_dir: Option<PathBuf>,
+    /// What the trace files hold: the log (default) or full records.
+    #[serde(deserialize_with = "value::trace_format")]
+    pub trace_format: TraceFormat,
     /// Log filter (`RUST_LOG` syntax); `None` uses `RUST_LOG`, else `info`.
     #[serde(deserialize_with = "value::log")]
     pub log: Option<String>,
@@ -733,7 +746,7 @@ pub struct ServeConfig {
     #[serde(deserialize_with = "value::bytes")]
     pub released_trace_bytes: usize,
     /// With a trace directory: most bytes of lines queued for the trace writer (see
-    /// [`crate::jsonl::WriterConfig::max_queued_bytes`]).
+    /// [`intercept_trace::WriterConfig::max_queued_bytes`]).
     #[serde(deserialize_with = "value::positive_bytes")]
     pub trace_queue_bytes: u64,
     /// With a trace directory: longest wait of a line before the writer writes it.
@@ -789,6 +802,7 @@ impl Default for ServeConfig {
             rate_limit_backend: LimiterBackend::File,
             rate_limit_url: None,
             trace_dir: None,
+            trace_format: TraceFormat::Log,
             log: None,
             log_format: LogFormat::Text,
             shutdown_grace: Duration::from_secs(30),
@@ -1454,6 +1468,18 @@ mod value {
                 format!(
                     "{other:?} is not a rate limiter backend; expected file (one host) or \
                      redis (a fleet sharing rate_limit_url)"
+                )
+            })
+        })
+    }
+
+    pub(super) fn trace_format<'de, D: Deserializer<'de>>(d: D) -> Result<TraceFormat, D::Error> {
+        let names = [("log", TraceFormat::Log), ("full", TraceFormat::Full)];
+        parse(d, |raw| {
+            one_of(raw, &names, |other| {
+                format!(
+                    "{other:?} is not a trace format; expected log (the trace log) or full \
+                     (one whole record per line, the format of earlier versions)"
                 )
             })
         })

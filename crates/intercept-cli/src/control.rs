@@ -34,8 +34,8 @@ use tracing::{info, warn};
 use intercept_server::{render, render_message, Shape};
 
 use crate::config::check_base_url;
-use crate::jsonl::JsonlSink;
 use crate::sidecar::{ControlState, Held, Last};
+use intercept_trace::{JsonlSink, TraceFormat};
 
 /// Largest control request body accepted (16 MiB).
 pub const BODY_LIMIT: usize = 16 << 20;
@@ -103,7 +103,11 @@ pub(crate) async fn handle(state: Arc<ControlState>, req: Request<Incoming>) -> 
             Ok(with_episode) => delete(&state, id, with_episode).await,
             Err(message) => bad(message),
         },
-        (["v1", "sessions", id, "trace"], &Method::GET) => trace(&state, id).await,
+        (["v1", "sessions", id, "trace"], &Method::GET) => match trace_query(req.uri().query()) {
+            Ok(false) => trace(&state, id).await,
+            Ok(true) => trace_log(&state, id).await,
+            Err(e) => error(Error::InvalidRequest(e)),
+        },
         (["v1", "sessions", id, "episode"], &Method::GET) => episode(&state, id).await,
         (["v1", "interception"], &Method::GET) => interception(&state).await,
         (["v1", "pause"], &Method::POST) => pause(&state, req).await,
@@ -390,7 +394,10 @@ async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
             }
             let path = dir.join(format!("{id}.jsonl"));
             match JsonlSink::create_new(&path) {
-                Ok(s) => state.writer.as_ref().map(|w| Arc::new(w.sink(s))),
+                Ok(s) => {
+                    let s = s.with_format(state.config.trace_format);
+                    state.writer.as_ref().map(|w| Arc::new(w.sink(s)))
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     return error(Error::Conflict(format!(
                         "the trace file {} already exists (a rollout of an earlier run, or \
@@ -581,20 +588,33 @@ fn evicted(state: &ControlState) -> String {
     )
 }
 
-/// The final trace of a released session: held in memory, or (with a trace directory)
-/// read back from its JSONL file, each complete line spliced in as it was written.
+/// The final trace of a released session: rebuilt from its log held in memory, or (with
+/// a trace directory) read back from its file.
 async fn final_trace(state: &ControlState, id: &str, last: &Last) -> Result<Vec<u8>, Resp> {
     let Some(dir) = &state.config.trace_dir else {
-        return match &*last.kept.lock() {
-            Some((trace, _)) => Ok(trace.to_vec()),
-            None => Err(gone(id, "trace", evicted(state))),
+        let Some(log) = last.kept.lock().clone() else {
+            return Err(gone(id, "trace", evicted(state)));
         };
+        let (id2, stop, replays) = (id.to_owned(), last.stop_condition.clone(), last.replays);
+        return blocking(move || crate::trace::trace_json(&log, &id2, stop, replays))
+            .await
+            .map_err(|e| gone(id, "trace", format!("its log cannot be read: {e}")));
     };
     trace_from_file(dir, id, last.stop_condition.clone(), last.replays).await
 }
 
-/// A trace read back from `<dir>/<id>.jsonl`, each complete line spliced in as it was
-/// written.
+/// Runs `work` on a blocking thread (a log is read and rebuilt there, not on the
+/// runtime's threads).
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|e| Err(format!("the reader stopped: {e}")))
+}
+
+/// A trace read back from `<dir>/<id>.jsonl` (either format): every whole line's record,
+/// a log's rebuilt.
 async fn trace_from_file(
     dir: &std::path::Path,
     id: &str,
@@ -609,43 +629,54 @@ async fn trace_from_file(
             format!("its trace file {} cannot be read: {e}", path.display()),
         )
     })?;
-    let mut out = intercept_core::Trace {
-        id: id.to_owned(),
-        stop_condition,
-        calls: Vec::new(),
-        replays,
-    }
-    .to_json_vec();
-    // `{..., "calls":[]}`: the records go between the brackets.
-    out.truncate(out.len().saturating_sub(2));
-    let mut first = true;
-    let complete = text
-        .split_inclusive(|b| *b == b'\n')
-        .filter(|l| l.ends_with(b"\n"));
-    for line in complete {
-        let line = line.trim_ascii();
-        if line.is_empty() || serde_json::from_slice::<serde::de::IgnoredAny>(line).is_err() {
-            continue;
+    let id2 = id.to_owned();
+    blocking(move || {
+        if intercept_trace::is_log(&text) {
+            return crate::trace::trace_json(&text, &id2, stop_condition, replays);
         }
-        if !first {
-            out.push(b',');
+        let file = intercept_trace::parse_trace(&text).map_err(|e| e.to_string())?;
+        Ok(intercept_core::Trace {
+            id: id2,
+            stop_condition,
+            calls: file.records,
+            replays,
         }
-        first = false;
-        out.extend_from_slice(line);
-    }
-    out.extend_from_slice(b"]}");
-    Ok(out)
+        .to_json_vec())
+    })
+    .await
+    .map_err(|e| {
+        gone(
+            id,
+            "trace",
+            format!("its trace file {} cannot be read: {e}", path.display()),
+        )
+    })
 }
 
-/// The episode of a released session: held in memory, or read back from
-/// `<id>.episode.json`.
+/// The episode of a released session: from its log held in memory, its log file, or
+/// (`trace_format = full`) `<id>.episode.json`.
 async fn final_episode(state: &ControlState, id: &str, last: &Last) -> Result<Vec<u8>, Resp> {
     let Some(dir) = &state.config.trace_dir else {
-        return match &*last.kept.lock() {
-            Some((_, episode)) => Ok(episode.to_vec()),
-            None => Err(gone(id, "episode", evicted(state))),
+        let Some(log) = last.kept.lock().clone() else {
+            return Err(gone(id, "episode", evicted(state)));
         };
+        return blocking(move || crate::trace::episode_json(&log))
+            .await
+            .map_err(|e| gone(id, "episode", format!("its log cannot be read: {e}")));
     };
+    if state.config.trace_format == TraceFormat::Log {
+        let path = dir.join(format!("{id}.jsonl"));
+        let text = tokio::fs::read(&path).await.map_err(|e| {
+            gone(
+                id,
+                "episode",
+                format!("its trace file {} cannot be read: {e}", path.display()),
+            )
+        })?;
+        return blocking(move || crate::trace::episode_json(&text))
+            .await
+            .map_err(|e| gone(id, "episode", format!("its log cannot be read: {e}")));
+    }
     let path = dir.join(format!("{id}.episode.json"));
     let mut text = tokio::fs::read(&path).await.map_err(|e| {
         gone(
@@ -657,6 +688,78 @@ async fn final_episode(state: &ControlState, id: &str, last: &Last) -> Result<Ve
     let trimmed = text.trim_ascii_end().len();
     text.truncate(trimmed);
     Ok(text)
+}
+
+/// The `format` query of `GET /v1/sessions/{id}/trace`: whether the log is asked for.
+fn trace_query(query: Option<&str>) -> Result<bool, String> {
+    let mut log = false;
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        match pair.split_once('=').unwrap_or((pair, "")) {
+            ("format", "log") => log = true,
+            ("format", "records") => log = false,
+            ("format", other) => {
+                return Err(format!(
+                    "format: expected log (the trace log, docs/traces.md) or records (full \
+                     records, the default), got {other:?}"
+                ))
+            }
+            (other, _) => {
+                return Err(format!(
+                    "unknown query parameter {other:?} (the trace takes only \
+                     `format=log|records`)"
+                ))
+            }
+        }
+    }
+    Ok(log)
+}
+
+/// `GET /v1/sessions/{id}/trace?format=log`: the session's log as it stands.
+async fn trace_log(state: &ControlState, id: &str) -> Resp {
+    let ndjson = |body: Vec<u8>| respond(StatusCode::OK, "application/x-ndjson", body);
+    let from_file = || -> Result<std::path::PathBuf, Resp> {
+        let Some(dir) = &state.config.trace_dir else {
+            return Err(unknown(&Method::GET, id));
+        };
+        if state.config.trace_format != TraceFormat::Log {
+            return Err(error(Error::Conflict(format!(
+                "session {id:?} is written with trace_format = full: its file holds full \
+                 records, not the log; read GET /v1/sessions/{id}/trace"
+            ))));
+        }
+        Ok(dir.join(format!("{id}.jsonl")))
+    };
+    let path = match view_of(state, id) {
+        Some(View::Live(session)) if session.calls_in_memory() => return ndjson(session.log()),
+        Some(View::Live(_)) => {
+            state.flush_traces().await;
+            from_file()
+        }
+        Some(View::Released(last)) => match last.kept.lock().clone() {
+            Some(log) => return ndjson(log.to_vec()),
+            None if state.config.trace_dir.is_none() => {
+                return gone(id, "trace", evicted(state));
+            }
+            None => from_file(),
+        },
+        None => return unknown(&Method::GET, id),
+    };
+    let path = match path {
+        Ok(p) => p,
+        Err(resp) => return resp,
+    };
+    match tokio::fs::read(&path).await {
+        Ok(text) => ndjson(text),
+        Err(e) => gone(
+            id,
+            "trace",
+            format!("its trace file {} cannot be read: {e}", path.display()),
+        ),
+    }
 }
 
 async fn trace(state: &ControlState, id: &str) -> Resp {

@@ -122,7 +122,8 @@ impl fmt::Display for DemoSummary {
         }
         write!(
             f,
-            "traces: {} (one <session id>.jsonl per rollout)",
+            "traces: {} (one <session id>.jsonl trace log per rollout; \
+             `intercept trace stats` and `intercept trace cat` read them)",
             self.trace_dir.display()
         )
     }

@@ -3,7 +3,7 @@
 //!
 //! - [`sidecar::Sidecar`]: one interception plus a loopback, token-protected control API
 //!   ([`control`]) that creates and releases sessions, returns traces, serves Prometheus
-//!   [`metrics`] and appends [`jsonl`] trace files.
+//!   [`metrics`] and appends trace files (through `intercept_trace`).
 //! - [`config::ServeConfig`]: settings layered as file < `INTERCEPT_*` < flags.
 //! - [`demo::run`]: simulated harnesses against an in-process sidecar on the mock model.
 //! - [`run::run`]: the whole command line as a function (what the binary and the Python
@@ -33,11 +33,11 @@ pub mod client;
 pub mod config;
 pub mod control;
 pub mod demo;
-pub mod jsonl;
 pub mod logs;
 pub mod metrics;
 pub mod run;
 pub mod sidecar;
+pub mod trace;
 mod tunnel;
 
 pub use config::ServeConfig;

@@ -40,6 +40,7 @@ where
             }
         }
         Command::Demo(args) => demo(args.options()),
+        Command::Trace(command) => trace(command),
     };
     match result {
         Ok(code) => code,
@@ -48,6 +49,25 @@ where
             2
         }
     }
+}
+
+fn trace(command: crate::cli::TraceCommand) -> anyhow::Result<u8> {
+    use crate::cli::TraceCommand;
+    let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
+    match command {
+        TraceCommand::Cat { files } => crate::trace::cat(&files, &mut out, &mut err)?,
+        TraceCommand::Stats { files } => crate::trace::stats(&files, &mut out, &mut err)?,
+        TraceCommand::Export {
+            format: _,
+            out: path,
+            files,
+        } => {
+            let rows = crate::trace::export(&files, &path, &mut err)?;
+            std::io::Write::flush(&mut out)?;
+            eprintln!("wrote {rows} branches to {}", path.display());
+        }
+    }
+    Ok(0)
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

@@ -31,9 +31,9 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::config::{ServeConfig, TunnelSetting, UpstreamSetting};
-use crate::jsonl::{QueuedSink, TraceWriter};
 use crate::metrics::{Gauges, Metrics};
 use crate::tunnel::{CountedTunnels, TunnelCounters};
+use intercept_trace::{QueuedSink, TraceWriter};
 
 /// The model name sessions get with the mock upstream when none is configured.
 pub const MOCK_MODEL: &str = "mock-model";
@@ -117,10 +117,10 @@ pub(crate) struct Last {
     pub(crate) stop_condition: Option<String>,
     pub(crate) totals: Totals,
     pub(crate) replays: u64,
-    /// Without a trace directory: the final trace and the episode as JSON, until the
-    /// bound on retained bytes evicts them (`None` then). With one, both are read back
-    /// from their files instead.
-    pub(crate) kept: Mutex<Option<(Bytes, Bytes)>>,
+    /// Without a trace directory: the session's log (its trace and episode are rebuilt
+    /// from it when asked), until the bound on retained bytes evicts it (`None` then).
+    /// With one, the trace file is read back instead.
+    pub(crate) kept: Mutex<Option<Bytes>>,
 }
 
 /// The released sessions still remembered, oldest first.
@@ -268,28 +268,16 @@ impl ControlState {
         self.metrics.session_released();
         self.flush_traces().await;
         let dir = self.config.trace_dir.as_deref();
-        crate::jsonl::save_episode(dir, &session);
-        let trace = session.trace();
-        let kept = if dir.is_none() {
-            let episode = serde_json::to_vec(&session.episode()).unwrap_or_else(|e| {
-                serde_json::to_vec(
-                    &serde_json::json!({ "error": format!("the episode cannot be serialised: {e}") }),
-                )
-                .unwrap_or_default()
-            });
-            Some((Bytes::from(trace.to_json_vec()), Bytes::from(episode)))
-        } else {
-            None
-        };
-        let bytes = kept.as_ref().map_or(0, |(t, e)| t.len() + e.len());
+        intercept_trace::save_episode(dir, self.config.trace_format, &session);
+        let kept = dir.is_none().then(|| Bytes::from(session.log()));
+        let bytes = kept.as_ref().map_or(0, Bytes::len);
         let last = Arc::new(Last {
             calls: session.calls(),
-            stop_condition: trace.stop_condition.clone(),
+            stop_condition: intercept_core::Session::stop_condition(&*session),
             totals: session.totals(),
-            replays: trace.replays,
+            replays: session.replays(),
             kept: Mutex::new(kept),
         });
-        drop(trace);
         let sink = {
             let mut sessions = self.sessions.lock();
             match sessions.get_mut(id) {
@@ -415,7 +403,7 @@ impl Sidecar {
         let control_addr = listener.local_addr()?;
         let writer = match &config.trace_dir {
             Some(_) => Some(
-                TraceWriter::start(crate::jsonl::WriterConfig {
+                TraceWriter::start(intercept_trace::WriterConfig {
                     max_queued_bytes: usize::try_from(config.trace_queue_bytes)
                         .unwrap_or(usize::MAX),
                     flush_interval: config.trace_flush,

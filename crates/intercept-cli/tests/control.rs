@@ -8,9 +8,9 @@ mod common;
 use http::{Method, StatusCode};
 use intercept_cli::client::{HttpClient, HttpResponse};
 use intercept_cli::config::{ServeConfig, UpstreamSetting};
-use intercept_cli::jsonl::read_trace_file;
 use intercept_cli::sidecar::Sidecar;
 use intercept_core::Secret;
+use intercept_trace::read_trace_file;
 use serde_json::{json, Value};
 
 struct Api {
@@ -337,18 +337,36 @@ async fn every_route_and_error() {
     );
     assert!(msg.contains("trace"), "{msg}");
 
+    // The log, live: read back from the file (flushed first), the same calls and episode.
+    let live_log = api
+        .req(Method::GET, "/v1/sessions/rollout-b/trace?format=log", None)
+        .await;
+    assert_eq!(live_log.status, StatusCode::OK);
+    let read = intercept_core::log::LogReader::from_bytes(&live_log.body).unwrap();
+    assert_eq!(read.session(), "rollout-b");
+    assert!(read.incomplete(), "no end line before the release");
+    assert_eq!(read.calls().len(), 1);
+    assert_eq!(serde_json::to_value(read.episode()).unwrap(), episode);
+    let msg = error_of(
+        &api.req(Method::GET, "/v1/sessions/rollout-b/trace?format=xml", None)
+            .await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+    );
+    assert!(msg.contains("format") && msg.contains("xml"), "{msg}");
+
     // Release: the final trace comes back (with the episode, when asked), the secret stops
-    // working at once, and the episode file is written.
+    // working at once, and the log file ends with its end line (it holds the episode).
     let released = api
         .req(Method::DELETE, "/v1/sessions/rollout-b?episode=true", None)
         .await;
     assert_eq!(released.status, StatusCode::OK);
     let mut released = released.json().unwrap();
     assert_eq!(released["episode"], episode);
-    let file_episode: Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("rollout-b.episode.json")).unwrap())
-            .unwrap();
-    assert_eq!(file_episode, episode);
+    let log = intercept_trace::read_log_file(&dir.path().join("rollout-b.jsonl")).unwrap();
+    assert!(!log.incomplete(), "{:?}", log.skipped());
+    assert_eq!(serde_json::to_value(log.episode()).unwrap(), episode);
+    assert!(!dir.path().join("rollout-b.episode.json").exists());
     released.as_object_mut().unwrap().remove("episode");
     assert_eq!(released["calls"].as_array().unwrap().len(), 1);
     assert_eq!(released["id"], "rollout-b");
@@ -390,8 +408,9 @@ async fn every_route_and_error() {
     sidecar.shutdown().await.unwrap();
     assert_eq!(read_trace_file(&file).unwrap().records.len(), 1);
     assert!(dir.path().join(format!("{a_id}.jsonl")).exists());
-    // Sessions still held at shutdown are released and get their episode file too.
-    assert!(dir.path().join(format!("{a_id}.episode.json")).exists());
+    // Sessions still held at shutdown are released: their logs end with the end line.
+    let log = intercept_trace::read_log_file(&dir.path().join(format!("{a_id}.jsonl"))).unwrap();
+    assert!(log.end().is_some() && !log.incomplete());
 }
 
 #[tokio::test]

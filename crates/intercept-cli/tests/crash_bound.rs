@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
 use intercept_cli::client::HttpClient;
-use intercept_cli::jsonl::read_trace_file;
 use intercept_test::{MockConfig, MockUpstream};
+use intercept_trace::read_trace_file;
 use serde_json::{json, Value};
 
 /// The writer's flush interval (`WriterConfig::default`).

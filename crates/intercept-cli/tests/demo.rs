@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use intercept_cli::demo::{run, DemoOptions};
-use intercept_cli::jsonl::read_trace_file;
+use intercept_trace::read_trace_file;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_summary_matches_the_trace_files() {
@@ -45,7 +45,7 @@ async fn demo_summary_matches_the_trace_files() {
         .map(|e| e.unwrap().path())
         .collect();
     files.sort();
-    // One trace and one episode per rollout.
+    // One trace log per rollout, each with its end line (and with it, the episode).
     let named = |suffix: &str| {
         files
             .iter()
@@ -53,8 +53,12 @@ async fn demo_summary_matches_the_trace_files() {
             .count()
     };
     assert_eq!(named(".jsonl"), 8, "{files:?}");
-    assert_eq!(named(".episode.json"), 8, "{files:?}");
-    assert_eq!(files.len(), 16, "{files:?}");
+    assert_eq!(files.len(), 8, "{files:?}");
+    for f in &files {
+        let log = intercept_trace::read_log_file(f).unwrap();
+        assert!(!log.incomplete(), "{f:?}: {:?}", log.skipped());
+        assert!(!log.episode().nodes.is_empty(), "{f:?}");
+    }
     for (id, calls) in &summary.calls_by_session {
         let trace = read_trace_file(&dir.path().join(format!("{id}.jsonl"))).unwrap();
         assert!(

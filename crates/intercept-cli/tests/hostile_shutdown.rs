@@ -16,9 +16,9 @@ use common::WAIT;
 
 use http::{Method, StatusCode};
 use intercept_cli::client::HttpClient;
-use intercept_cli::jsonl::read_trace_file;
 use intercept_core::ErrorKind;
 use intercept_test::{MockConfig, MockUpstream, Reply};
+use intercept_trace::read_trace_file;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;

@@ -11,9 +11,9 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 use intercept_cli::client::{HttpClient, HttpResponse};
 use intercept_cli::config::{ServeConfig, UpstreamSetting};
-use intercept_cli::jsonl::read_trace_file;
 use intercept_cli::sidecar::Sidecar;
 use intercept_test::{MockUpstream, Reply};
+use intercept_trace::read_trace_file;
 use serde_json::{json, Value};
 
 #[derive(Clone)]
@@ -436,7 +436,12 @@ async fn a_delete_whose_client_hangs_up_leaves_a_whole_release() {
     assert_eq!(answer.json().unwrap()["calls"].as_array().unwrap().len(), 1);
     let _ = tokio::time::timeout(Duration::from_secs(10), caller).await;
     sidecar.shutdown().await.unwrap();
-    assert!(dir.path().join("gone.episode.json").exists());
+    assert!(
+        intercept_trace::read_log_file(&dir.path().join("gone.jsonl"))
+            .unwrap()
+            .end()
+            .is_some()
+    );
     let t = read_trace_file(&dir.path().join("gone.jsonl")).unwrap();
     assert_eq!(t.records.len(), 1);
     mock.shutdown().await;

@@ -1,32 +1,30 @@
-//! JSONL trace files: one [`CallRecord`] per line, appended as each call ends.
+//! Trace files and their writer thread.
 //!
-//! [`JsonlSink`] appends each line with one `write` of the whole line and its newline,
-//! on the caller's thread. The sidecar instead hands lines to a [`TraceWriter`]: the
-//! call serialises its record into one buffer (sized by
-//! [`CallRecord::json_size_hint`]) and queues it; one writer thread per sidecar appends
-//! the queued lines, many per system call (`writev` of each file's lines, whole lines
-//! only). The queue is bounded in bytes ([`WriterConfig::max_queued_bytes`], counting
-//! lines until they are written): a call whose line does not fit waits until the writer
-//! made room, so a slow or stuck disk slows the calls down rather than growing memory.
-//! The writer waits at most [`WriterConfig::flush_interval`] after a line arrives before
-//! writing it (less when the queue is half full or a flush is asked for), so a crash
-//! loses the lines still queued: those of calls recorded in the last flush interval (plus
-//! the time of the write before), never more than the byte bound. A line that cannot be
-//! written (a full disk) is counted ([`TraceWriter::lost_lines`]) and logged with its
-//! file, never dropped silently; a line torn by a failed write is ended before the next
-//! line goes to that file. A failure that goes on (every file of a full disk) does not
-//! flood the log: the first loss is logged at once, then at most one line every 10 s
-//! sums up the lines lost since (with the last file and error), and one line says when
-//! appends work again.
+//! A [`JsonlSink`] is one session's trace file. In the default [`TraceFormat::Log`] it
+//! appends the session's log lines ([`intercept_core::log`]: what each call adds); in
+//! [`TraceFormat::Full`], the format of earlier versions, one whole [`CallRecord`] per
+//! line. It appends with one `write` per batch of whole lines, on the caller's thread.
 //!
-//! Either way a crash can tear at most the last line of a file. [`read_trace_file`] skips
-//! such a torn line (and any line that does not parse) and reports it, rather than
-//! merging it with the next one. Re-opening a file whose last line is torn first ends
-//! that line, so records appended later stay on lines of their own.
+//! The sidecar instead hands lines to a [`TraceWriter`]: the session's lines are queued
+//! as the call records; one writer thread per process appends the queued lines, many
+//! per system call (`writev` of each file's lines, whole lines only). The queue is
+//! bounded in bytes ([`WriterConfig::max_queued_bytes`], counting lines until they are
+//! written): a call whose lines do not fit waits until the writer made room, so a slow or
+//! stuck disk slows the calls down rather than growing memory. The writer waits at most
+//! [`WriterConfig::flush_interval`] after a line arrives before writing it (less when the
+//! queue is half full or a flush is asked for), so a crash loses the lines still queued:
+//! those of calls recorded in the last flush interval (plus the time of the write
+//! before), never more than the byte bound. Lines that cannot be written (a full disk)
+//! are counted ([`TraceWriter::lost_lines`]) and logged with their file, never dropped
+//! silently; a line torn by a failed write is ended before the next line goes to that
+//! file. A failure that goes on (every file of a full disk) does not flood the log: the
+//! first loss is logged at once, then at most one line every 10 s sums up the lines lost
+//! since (with the last file and error), and one line says when appends work again.
 //!
-//! When a session is released, [`write_episode`] writes its episode (the message graph,
-//! see [`intercept_core::episode`]) next to the trace as `<id>.episode.json`, through a
-//! temporary file and a rename, so a reader never sees half a document.
+//! Either way a crash can tear at most the last line of a file; readers
+//! ([`crate::read_log_file`], [`crate::read_trace_file`]) skip such a torn line and
+//! report it, and a log without its end line reads as incomplete. Re-opening a file
+//! whose last line is torn first ends that line, so lines appended later stay whole.
 
 use std::fs::{File, OpenOptions};
 use std::io::{IoSlice, Read, Seek, SeekFrom, Write};
@@ -37,10 +35,35 @@ use std::time::{Duration, Instant};
 
 use intercept_core::{CallRecord, RecordSink, RolloutSession};
 use parking_lot::{Condvar, Mutex};
+use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-/// Writes `<dir>/<id>.episode.json` (the session's episode, pretty JSON) and returns its
-/// path.
+/// What a trace file holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum TraceFormat {
+    /// The session's log (`docs/traces.md`): each message, value and token once.
+    #[default]
+    Log,
+    /// The format of earlier versions, for readers that cannot change yet: one whole
+    /// record per line (each repeating the conversation so far), and the episode in
+    /// `<id>.episode.json` at release.
+    Full,
+}
+
+impl TraceFormat {
+    /// The setting's name (`log`, `full`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TraceFormat::Log => "log",
+            TraceFormat::Full => "full",
+        }
+    }
+}
+
+/// Writes `<dir>/<id>.episode.json` (the session's episode, JSON) and returns its
+/// path: the episode file of [`TraceFormat::Full`].
 pub fn write_episode(dir: &Path, session: &RolloutSession) -> std::io::Result<PathBuf> {
     let id = &session.config().id;
     let path = dir.join(format!("{id}.episode.json"));
@@ -56,9 +79,13 @@ pub fn write_episode(dir: &Path, session: &RolloutSession) -> std::io::Result<Pa
     Ok(path)
 }
 
-/// Writes the episode file of a released session when there is a trace folder, and logs
-/// a failure (the session is released either way).
-pub(crate) fn save_episode(dir: Option<&Path>, session: &RolloutSession) {
+/// Writes the episode file of a released session when there is a trace folder and its
+/// format is [`TraceFormat::Full`], and logs a failure (the session is released either
+/// way). A log needs none: its nodes are the episode.
+pub fn save_episode(dir: Option<&Path>, format: TraceFormat, session: &RolloutSession) {
+    if format != TraceFormat::Full {
+        return;
+    }
     if let Some(dir) = dir {
         if let Err(e) = write_episode(dir, session) {
             warn!(session = %session.config().id, dir = %dir.display(), error = %e, "could not write the episode file");
@@ -70,6 +97,7 @@ pub(crate) fn save_episode(dir: Option<&Path>, session: &RolloutSession) {
 #[derive(Debug)]
 pub struct JsonlSink {
     path: PathBuf,
+    format: TraceFormat,
     file: Mutex<File>,
     /// A failed write may have left part of a line: end it before the next one.
     torn: AtomicBool,
@@ -99,6 +127,7 @@ impl JsonlSink {
         }
         Ok(JsonlSink {
             path,
+            format: TraceFormat::Log,
             file: Mutex::new(file),
             torn: AtomicBool::new(false),
             unadvised: AtomicU64::new(0),
@@ -117,10 +146,22 @@ impl JsonlSink {
             .open(&path)?;
         Ok(JsonlSink {
             path,
+            format: TraceFormat::Log,
             file: Mutex::new(file),
             torn: AtomicBool::new(false),
             unadvised: AtomicU64::new(0),
         })
+    }
+
+    /// With this format ([`TraceFormat::Log`] unless set).
+    pub fn with_format(mut self, format: TraceFormat) -> Self {
+        self.format = format;
+        self
+    }
+
+    /// The format the file is written in.
+    pub fn format(&self) -> TraceFormat {
+        self.format
     }
 
     /// The file's path.
@@ -218,12 +259,30 @@ fn write_all_vectored(file: &mut File, lines: &[&[u8]]) -> std::io::Result<()> {
     Ok(())
 }
 
+impl JsonlSink {
+    fn append_logged(&self, lines: &[u8]) {
+        match self.append(&[lines]) {
+            Ok(()) => LOSSES.written(),
+            Err(e) => LOSSES.failed(&self.path, count_lines(lines), &e),
+        }
+    }
+}
+
+/// Lines in a batch of whole lines.
+fn count_lines(lines: &[u8]) -> usize {
+    memchr::memchr_iter(b'\n', lines).count().max(1)
+}
+
 impl RecordSink for JsonlSink {
     fn on_record(&self, record: &CallRecord) {
-        let line = line_of(record);
-        match self.append(&[&line]) {
-            Ok(()) => LOSSES.written(),
-            Err(e) => LOSSES.failed(&self.path, 1, &e),
+        if self.format == TraceFormat::Full {
+            self.append_logged(&line_of(record));
+        }
+    }
+
+    fn on_log(&self, lines: &[u8]) {
+        if self.format == TraceFormat::Log {
+            self.append_logged(lines);
         }
     }
 }
@@ -577,8 +636,9 @@ impl Shared {
             match file.append(&lines) {
                 Ok(()) => LOSSES.written(),
                 Err(e) => {
-                    self.lost.fetch_add(run.len() as u64, Ordering::Relaxed);
-                    LOSSES.failed(&file.path, run.len(), &e);
+                    let lines: usize = run.iter().map(|p| count_lines(&p.line)).sum();
+                    self.lost.fetch_add(lines as u64, Ordering::Relaxed);
+                    LOSSES.failed(&file.path, lines, &e);
                 }
             }
         }
@@ -615,59 +675,26 @@ impl QueuedSink {
 
 impl RecordSink for QueuedSink {
     fn on_record(&self, record: &CallRecord) {
-        self.shared.hand(&self.file, line_of(record));
-    }
-}
-
-/// What [`read_trace_file`] found.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TraceFile {
-    /// The records of every complete, valid line, in file order.
-    pub records: Vec<CallRecord>,
-    /// 1-based numbers of the lines that were skipped (torn or not a record).
-    pub skipped: Vec<usize>,
-}
-
-/// Reads a JSONL trace file, skipping a torn last line and any line that is not a
-/// record.
-pub fn read_trace_file(path: &Path) -> std::io::Result<TraceFile> {
-    let text = std::fs::read(path)?;
-    Ok(parse_trace(&text))
-}
-
-/// Parses JSONL trace text (see [`read_trace_file`]).
-pub fn parse_trace(text: &[u8]) -> TraceFile {
-    let mut out = TraceFile {
-        records: Vec::new(),
-        skipped: Vec::new(),
-    };
-    if text.is_empty() {
-        return out;
-    }
-    let complete = text.ends_with(b"\n");
-    let lines: Vec<&[u8]> = text.split(|b| *b == b'\n').collect();
-    // `split` yields a trailing empty piece after the final newline.
-    let n = if complete {
-        lines.len() - 1
-    } else {
-        lines.len()
-    };
-    for (i, line) in lines.iter().take(n).enumerate() {
-        let torn = !complete && i + 1 == n;
-        if line.iter().all(u8::is_ascii_whitespace) && !torn {
-            continue;
-        }
-        match serde_json::from_slice::<CallRecord>(line) {
-            Ok(r) if !torn => out.records.push(r),
-            _ => out.skipped.push(i + 1),
+        if self.file.format == TraceFormat::Full {
+            self.shared.hand(&self.file, line_of(record));
         }
     }
-    out
+
+    fn on_log(&self, lines: &[u8]) {
+        if self.file.format == TraceFormat::Log {
+            self.shared.hand(&self.file, lines.to_vec());
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::read_trace_file;
+
+    fn parse_trace_full(text: &[u8]) -> crate::TraceFile {
+        crate::parse_trace(text).unwrap()
+    }
 
     fn record(seq: u64) -> CallRecord {
         serde_json::from_value(serde_json::json!({
@@ -689,7 +716,9 @@ mod tests {
         let n = 3 * PAGE_CACHE_HINT_EVERY / line_len + 10;
         // One by one.
         let path = dir.path().join("direct.jsonl");
-        let sink = JsonlSink::open(&path).unwrap();
+        let sink = JsonlSink::open(&path)
+            .unwrap()
+            .with_format(TraceFormat::Full);
         for seq in 0..n {
             sink.on_record(&record(seq));
         }
@@ -702,7 +731,11 @@ mod tests {
         // In batches, through the writer.
         let w = writer(64 << 10, Duration::from_millis(1));
         let path = dir.path().join("queued.jsonl");
-        let sink = w.sink(JsonlSink::open(&path).unwrap());
+        let sink = w.sink(
+            JsonlSink::open(&path)
+                .unwrap()
+                .with_format(TraceFormat::Full),
+        );
         for seq in 0..n {
             sink.on_record(&record(seq));
         }
@@ -717,7 +750,9 @@ mod tests {
     fn appends_and_repairs_a_torn_line() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.jsonl");
-        let sink = JsonlSink::open(&path).unwrap();
+        let sink = JsonlSink::open(&path)
+            .unwrap()
+            .with_format(TraceFormat::Full);
         sink.on_record(&record(0));
         sink.on_record(&record(1));
         sink.sync().unwrap();
@@ -736,7 +771,9 @@ mod tests {
         assert_eq!(t.skipped, [3]);
 
         // Re-opened, the torn line is ended and later records stay whole.
-        let sink = JsonlSink::open(&path).unwrap();
+        let sink = JsonlSink::open(&path)
+            .unwrap()
+            .with_format(TraceFormat::Full);
         sink.on_record(&record(3));
         let t = read_trace_file(&path).unwrap();
         assert_eq!(
@@ -761,7 +798,9 @@ mod tests {
         let w = writer(1 << 20, Duration::from_secs(3600));
         let sinks: Vec<Arc<QueuedSink>> = (0..3)
             .map(|i| {
-                let file = JsonlSink::create_new(dir.path().join(format!("{i}.jsonl"))).unwrap();
+                let file = JsonlSink::create_new(dir.path().join(format!("{i}.jsonl")))
+                    .unwrap()
+                    .with_format(TraceFormat::Full);
                 Arc::new(w.sink(file))
             })
             .collect();
@@ -811,7 +850,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.jsonl");
         let w = writer(1 << 20, Duration::from_millis(5));
-        let sink = w.sink(JsonlSink::create_new(&path).unwrap());
+        let sink = w.sink(
+            JsonlSink::create_new(&path)
+                .unwrap()
+                .with_format(TraceFormat::Full),
+        );
         sink.on_record(&record(0));
         let started = Instant::now();
         while read_trace_file(&path).unwrap().records.is_empty() {
@@ -880,7 +923,11 @@ mod tests {
     #[test]
     fn a_full_disk_counts_the_lost_lines_and_blocks_nobody() {
         let w = writer(1024, Duration::from_millis(1));
-        let sink = w.sink(JsonlSink::open("/dev/full").unwrap());
+        let sink = w.sink(
+            JsonlSink::open("/dev/full")
+                .unwrap()
+                .with_format(TraceFormat::Full),
+        );
         for seq in 0..20 {
             sink.on_record(&record(seq));
         }
@@ -900,7 +947,9 @@ mod tests {
             .success());
         // Read and write: opening does not wait for a reader, and writes block once the
         // pipe is full, as on a disk that stopped.
-        let target = JsonlSink::open(&fifo).unwrap();
+        let target = JsonlSink::open(&fifo)
+            .unwrap()
+            .with_format(TraceFormat::Full);
         let bound = 8 * 1024;
         let w = writer(bound, Duration::from_millis(1));
         let shared = w.shared.clone();
@@ -945,11 +994,11 @@ mod tests {
 
     #[test]
     fn parse_edge_cases() {
-        assert_eq!(parse_trace(b"").records.len(), 0);
-        assert!(parse_trace(b"").skipped.is_empty());
-        assert_eq!(parse_trace(b"{\"se").skipped, [1]);
+        assert_eq!(parse_trace_full(b"").records.len(), 0);
+        assert!(parse_trace_full(b"").skipped.is_empty());
+        assert_eq!(parse_trace_full(b"{\"se").skipped, [1]);
         let line = record(5).to_json_line();
-        let t = parse_trace(format!("{line}\nnot json\n\n{line}\n").as_bytes());
+        let t = parse_trace_full(format!("{line}\nnot json\n\n{line}\n").as_bytes());
         assert_eq!(t.records.len(), 2);
         assert_eq!(t.skipped, [2]);
     }
