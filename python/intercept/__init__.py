@@ -50,7 +50,8 @@ from ._errors import (
 from ._hooks import CallInfo, Stop
 from ._interception import ElasticPool, Interception, Server, Slot, StaticPool
 from ._native import __version__, enable_logging
-from ._records import CallError, CallRecord, PauseStatus, ServerStatus, Totals, Trace, Usage
+from ._episode import Branch, Episode, EpisodeSummary, Node
+from ._records import CallError, CallRecord, PauseStatus, ServerStatus, Totals, Trace, TraceLog, Usage, read_trace
 from ._session import Session
 
 __all__ = [
@@ -66,6 +67,12 @@ __all__ = [
     "Stop",
     "CallInfo",
     "Trace",
+    "TraceLog",
+    "read_trace",
+    "Episode",
+    "Node",
+    "Branch",
+    "EpisodeSummary",
     "CallRecord",
     "CallError",
     "Usage",

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
+
+if TYPE_CHECKING:
+    from . import _native
+    from ._episode import Episode
 
 from ._errors import InterceptError, error_class
 
-__all__ = ["Usage", "CallError", "CallRecord", "Trace", "Totals", "PauseStatus", "ServerStatus"]
+__all__ = ["Usage", "CallError", "CallRecord", "Trace", "TraceLog", "Totals", "PauseStatus", "ServerStatus"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,38 +146,157 @@ class CallRecord:
         return out
 
 
+class LazyCalls(Sequence["CallRecord"]):
+    """A log's calls as a sequence of `CallRecord`s, each rebuilt from the log the first
+    time it is read (and kept): reading one call costs that call, not the trace."""
+
+    __slots__ = ("_log", "_cache")
+
+    def __init__(self, log: _native.NativeLog) -> None:
+        self._log = log
+        self._cache: dict[int, CallRecord] = {}
+
+    def __len__(self) -> int:
+        return self._log.calls_len()
+
+    @overload
+    def __getitem__(self, index: int) -> CallRecord: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[CallRecord]: ...
+    def __getitem__(self, index: int | slice) -> CallRecord | list[CallRecord]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError(f"call {index} of {n}")
+        rec = self._cache.get(i)
+        if rec is None:
+            rec = CallRecord.from_dict(json.loads(self._log.record_json(i)))
+            self._cache[i] = rec
+        return rec
+
+    def __iter__(self) -> Iterator[CallRecord]:
+        return (self[i] for i in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} calls>"
+
+
 @dataclass(frozen=True, slots=True)
 class Trace:
-    """A rollout's trace: every call in the order they ended."""
+    """A rollout's trace: every call in the order they ended. Read from a log
+    (`Session.trace()`, `read_trace`), `calls` rebuilds each record when it is read."""
 
     id: str
     stop_condition: str | None
-    calls: list[CallRecord]
+    calls: Sequence[CallRecord]
     replays: int = 0
     """SDK retries answered without an upstream call (replayed or coalesced)."""
-    _episode: Any = field(default=None, repr=False, compare=False)
+    _log: Any = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], episode: Any = None) -> Trace:
+    def from_dict(cls, d: dict[str, Any]) -> Trace:
         return cls(
             id=d["id"],
             stop_condition=d.get("stop_condition"),
             calls=[CallRecord.from_dict(c) for c in d.get("calls", [])],
             replays=d.get("replays", 0),
-            _episode=episode,
         )
+
+    @classmethod
+    def from_log(cls, log: _native.NativeLog, stop_condition: str | None = None, replays: int = 0) -> Trace:
+        """The trace of a log; the end line's stop condition and replays, when it has one."""
+        end = json.loads(log.end_json())
+        if end is not None:
+            stop_condition, replays = end.get("stop_condition"), end.get("replays", 0)
+        return cls(id=log.session, stop_condition=stop_condition, calls=LazyCalls(log), replays=replays, _log=log)
 
     def to_dict(self) -> dict[str, Any]:
         """`{"id", "stop_condition", "calls": [...], "replays"}`, as the sidecar's trace API returns it."""
         return {"id": self.id, "stop_condition": self.stop_condition, "calls": [c.to_dict() for c in self.calls], "replays": self.replays}
 
-    def episode(self) -> Any:
-        """The rollout as an episode (a message graph). See `Session.episode`."""
-        if self._episode is None:
-            from ._session import _episode_unavailable
+    def episode(self) -> Episode:
+        """The rollout as an episode (a message graph): see `Session.episode`. A trace
+        made from plain records (`from_dict`) has no graph and raises
+        `EpisodeUnavailableError`; one read from a log (`Session.trace()`,
+        `read_trace`) has."""
+        if self._log is None:
+            from ._errors import EpisodeUnavailableError
 
-            raise _episode_unavailable()
-        return self._episode
+            raise EpisodeUnavailableError(
+                "this trace was made from plain records and holds no message graph; read it "
+                "from its session (Session.episode()) or its log (intercept.read_trace)"
+            )
+        from ._episode import Episode
+
+        return Episode.from_dict(json.loads(self._log.episode_json()))
+
+
+class TraceLog:
+    """A trace log read from a file (`intercept.read_trace`): its header, its calls (each
+    record rebuilt when read), its episode, and whether it is complete."""
+
+    def __init__(self, log: _native.NativeLog) -> None:
+        self._log = log
+        self.calls: Sequence[CallRecord] = LazyCalls(log)
+
+    @property
+    def session(self) -> str:
+        return self._log.session
+
+    @property
+    def header(self) -> dict[str, Any] | None:
+        """The header line: `schema`, `session`, `created_at`, `settings`."""
+        h: dict[str, Any] | None = json.loads(self._log.header_json())
+        return h
+
+    @property
+    def end(self) -> dict[str, Any] | None:
+        """The end line (None while the session runs, or after a crash)."""
+        e: dict[str, Any] | None = json.loads(self._log.end_json())
+        return e
+
+    @property
+    def incomplete(self) -> bool:
+        """True without an end line (crashed or still running) or with a torn last line."""
+        return self._log.incomplete
+
+    @property
+    def skipped(self) -> list[tuple[int, str]]:
+        """Lines that could not be read: (1-based number, why)."""
+        return self._log.skipped()
+
+    def trace(self) -> Trace:
+        return Trace.from_log(self._log)
+
+    def episode(self) -> Episode:
+        from ._episode import Episode
+
+        return Episode.from_dict(json.loads(self._log.episode_json()))
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    def __repr__(self) -> str:
+        state = "incomplete" if self.incomplete else "complete"
+        return f"TraceLog(session={self.session!r}, calls={len(self)}, {state})"
+
+
+def read_trace(path: str | Any) -> TraceLog:
+    """Reads a trace log file (`<trace dir>/<session id>.jsonl`, docs/traces.md): a torn
+    last line is left out and the log reads as incomplete."""
+    from . import _native
+
+    return TraceLog(_native.NativeLog.read(str(path)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,20 +7,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import _native
-from ._errors import ConflictError, EpisodeUnavailableError, InvalidRequestError
+from ._episode import Episode
+from ._errors import ConflictError, InvalidRequestError
 from ._hooks import RequestHook, ResponseHook, takes_call
 from ._records import Totals, Trace
 
 __all__ = ["Session"]
 
 _LIMIT_KEYS = ("max_turns", "max_input_tokens", "max_output_tokens", "max_total_tokens")
-
-
-def _episode_unavailable() -> EpisodeUnavailableError:
-    return EpisodeUnavailableError(
-        "this build of intercept records a flat list of calls per session and has no "
-        "episode (message graph); read Session.trace().calls instead"
-    )
 
 
 def _upstream(upstream: Any, api_key: str | None, headers: Mapping[str, str] | None) -> dict[str, Any]:
@@ -126,18 +120,20 @@ class Session:
         self._acquired = True
 
     def trace(self) -> Trace:
-        """The trace so far (a copy): every recorded call as a `CallRecord`."""
-        return Trace.from_dict(json.loads(self._native.trace_json()))
+        """The trace so far (a snapshot of the session's log): every recorded call as a
+        `CallRecord`, each rebuilt from the log when it is first read."""
+        return Trace.from_log(self._native.log(), self.stop_condition, int(self._native.replays()))
 
     def trace_dict(self) -> dict[str, Any]:
         """The trace as plain JSON data (what `trace().to_dict()` gives, without the dataclasses)."""
         data: dict[str, Any] = json.loads(self._native.trace_json())
         return data
 
-    def episode(self) -> Any:
-        """The rollout as an episode (message graph). Raises `EpisodeUnavailableError`
-        in builds without episode support."""
-        return self.trace().episode()
+    def episode(self) -> Episode:
+        """The rollout as an episode: every message once (`nodes`), every root-to-leaf
+        path a `Branch` whose `token_ids`, `mask` and `logprobs` (with `capture_tokens`)
+        are plain lists, ready for `torch.tensor`."""
+        return Episode.from_dict(json.loads(self._native.episode_json()))
 
     @property
     def calls(self) -> int:

@@ -98,9 +98,9 @@ async def test_records_have_the_jsonl_fields(server, mock) -> None:
     assert [c.stream for c in trace.calls] == [False, True]
 
 
-async def test_episode_seam(server, mock) -> None:
-    session = intercept.Session(id="ep", model="m", upstream=mock.base_url)
+def test_a_trace_of_plain_records_has_no_graph() -> None:
+    trace = intercept.Trace.from_dict({"id": "t", "stop_condition": None, "calls": []})
     with pytest.raises(intercept.EpisodeUnavailableError) as info:
-        session.episode()
+        trace.episode()
     assert isinstance(info.value, NotImplementedError)
-    assert "trace().calls" in info.value.message
+    assert "read_trace" in info.value.message

@@ -36,6 +36,7 @@ mod cli;
 mod errors;
 mod hooks;
 mod interception;
+mod log;
 mod session;
 #[cfg(feature = "testing")]
 mod testing;
@@ -92,6 +93,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     builder.enable_all().thread_name("intercept-rt");
     pyo3_async_runtimes::tokio::init(builder);
     m.add_class::<session::NativeSession>()?;
+    m.add_class::<log::NativeLog>()?;
     m.add_class::<interception::NativeInterception>()?;
     m.add_class::<interception::NativeSlot>()?;
     m.add_class::<hooks::HookDone>()?;

@@ -246,6 +246,25 @@ impl NativeSession {
             .map_err(|e| to_py(&Error::Internal(format!("trace not serialisable: {e}"))))
     }
 
+    /// The trace log so far (see `docs/traces.md`), read: records are rebuilt from it
+    /// one at a time when asked for.
+    fn log(&self, py: Python<'_>) -> PyResult<crate::log::NativeLog> {
+        let inner = self.inner.clone();
+        py.detach(move || crate::log::NativeLog::new(&inner.inner.log()))
+    }
+
+    /// The episode (message graph) as JSON.
+    fn episode_json(&self, py: Python<'_>) -> PyResult<String> {
+        let inner = self.inner.clone();
+        py.detach(move || serde_json::to_string(&inner.inner.episode()))
+            .map_err(|e| to_py(&Error::Internal(format!("episode not serialisable: {e}"))))
+    }
+
+    /// SDK retries answered without an upstream call.
+    fn replays(&self) -> u64 {
+        self.inner.inner.replays()
+    }
+
     /// Recorded calls.
     fn calls(&self) -> usize {
         self.inner.inner.calls()
