@@ -36,6 +36,7 @@ mod cli;
 mod errors;
 mod hooks;
 mod interception;
+mod record_hook;
 mod session;
 #[cfg(feature = "testing")]
 mod testing;
