@@ -19,6 +19,9 @@ Three hooks of one `intercept.Session` carry a rollout:
   request interceptors or stops (which police tool calls after the commit), since those
   may rewrite or refuse the answer.
 
+`GET`/`PUT /state` reach `trace.state` through the session's `state_adapter`
+(`NativeSession.set_state_hook`).
+
 verifiers is imported lazily and reached through `Any`: the package type-checks without it.
 """
 
@@ -290,6 +293,24 @@ class Bridge:
                 policy_paths=p.policy_paths,
                 acp=None,
             )
+
+    # --- `/state` (GET and PUT, served on the server's thread) ------------------------
+
+    def get_state(self) -> bytes:
+        s = self.vf_session
+        out: bytes = s.state_adapter.dump_json(s.trace.state)
+        return out
+
+    def put_state(self, body: bytes) -> str | None:
+        s = self.vf_session
+        try:
+            new_state = s.state_adapter.validate_json(body)
+        except vf().validation_error as e:
+            return f"invalid state PUT for {type(s.trace.state).__name__}: {e}"
+        if s.released:  # the trace is sealed: a straggler write must not land
+            return "rollout concluded"
+        s.trace.state = new_state
+        return None
 
     def release(self) -> None:
         """The rollout concluded: seal verifiers' session first (stragglers then leave no

@@ -169,6 +169,7 @@ class _Compat:
             on_response=bridge.on_response if bridge.inspects_responses else None,
         )
         ours._native.set_record_hook(bridge.on_record, asyncio.get_running_loop())
+        ours._native.set_state_hook(bridge.get_state, bridge.put_state)
         slot = await self._ic.acquire(ours)
         try:
             yield (slot.base_url, slot.model_secret, slot.state_secret)

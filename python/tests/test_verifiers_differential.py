@@ -16,6 +16,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 
 pytest.importorskip("verifiers.v1.interception")
@@ -23,7 +24,7 @@ pytest.importorskip("verifiers.v1.interception")
 from verifiers.v1.interception import InterceptionServer as VerifiersServer  # noqa: E402
 
 import intercept.verifiers as iv  # noqa: E402
-from vf_support import ScriptedModel, normal, run_rollout  # noqa: E402
+from vf_support import ScriptedModel, make_session, normal, run_rollout  # noqa: E402
 
 CASES: list[tuple[str, str, dict[str, Any]]] = [
     # Every dialect, JSON and streamed: three turns each.
@@ -45,6 +46,9 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     # An upstream 400 the harness dies of: the rollout fails with verifiers' ProviderError.
     ("chat", "broken", {}),
     ("anthropic-stream", "broken", {}),
+    # A response interceptor and a response `@stop` (intercept holds these responses back).
+    ("chat-stream", "rewrite", {"task": "RewritingTask"}),
+    ("anthropic", "rewrite", {"task": "RewritingTask"}),
 ]
 
 
@@ -87,6 +91,9 @@ async def test_traces_agree_with_verifiers_own_server(scripted: ScriptedModel, s
             assert (a["num_turns"], a["stop_condition"], a["is_truncated"]) == (2, "max_turns", True)
         if prompt == "flaky":
             assert [c["error"] for c in a["calls"]] == [None, ("ProviderError", 500), None, None]
+        if prompt == "rewrite":
+            assert (a["stop_condition"], a["last_reply"]) == ("third_reply", "REPLY 2: CONTINUE 1")
+            assert a["response_rewrites"] == ["shout"] * 3
         if prompt == "broken":
             assert a["stop_condition"] == "provider_error" and a["calls"][-1]["error"] == ("ProviderError", 400)
         # Same upstream traffic: model and sampling imposed by verifiers' rules.
@@ -103,3 +110,31 @@ async def test_another_verifiers_version_fails_at_construction(monkeypatch: pyte
     monkeypatch.setattr(metadata, "version", lambda name: "0.5.0" if name == "verifiers" else real(name))
     with pytest.raises(ImportError, match="0.5.0"):
         iv.InterceptionServer()
+
+
+async def test_state_route_reaches_the_rollouts_verifiers_state(scripted: ScriptedModel) -> None:
+    from verifiers.v1.state import State
+
+    class Counter(State):
+        count: int = 0
+
+    for ic in (VerifiersServer(state_service_secrets=("service",)), iv.InterceptionServer(None, False, ("service",))):
+        async with ic, httpx.AsyncClient(timeout=30) as c:
+            s = make_session(scripted.base_url, 0, state=Counter(count=1))
+            async with ic.acquire(s) as (base, model_secret, state_secret):
+                bearer = {"Authorization": f"Bearer {state_secret}"}
+                r = await c.get(f"{base}/state", headers=bearer)
+                assert (r.status_code, r.json()["count"]) == (200, 1), type(ic)
+                r = await c.put(f"{base}/state", content=b'{"count": 5}', headers=bearer)
+                assert (r.status_code, r.json()) == (200, {"ok": True})
+                assert s.trace.state == Counter(count=5)
+                r = await c.put(f"{base}/state", content=b'{"count": "many"}', headers=bearer)
+                assert r.status_code == 400 and "Counter" in r.text
+                # A shared tool server: the service secret plus the rollout's trace id.
+                shared = {"Authorization": "Bearer service", "X-Verifiers-State-Route": s.trace.id}
+                r = await c.get(f"{base}/state", headers=shared)
+                assert (r.status_code, r.json()["count"]) == (200, 5)
+                # The model secret is not a state capability.
+                r = await c.get(f"{base}/state", headers={"Authorization": f"Bearer {model_secret}"})
+                assert r.status_code == 401
+            assert s.trace.state == Counter(count=5)

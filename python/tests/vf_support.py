@@ -318,8 +318,8 @@ def verifiers_parts() -> dict[str, Any]:
     from verifiers.v1.session import RolloutLimits
     from verifiers.v1.task import Task, TaskData
     from verifiers.v1.trace import Trace
-    from verifiers.v1.types import SamplingConfig
-    from verifiers.v1.utils.decorators import stop
+    from verifiers.v1.types import AssistantMessage, Response, SamplingConfig
+    from verifiers.v1.utils.decorators import intercept, stop
 
     class ProgramHarness(Harness[HarnessConfig]):
         """Runs PROGRAM in the rollout's runtime against the endpoint verifiers hands it."""
@@ -342,8 +342,23 @@ def verifiers_parts() -> dict[str, Any]:
         def two_turns(self, trace: Trace) -> bool:
             return trace.num_turns >= 2
 
-    # Resolved here: verifiers reads the hook's annotations to pick its boundary.
+    class RewritingTask(Task[TaskData, Any, Any]):
+        """A response interceptor (upper-cases every reply) and a response `@stop` (on
+        the third reply): intercept holds responses for these."""
+
+        @intercept
+        def shout(self, response: Response) -> Response | None:
+            text = response.message.content or ""
+            return response.model_copy(update={"message": AssistantMessage(content=text.upper())})
+
+        @stop
+        def third_reply(self, response: Response) -> bool:
+            return "REPLY 2" in (response.message.content or "")
+
+    # Resolved here: verifiers reads the hooks' annotations to pick their boundary.
     StoppingTask.two_turns.__annotations__ = {"trace": Trace, "return": bool}
+    RewritingTask.shout.__annotations__ = {"response": Response, "return": Response | None}
+    RewritingTask.third_reply.__annotations__ = {"response": Response, "return": bool}
 
     return {
         "ModelContext": ModelContext,
@@ -357,6 +372,7 @@ def verifiers_parts() -> dict[str, Any]:
         "RolloutLimits": RolloutLimits,
         "ScriptTask": ScriptTask,
         "StoppingTask": StoppingTask,
+        "RewritingTask": RewritingTask,
         "TaskData": TaskData,
         "SamplingConfig": SamplingConfig,
     }
@@ -389,6 +405,25 @@ async def run_rollout(interception: Any, upstream: str, mode: str, prompt: str, 
     except BaseException:
         await run.abort()
         raise
+
+
+def make_session(upstream: str, i: int, state: Any = None) -> Any:
+    """A verifiers `RolloutSession` built directly (as a `Rollout` builds it), for driving
+    an interception from in-process clients."""
+    from verifiers.v1.clients import ModelContext
+    from verifiers.v1.configs.agent import AgentConfig
+    from verifiers.v1.configs.client import EvalClientConfig
+    from verifiers.v1.runtimes import SubprocessConfig
+    from verifiers.v1.session import RolloutSession
+    from verifiers.v1.task import TaskData
+    from verifiers.v1.trace import AgentInfo, Trace, TraceTask
+    from verifiers.v1.types import SamplingConfig
+
+    ctx = ModelContext(model="policy", client=EvalClientConfig(base_url=upstream, api_key_var="SCRIPTED_MODEL_KEY"), sampling=SamplingConfig(temperature=0.5))
+    data = TaskData(prompt=f"task {i}")
+    extra = {} if state is None else {"state": state}
+    trace = Trace(task=TraceTask(type="Bench", data=data, key=str(i), hash=str(i)), agent=AgentInfo(config=AgentConfig(runtime=SubprocessConfig())), **extra)
+    return RolloutSession(ctx=ctx, trace=trace)
 
 
 def normal(trace: Any) -> dict[str, Any]:

@@ -38,6 +38,7 @@ mod hooks;
 mod interception;
 mod record_hook;
 mod session;
+mod state_hook;
 #[cfg(feature = "testing")]
 mod testing;
 

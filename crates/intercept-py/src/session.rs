@@ -16,6 +16,7 @@ use intercept_core::{
 use crate::errors::{invalid, to_py};
 use crate::hooks::{self, Hook, Outcome};
 use crate::record_hook::RecordHook;
+use crate::state_hook::StateHook;
 
 /// The session the server sees: a [`RolloutSession`] whose request and response hooks
 /// are Python callables.
@@ -27,6 +28,8 @@ pub(crate) struct PySession {
     event_loop: Mutex<Option<Py<PyAny>>>,
     /// Told of each finished call (`set_record_hook`).
     on_record: Mutex<Option<Arc<RecordHook>>>,
+    /// Owns the `/state` document instead of the session (`set_state_hook`).
+    state_hook: Mutex<Option<Arc<StateHook>>>,
 }
 
 impl fmt::Debug for PySession {
@@ -161,11 +164,19 @@ impl Session for PySession {
     }
 
     fn state(&self) -> serde_json::Value {
-        self.inner.state()
+        let hook = self.state_hook.lock().clone();
+        match hook {
+            Some(hook) => hook.state(),
+            None => self.inner.state(),
+        }
     }
 
     fn set_state(&self, state: serde_json::Value) -> Result<(), Error> {
-        self.inner.set_state(state)
+        let hook = self.state_hook.lock().clone();
+        match hook {
+            Some(hook) => hook.set_state(&state),
+            None => self.inner.set_state(state),
+        }
     }
 
     fn task(&self) -> Option<serde_json::Value> {
@@ -183,6 +194,8 @@ impl Session for PySession {
         drop(released);
         let on_record = self.on_record.lock().take();
         drop(on_record);
+        let state_hook = self.state_hook.lock().take();
+        drop(state_hook);
     }
 }
 
@@ -235,6 +248,7 @@ impl NativeSession {
                 }),
                 event_loop: Mutex::new(None),
                 on_record: Mutex::new(None),
+                state_hook: Mutex::new(None),
             }),
         })
     }
@@ -256,6 +270,13 @@ impl NativeSession {
     fn set_record_hook(&self, hook: Option<Py<PyAny>>, event_loop: Py<PyAny>) {
         let new = hook.map(|func| Arc::new(RecordHook::new(func, event_loop)));
         let old = std::mem::replace(&mut *self.inner.on_record.lock(), new);
+        drop(old);
+    }
+
+    /// Has `get()` and `put(body)` own the `/state` document (see `state_hook.rs`).
+    fn set_state_hook(&self, get: Py<PyAny>, put: Py<PyAny>) {
+        let new = Some(Arc::new(StateHook::new(get, put)));
+        let old = std::mem::replace(&mut *self.inner.state_hook.lock(), new);
         drop(old);
     }
 
