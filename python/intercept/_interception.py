@@ -31,6 +31,7 @@ SERVER_SETTINGS = (
     "released_memory",  # the former name of released_secrets
     "upstream_idle_per_host",
     "engine_retry_after",
+    "service_secrets",
 )
 
 POOL_KNOBS = (

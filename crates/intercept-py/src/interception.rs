@@ -40,6 +40,8 @@ struct Settings {
     released_secrets: Option<usize>,
     upstream_idle_per_host: Option<usize>,
     engine_retry_after: Option<f64>,
+    /// `ServerConfig::service_secrets`: shared tool servers' secrets for `/state`.
+    service_secrets: Option<Vec<String>>,
 }
 
 fn secs(name: &str, v: f64) -> PyResult<Duration> {
@@ -108,6 +110,12 @@ impl Settings {
         }
         if let Some(v) = self.upstream_idle_per_host {
             c.upstream_idle_per_host = v;
+        }
+        if let Some(v) = self.service_secrets {
+            if v.iter().any(String::is_empty) {
+                return Err(invalid("service_secrets: a secret must not be empty"));
+            }
+            c.service_secrets = v.into_iter().map(intercept_core::Secret::new).collect();
         }
         Ok(c)
     }

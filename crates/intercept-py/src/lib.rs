@@ -37,7 +37,9 @@ mod errors;
 mod hooks;
 mod interception;
 mod log;
+mod record_hook;
 mod session;
+mod state_hook;
 #[cfg(feature = "testing")]
 mod testing;
 

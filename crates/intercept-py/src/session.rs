@@ -15,6 +15,8 @@ use intercept_core::{
 
 use crate::errors::{invalid, to_py};
 use crate::hooks::{self, Hook, Outcome};
+use crate::record_hook::RecordHook;
+use crate::state_hook::StateHook;
 
 /// The session the server sees: a [`RolloutSession`] whose request and response hooks
 /// are Python callables.
@@ -24,6 +26,10 @@ pub(crate) struct PySession {
     on_response: Option<Hook>,
     /// The event loop hooks run on (the one that acquired the session).
     event_loop: Mutex<Option<Py<PyAny>>>,
+    /// Told of each finished call (`set_record_hook`).
+    on_record: Mutex<Option<Arc<RecordHook>>>,
+    /// Owns the `/state` document instead of the session (`set_state_hook`).
+    state_hook: Mutex<Option<Arc<StateHook>>>,
 }
 
 impl fmt::Debug for PySession {
@@ -133,6 +139,11 @@ impl Session for PySession {
     }
 
     fn record(&self, record: CallRecord) {
+        // Cloned out first: the lock is never held while waiting for the GIL.
+        let on_record = self.on_record.lock().clone();
+        if let Some(hook) = on_record {
+            hook.deliver(&record);
+        }
         self.inner.record(record);
     }
 
@@ -153,11 +164,19 @@ impl Session for PySession {
     }
 
     fn state(&self) -> serde_json::Value {
-        self.inner.state()
+        let hook = self.state_hook.lock().clone();
+        match hook {
+            Some(hook) => hook.state(),
+            None => self.inner.state(),
+        }
     }
 
     fn set_state(&self, state: serde_json::Value) -> Result<(), Error> {
-        self.inner.set_state(state)
+        let hook = self.state_hook.lock().clone();
+        match hook {
+            Some(hook) => hook.set_state(&state),
+            None => self.inner.set_state(state),
+        }
     }
 
     fn task(&self) -> Option<serde_json::Value> {
@@ -173,6 +192,10 @@ impl Session for PySession {
         // Hooks never run after release: let go of the loop.
         let released = self.event_loop.lock().take();
         drop(released);
+        let on_record = self.on_record.lock().take();
+        drop(on_record);
+        let state_hook = self.state_hook.lock().take();
+        drop(state_hook);
     }
 }
 
@@ -224,6 +247,8 @@ impl NativeSession {
                     with_call: response_takes_call,
                 }),
                 event_loop: Mutex::new(None),
+                on_record: Mutex::new(None),
+                state_hook: Mutex::new(None),
             }),
         })
     }
@@ -237,6 +262,22 @@ impl NativeSession {
     /// Sets the event loop hooks run on.
     fn bind_loop(&self, event_loop: Py<PyAny>) {
         *self.inner.event_loop.lock() = Some(event_loop);
+    }
+
+    /// Has `hook(payload)` scheduled on `event_loop` for each finished call (see
+    /// `record_hook.rs`); `None` removes it.
+    #[pyo3(signature = (hook, event_loop))]
+    fn set_record_hook(&self, hook: Option<Py<PyAny>>, event_loop: Py<PyAny>) {
+        let new = hook.map(|func| Arc::new(RecordHook::new(func, event_loop)));
+        let old = std::mem::replace(&mut *self.inner.on_record.lock(), new);
+        drop(old);
+    }
+
+    /// Has `get()` and `put(body)` own the `/state` document (see `state_hook.rs`).
+    fn set_state_hook(&self, get: Py<PyAny>, put: Py<PyAny>) {
+        let new = Some(Arc::new(StateHook::new(get, put)));
+        let old = std::mem::replace(&mut *self.inner.state_hook.lock(), new);
+        drop(old);
     }
 
     /// The trace as JSON (`{"id", "stop_condition", "calls", "replays"}`).

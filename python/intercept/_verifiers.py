@@ -1,0 +1,369 @@
+"""The bridge under `intercept.verifiers`: verifiers' own per-turn logic, carried by intercept.
+
+For each model call of a rollout, verifiers 0.4's objects decide what its interception
+server would decide (`RolloutSession.refused`, `rewrite_request`, network-policy
+mediation, `graph.prepare_turn` then `commit` or `abandon`, `rewrite_response`,
+`gate_tool_calls`, `InterceptionServer.record_call`, `Trace.preview`/`notify`), while
+intercept does the HTTP, the routing, the relay and the upstream.
+
+Three hooks of one `intercept.Session` carry a rollout:
+
+- `on_request` (awaited before the call goes upstream): everything verifiers does
+  between reading the request and calling the model. The prepared turn waits under the
+  call's sequence number.
+- the record hook (`NativeSession.set_record_hook`, scheduled on the loop when intercept
+  records the call, before the harness can see its answer; never awaited, so a stream
+  is relayed live): the commit (or abandon) of the turn and the call's `ModelCall`.
+- `on_response` (awaited on the complete response; intercept then holds a stream back
+  until it ran): only for rollouts whose task has response interceptors or stops, or
+  request interceptors or stops (which police tool calls after the commit), since those
+  may rewrite or refuse the answer.
+
+`GET`/`PUT /state` reach `trace.state` through the session's `state_adapter`
+(`NativeSession.set_state_hook`).
+
+verifiers is imported lazily and reached through `Any`: the package type-checks without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._hooks import CallInfo, Stop
+
+SUPPORTED = ">=0.4,<0.5"
+"""The verifiers releases `intercept.verifiers` carries."""
+
+_LOW, _HIGH = (0, 4), (0, 5)
+
+
+class VerifiersVersionError(ImportError):
+    """The installed verifiers is not one `intercept.verifiers` supports."""
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    out: list[int] = []
+    for part in text.split("."):
+        digits = ""
+        for ch in part:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def check_version() -> str:
+    """The installed verifiers version, or `VerifiersVersionError` when it is missing or
+    outside `SUPPORTED`."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("verifiers")
+    except metadata.PackageNotFoundError:
+        raise VerifiersVersionError(
+            f"intercept.verifiers needs the verifiers package ({SUPPORTED}); it is not installed: "
+            "`pip install 'verifiers>=0.4,<0.5'`, or use intercept.Session directly"
+        ) from None
+    if not (_LOW <= _version_tuple(version)[:2] < _HIGH):
+        raise VerifiersVersionError(
+            f"intercept.verifiers supports verifiers {SUPPORTED}; verifiers {version} is installed. "
+            "Install verifiers 0.4.x (`pip install 'verifiers>=0.4,<0.5'`), or use intercept.Session directly"
+        )
+    return version
+
+
+class _VF:
+    """verifiers' modules, imported once."""
+
+    def __init__(self) -> None:
+        check_version()
+        self.graph: Any = importlib.import_module("verifiers.v1.graph")
+        dialects: Any = importlib.import_module("verifiers.v1.dialects")
+        self.errors: Any = importlib.import_module("verifiers.v1.errors")
+        server: Any = importlib.import_module("verifiers.v1.interception.server")
+        self.server_cls: Any = server.InterceptionServer
+        client_cfg: Any = importlib.import_module("verifiers.v1.configs.client")
+        self.client_cfg = client_cfg
+        pydantic: Any = importlib.import_module("pydantic")
+        self.validation_error: Any = pydantic.ValidationError
+        self.session_cls: Any = importlib.import_module("verifiers.v1.session").RolloutSession
+        # intercept's dialect kinds -> verifiers' dialects.
+        self.dialects: dict[str, Any] = {
+            "chat_completions": dialects.ChatDialect(),
+            "responses": dialects.ResponsesDialect(),
+            "messages": dialects.AnthropicDialect(),
+        }
+
+
+_vf: _VF | None = None
+
+
+def vf() -> _VF:
+    global _vf
+    if _vf is None:
+        _vf = _VF()
+    return _vf
+
+
+class _Refused(Exception):
+    """A request verifiers refuses without stopping the rollout: the call fails (502
+    `hook_failed`, naming this message) and is not recorded."""
+
+
+@dataclass
+class _Pending:
+    """One call between its request hook and its record."""
+
+    dialect: Any
+    body: dict[str, Any]
+    turn: Any
+    policy_paths: list[str]
+    started: float
+    # Set by `on_response` (rollouts with response-side hooks).
+    decided: bool = False
+    node: int | None = None
+    response: Any = None
+    error: BaseException | None = None
+
+
+@dataclass
+class Bridge:
+    """One verifiers `RolloutSession`, carried by the intercept session it makes."""
+
+    vf_session: Any
+    pending: dict[int, _Pending] = field(default_factory=dict)
+
+    @property
+    def inspects_responses(self) -> bool:
+        s = self.vf_session
+        return bool(s.response_interceptors or s.response_stops or s.request_interceptors or s.request_stops)
+
+    # --- before the upstream call ---------------------------------------------------
+
+    async def on_request(self, body: dict[str, Any], call: CallInfo) -> dict[str, Any] | Stop:
+        v = vf()
+        s = self.vf_session
+        dialect = v.dialects.get(call.dialect)
+        if dialect is None:
+            raise _Refused(f"verifiers 0.4 serves no {call.dialect} route")
+        body = dialect.apply_overrides(body, s.ctx.model, s.ctx.sampling)
+        try:
+            model_request = dialect.parse_request(body)
+        except ValueError as e:
+            raise _Refused(str(e)) from None
+        if s.stopped:
+            return Stop(str(s.trace.stop_condition))
+        try:
+            refused = await s.refused()
+            if refused is not None:
+                return Stop(refused)
+            original = model_request
+            model_request, rewrites, stopped = await s.rewrite_request(model_request)
+            s.trace.request_rewrites.extend(rewrites)
+            if stopped is None and model_request != original:
+                dialect.rewrite_request(body, original, model_request)
+        except v.errors.RolloutError as e:
+            s.error = e
+            raise
+        except Exception as e:  # noqa: BLE001 - a task hook failed: verifiers' TaskError
+            error = v.errors.TaskError(f"model boundary hook failed: {type(e).__name__}: {e}")
+            s.error = error
+            raise error from e
+        if stopped is not None:
+            turn = v.graph.prepare_turn(s.trace, model_request.messages, model_request.tools)
+            turn.commit_prompt()
+            s.trace.stop(stopped)
+            return Stop(stopped)
+        try:
+            body, policy_paths = v.server_cls.mediate_capabilities(None, s, dialect, body)
+            if rewrites or s.network_policy.network_restricted:
+                model_request = dialect.parse_request(body)
+            turn = v.graph.prepare_turn(s.trace, model_request.messages, model_request.tools)
+        except v.errors.RolloutError as e:
+            s.error = e
+            raise
+        except ValueError as e:
+            raise _Refused(str(e)) from None
+        s.trace.preview(turn, turn.tail)
+        if s.on_turn_input is not None:
+            on_input, s.on_turn_input = s.on_turn_input, None
+            on_input()
+        s.error = None
+        self.pending[call.seq] = _Pending(dialect, body, turn, policy_paths, time.time())
+        return body
+
+    # --- the complete response (rollouts with response-side hooks) -------------------
+
+    async def on_response(self, raw: dict[str, Any], call: CallInfo) -> dict[str, Any] | Stop | None:
+        v = vf()
+        s = self.vf_session
+        p = self.pending.get(call.seq)
+        if p is None:
+            return None
+        p.decided = True
+        dialect = p.dialect
+        try:
+            response = self._parse(dialect, raw)
+            p.response = response
+            rewrites: list[Any] = []
+            stopped = None
+            served: dict[str, Any] | None = None
+            if s.response_interceptors or s.response_stops:
+                response, rewrites, stopped = await s.rewrite_response(response)
+                if rewrites:
+                    dialect.rewrite_response(response.raw, response.message.content or "")
+                    served = response.raw
+                    response = self._parse(dialect, served)
+                p.response = response
+            if s.stopped:
+                return Stop(str(s.trace.stop_condition))
+            p.node = p.turn.commit(response)
+            s.consume_prepared(p.turn.tail)
+            s.trace.response_rewrites.extend(rewrites)
+            if stopped is None:
+                stopped = await s.gate_tool_calls(p.node)
+            if stopped is not None:
+                s.trace.stop(stopped)
+                return Stop(stopped)
+            return served
+        except v.errors.RolloutError as e:
+            p.error = e
+            s.error = e
+            raise
+        except Exception as e:  # noqa: BLE001 - recorded as the call's error, as verifiers does
+            p.error = e
+            raise
+        except BaseException as e:
+            p.error = e
+            raise
+
+    # --- the record (every call that went upstream) ----------------------------------
+
+    def on_record(self, payload: bytes) -> None:
+        rec = json.loads(payload)
+        p = self.pending.pop(int(rec["seq"]), None)
+        if p is None:
+            return
+        v = vf()
+        s = self.vf_session
+        if s.released:  # the trace is sealed: a straggler is not recorded
+            p.turn.abandon()
+            return
+        response = p.response
+        node = p.node
+        error = p.error
+        try:
+            if not p.decided:
+                raw = rec.get("response")
+                if rec.get("error") is None and isinstance(raw, dict):
+                    try:
+                        response = self._parse(p.dialect, raw)
+                    except (ValueError, v.validation_error) as e:
+                        error = v.errors.model_error(f"malformed upstream response: {type(e).__name__}: {e}", status_code=502)
+                        s.error = error
+                    else:
+                        if not s.stopped:
+                            node = p.turn.commit(response)
+                            s.consume_prepared(p.turn.tail)
+                else:
+                    error = self._error(rec.get("error"))
+                    if isinstance(error, v.errors.RolloutError):
+                        s.error = error
+        finally:
+            if node is None:
+                p.turn.abandon()
+            v.server_cls.record_call(
+                None,
+                s,
+                p.dialect,
+                p.body,
+                p.started,
+                node=node,
+                finish_reason=response.finish_reason if response is not None else None,
+                usage=response.usage if response is not None else None,
+                error=error,
+                policy_paths=p.policy_paths,
+                acp=None,
+            )
+
+    # --- `/state` (GET and PUT, served on the server's thread) ------------------------
+
+    def get_state(self) -> bytes:
+        s = self.vf_session
+        out: bytes = s.state_adapter.dump_json(s.trace.state)
+        return out
+
+    def put_state(self, body: bytes) -> str | None:
+        s = self.vf_session
+        try:
+            new_state = s.state_adapter.validate_json(body)
+        except vf().validation_error as e:
+            return f"invalid state PUT for {type(s.trace.state).__name__}: {e}"
+        if s.released:  # the trace is sealed: a straggler write must not land
+            return "rollout concluded"
+        s.trace.state = new_state
+        return None
+
+    def release(self) -> None:
+        """The rollout concluded: seal verifiers' session first (stragglers then leave no
+        record, as with verifiers' `unregister`)."""
+        self.vf_session.release()
+
+    def drain(self) -> None:
+        """After release: turns whose call never recorded leave no preview behind."""
+        for p in self.pending.values():
+            p.turn.abandon()
+        self.pending.clear()
+
+    # --- helpers ----------------------------------------------------------------------
+
+    @staticmethod
+    def _parse(dialect: Any, raw: dict[str, Any]) -> Any:
+        response = dialect.parse_response(dialect.validate_response(raw))
+        response.raw = raw
+        return response
+
+    @staticmethod
+    def _error(err: Any) -> BaseException:
+        """intercept's record error -> the exception verifiers' server would have recorded."""
+        v = vf()
+        if not isinstance(err, dict):
+            failed: BaseException = v.errors.model_error("the call failed", status_code=502)
+            return failed
+        kind = str(err.get("kind", ""))
+        message = str(err.get("message", ""))
+        status = int(err.get("status") or 502)
+        if kind in ("cancelled", "client_disconnected"):
+            return asyncio.CancelledError(message)
+        error: BaseException = v.errors.model_error(message or kind, status_code=status)
+        return error
+
+
+def upstream_of(vf_session: Any, override: Any = None) -> Any:
+    """The intercept upstream for a verifiers session: its eval client's endpoint."""
+    if override is not None:
+        return override
+    v = vf()
+    config = vf_session.ctx.client
+    if isinstance(config, v.client_cfg.TrainClientConfig):
+        raise ValueError(
+            "intercept.verifiers relays to an OpenAI-compatible endpoint (an eval client); "
+            "verifiers' train client renders tokens client-side and is not supported"
+        )
+    headers = dict(v.client_cfg.resolve_headers(config))
+    return {"base_url": str(config.base_url), "api_key": v.client_cfg.resolve_api_key(config), "headers": headers}
+
+
+def is_verifiers_session(obj: Any) -> bool:
+    try:
+        return isinstance(obj, vf().session_cls)
+    except ImportError:
+        return False

@@ -1,0 +1,140 @@
+"""The verifiers swap, differentially: the same scripted rollouts of verifiers 0.4's own
+`Rollout` (its subprocess runtime; a harness program using the official `openai` and
+`anthropic` SDKs; a scripted model server) run once through verifiers' own interception
+server and once through `intercept.verifiers`, and the traces verifiers builds must agree:
+nodes and messages, branches, calls (node, model, sampling, endpoint, finish reason,
+usage, error type and status), tools, turns, last reply, stop condition, errors. Ids and
+timings may differ.
+
+Skipped when verifiers is not installed; CI installs `verifiers==0.4.0`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("verifiers.v1.interception")
+
+from verifiers.v1.interception import InterceptionServer as VerifiersServer  # noqa: E402
+
+import intercept.verifiers as iv  # noqa: E402
+from vf_support import ScriptedModel, make_session, normal, run_rollout  # noqa: E402
+
+CASES: list[tuple[str, str, dict[str, Any]]] = [
+    # Every dialect, JSON and streamed: three turns each.
+    ("chat", "hello", {}),
+    ("chat-stream", "hello", {}),
+    ("responses", "hello", {}),
+    ("responses-stream", "hello", {}),
+    ("anthropic", "hello", {}),
+    ("anthropic-stream", "hello", {}),
+    # A tool loop (the model calls `add`, the harness answers it), JSON and streamed.
+    ("tools", "sum it", {}),
+    ("tools-stream", "sum it", {}),
+    # A task `@stop` (two turns), and a limit (max_turns=2).
+    ("chat", "stop me", {"task": "StoppingTask"}),
+    ("anthropic-stream", "limit", {"max_turns": 2}),
+    # An upstream 500 the SDK retries, JSON and streamed.
+    ("chat", "flaky", {}),
+    ("responses-stream", "flaky", {}),
+    # An upstream 400 the harness dies of: the rollout fails with verifiers' ProviderError.
+    ("chat", "broken", {}),
+    ("anthropic-stream", "broken", {}),
+    # A response interceptor and a response `@stop` (intercept holds these responses back).
+    ("chat-stream", "rewrite", {"task": "RewritingTask"}),
+    ("anthropic", "rewrite", {"task": "RewritingTask"}),
+]
+
+
+@pytest.fixture
+async def scripted() -> AsyncIterator[ScriptedModel]:
+    model = await ScriptedModel.start()
+    try:
+        yield model
+    finally:
+        await model.shutdown()
+
+
+def diff(a: dict[str, Any], b: dict[str, Any]) -> str:
+    return "\n".join(f"{k}:\n  verifiers: {json.dumps(a[k])}\n  intercept: {json.dumps(b[k])}" for k in a if a[k] != b[k])
+
+
+@pytest.mark.parametrize("shape", ["server", "elastic"])
+async def test_traces_agree_with_verifiers_own_server(scripted: ScriptedModel, shape: str) -> None:
+    ours: Any = iv.InterceptionServer() if shape == "server" else iv.ElasticInterceptionPool(iv.ElasticInterceptionPoolConfig(multiplex=4))
+    async with VerifiersServer() as theirs, ours:
+        runs = [(theirs, ours, mode, prompt, kw) for mode, prompt, kw in CASES]
+
+        async def both(a: Any, b: Any, mode: str, prompt: str, kw: dict[str, Any]) -> tuple[Any, Any]:
+            return await asyncio.gather(run_rollout(a, scripted.base_url, mode, prompt, **kw), run_rollout(b, scripted.base_url, mode, prompt, **kw))
+
+        results = await asyncio.gather(*(both(*r) for r in runs))
+        assert ours.load == 0
+    for (mode, prompt, kw), (t_theirs, t_ours) in zip(CASES, results):
+        a, b = normal(t_theirs), normal(t_ours)
+        assert a == b, f"{mode} {prompt} {kw}:\n{diff(a, b)}"
+        # The cases do what they say (on both sides, since they agree).
+        if prompt == "hello":
+            assert (a["num_turns"], len(a["calls"]), len(a["messages"]), a["stop_condition"]) == (3, 3, 6, "agent_completed")
+            assert a["last_reply"] == "reply 2: continue 1"
+        if prompt == "sum it":
+            assert a["num_turns"] == 3 and any(m["role"] == "tool" for m in a["messages"])
+        if prompt == "stop me":
+            assert (a["num_turns"], a["stop_condition"]) == (2, "two_turns")
+        if prompt == "limit":
+            assert (a["num_turns"], a["stop_condition"], a["is_truncated"]) == (2, "max_turns", True)
+        if prompt == "flaky":
+            assert [c["error"] for c in a["calls"]] == [None, ("ProviderError", 500), None, None]
+        if prompt == "rewrite":
+            assert (a["stop_condition"], a["last_reply"]) == ("third_reply", "REPLY 2: CONTINUE 1")
+            assert a["response_rewrites"] == ["shout"] * 3
+        if prompt == "broken":
+            assert a["stop_condition"] == "provider_error" and a["calls"][-1]["error"] == ("ProviderError", 400)
+        # Same upstream traffic: model and sampling imposed by verifiers' rules.
+        assert all(c["model"] == "policy" and c["sampling"]["temperature"] == 0.5 for c in a["calls"])
+
+
+async def test_another_verifiers_version_fails_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib import metadata
+
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "0.2.1" if name == "verifiers" else real(name))
+    with pytest.raises(iv.VerifiersVersionError, match=r"supports verifiers >=0.4,<0.5; verifiers 0.2.1 is installed"):
+        iv.ElasticInterceptionPool()
+    monkeypatch.setattr(metadata, "version", lambda name: "0.5.0" if name == "verifiers" else real(name))
+    with pytest.raises(ImportError, match="0.5.0"):
+        iv.InterceptionServer()
+
+
+async def test_state_route_reaches_the_rollouts_verifiers_state(scripted: ScriptedModel) -> None:
+    from verifiers.v1.state import State
+
+    class Counter(State):
+        count: int = 0
+
+    for ic in (VerifiersServer(state_service_secrets=("service",)), iv.InterceptionServer(None, False, ("service",))):
+        async with ic, httpx.AsyncClient(timeout=30) as c:
+            s = make_session(scripted.base_url, 0, state=Counter(count=1))
+            async with ic.acquire(s) as (base, model_secret, state_secret):
+                bearer = {"Authorization": f"Bearer {state_secret}"}
+                r = await c.get(f"{base}/state", headers=bearer)
+                assert (r.status_code, r.json()["count"]) == (200, 1), type(ic)
+                r = await c.put(f"{base}/state", content=b'{"count": 5}', headers=bearer)
+                assert (r.status_code, r.json()) == (200, {"ok": True})
+                assert s.trace.state == Counter(count=5)
+                r = await c.put(f"{base}/state", content=b'{"count": "many"}', headers=bearer)
+                assert r.status_code == 400 and "Counter" in r.text
+                # A shared tool server: the service secret plus the rollout's trace id.
+                shared = {"Authorization": "Bearer service", "X-Verifiers-State-Route": s.trace.id}
+                r = await c.get(f"{base}/state", headers=shared)
+                assert (r.status_code, r.json()["count"]) == (200, 5)
+                # The model secret is not a state capability.
+                r = await c.get(f"{base}/state", headers={"Authorization": f"Bearer {model_secret}"})
+                assert r.status_code == 401
+            assert s.trace.state == Counter(count=5)
