@@ -49,6 +49,7 @@ pub mod serve_api;
 pub mod session;
 pub mod slow_streams;
 pub mod slow_upstream;
+pub mod trace_size;
 pub mod write_cost;
 
 pub use session::CountingSession;

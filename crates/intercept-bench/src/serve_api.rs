@@ -80,38 +80,50 @@ pub fn sum_calls(list: &Value) -> Result<(u64, usize)> {
     Ok((calls, sessions.len()))
 }
 
-/// What the JSONL trace files of a folder hold.
+/// What the trace files of a folder hold.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TraceFiles {
     /// `.jsonl` files.
     pub files: usize,
-    /// Complete lines (one per recorded call).
+    /// Recorded calls: the `call` lines of logs, every complete line of full-record files.
     pub lines: u64,
     /// Bytes in all of them.
     pub bytes: u64,
 }
 
-/// The JSONL trace files in `dir`: how many, their complete lines, their bytes.
+/// The trace files in `dir` (logs or full records): how many, the calls they record,
+/// their bytes.
 pub fn trace_lines(dir: &Path) -> Result<TraceFiles> {
+    use std::io::BufRead as _;
     let mut out = TraceFiles::default();
     // One buffer for every file: the files of a long run hold gigabytes.
-    let mut buf = vec![0u8; 1 << 20];
+    let mut line = Vec::with_capacity(1 << 16);
     for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
         let path = entry?.path();
         if path.extension().and_then(|e| e.to_str()) != Some("jsonl") {
             continue;
         }
-        let mut file = std::fs::File::open(&path)
+        let file = std::fs::File::open(&path)
             .with_context(|| format!("cannot read {}", path.display()))?;
+        let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
         out.files += 1;
+        let mut log = None;
         loop {
-            let n = std::io::Read::read(&mut file, &mut buf)
+            line.clear();
+            let n = reader
+                .read_until(b'\n', &mut line)
                 .with_context(|| format!("cannot read {}", path.display()))?;
             if n == 0 {
                 break;
             }
-            out.lines += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64;
             out.bytes += n as u64;
+            if line.last() != Some(&b'\n') {
+                continue; // torn
+            }
+            let is_log = *log.get_or_insert_with(|| line.starts_with(b"{\"type\":\"header\""));
+            if !is_log || line.starts_with(b"{\"type\":\"call\"") {
+                out.lines += 1;
+            }
         }
     }
     Ok(out)

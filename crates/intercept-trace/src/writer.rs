@@ -125,13 +125,7 @@ impl JsonlSink {
                 file.write_all(b"\n")?;
             }
         }
-        Ok(JsonlSink {
-            path,
-            format: TraceFormat::Log,
-            file: Mutex::new(file),
-            torn: AtomicBool::new(false),
-            unadvised: AtomicU64::new(0),
-        })
+        Ok(JsonlSink::of(path, file))
     }
 
     /// Creates `path` for appending; fails with [`std::io::ErrorKind::AlreadyExists`] if
@@ -144,13 +138,18 @@ impl JsonlSink {
             .read(true)
             .append(true)
             .open(&path)?;
-        Ok(JsonlSink {
+        Ok(JsonlSink::of(path, file))
+    }
+
+    /// A sink appending to `file`, open at `path`, in the default format.
+    fn of(path: PathBuf, file: File) -> Self {
+        JsonlSink {
             path,
             format: TraceFormat::Log,
             file: Mutex::new(file),
             torn: AtomicBool::new(false),
             unadvised: AtomicU64::new(0),
-        })
+        }
     }
 
     /// With this format ([`TraceFormat::Log`] unless set).

@@ -1,0 +1,70 @@
+//! `bench-trace-size`: what a rollout's trace costs on disk and in memory, for agent loops
+//! of 10, 20, 40 and 80 turns and a 50-step loop of screenshots (see
+//! `intercept_bench::trace_size`). Prints one table and, with `--json`, one JSON object
+//! per case.
+
+use clap::Parser;
+use intercept_bench::trace_size::{measure, Case};
+
+/// Trace size on agent-shaped traffic, the log against the full format.
+#[derive(Debug, Parser)]
+struct Args {
+    /// Sessions per case.
+    #[arg(long, default_value_t = 8)]
+    sessions: usize,
+    /// Turns of the agent loops.
+    #[arg(long, value_delimiter = ',', default_value = "10,20,40,80")]
+    turns: Vec<usize>,
+    /// Steps of the screenshot loop (0: none).
+    #[arg(long, default_value_t = 50)]
+    screenshots: usize,
+    /// One JSON object per case on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let mut cases: Vec<Case> = args
+        .turns
+        .iter()
+        .map(|&turns| Case { sessions: args.sessions, turns, images: false })
+        .collect();
+    if args.screenshots > 0 {
+        cases.push(Case { sessions: args.sessions, turns: args.screenshots, images: true });
+    }
+    if !args.json {
+        println!(
+            "| case | calls | unique | log | full | log/unique | full/unique | full/log | log B/call | full B/call | memory/raw |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    }
+    for case in cases {
+        let r = measure(case).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&r)?);
+            continue;
+        }
+        let mb = |b: u64| format!("{:.2} MB", b as f64 / 1e6);
+        let name = if r.images {
+            format!("{} × {} screenshot steps", r.sessions, r.turns)
+        } else {
+            format!("{} × {} turns", r.sessions, r.turns)
+        };
+        println!(
+            "| {name} | {} | {} | {} | {} | {:.2}× | {:.1}× | {:.1}× | {:.0} | {:.0} | {:.3}× |",
+            r.calls,
+            mb(r.unique_bytes),
+            mb(r.log_bytes),
+            mb(r.full_bytes),
+            r.log_ratio,
+            r.full_ratio,
+            r.reduction,
+            r.log_bytes_per_call,
+            r.full_bytes_per_call,
+            r.memory_ratio,
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,22 @@
+//! The log's size on agent-shaped traffic through a real server: linear in what the
+//! rollout adds, against the full format's quadratic growth.
+
+use intercept_bench::trace_size::{measure, Case};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forty_turn_tool_loop_logs_its_unique_content_about_once() {
+    let r = measure(Case { sessions: 2, turns: 40, images: false }).await.unwrap();
+    assert_eq!(r.calls, 80);
+    assert!(r.log_ratio <= 1.2, "{r:#?}");
+    // The full format repeats the conversation and the tools at every call.
+    assert!(r.full_ratio >= 8.0, "{r:#?}");
+    // One copy in memory: the log, not the bodies.
+    assert!(r.memory_ratio <= 0.3, "{r:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn screenshots_carried_by_every_request_are_written_once() {
+    let r = measure(Case { sessions: 1, turns: 20, images: true }).await.unwrap();
+    assert!(r.log_ratio <= 1.2, "{r:#?}");
+    assert!(r.reduction >= 5.0, "{r:#?}");
+}
