@@ -40,6 +40,9 @@ struct Settings {
     released_secrets: Option<usize>,
     upstream_idle_per_host: Option<usize>,
     engine_retry_after: Option<f64>,
+    /// `event`, `comment` or `off`.
+    stream_heartbeat: Option<String>,
+    models_timeout: Option<f64>,
 }
 
 fn secs(name: &str, v: f64) -> PyResult<Duration> {
@@ -82,6 +85,7 @@ impl Settings {
                 self.engine_retry_after,
                 &mut c.engine_retry_after,
             ),
+            ("models_timeout", self.models_timeout, &mut c.models_timeout),
         ];
         for (name, value, slot) in durations {
             if let Some(v) = value {
@@ -108,6 +112,11 @@ impl Settings {
         }
         if let Some(v) = self.upstream_idle_per_host {
             c.upstream_idle_per_host = v;
+        }
+        if let Some(v) = &self.stream_heartbeat {
+            c.stream_heartbeat = v
+                .parse()
+                .map_err(|e: String| invalid(format!("stream_heartbeat: {e}")))?;
         }
         Ok(c)
     }
