@@ -824,24 +824,28 @@ async fn admit(
             debug!(session = session.id(), error = ?e.to_string(), "call not admitted");
             fail(e)
         })?;
-    let attempt = crate::retry::replay(&entry, headers, body, stream)
-        .await
-        .map_err(|served| json_response(StatusCode::OK, served))?;
+    let plan =
+        match crate::retry::replay(&entry, dialect.upstream_path(), headers, body, stream).await {
+            Ok(plan) => plan,
+            Err(crate::retry::Early::Replayed(answer)) => return Err(answer.response(dialect)),
+            Err(crate::retry::Early::Refused(e)) => return Err(fail(e)),
+            Err(crate::retry::Early::Join(joined)) => {
+                // A joined call does not keep the rollout unsealed while it waits.
+                drop(guard);
+                return Err(joined_answer(dialect, joined).await);
+            }
+        };
     if entry.is_released() {
         return Err(fail(Error::RolloutConcluded));
     }
     if let Some(reason) = session.stop_reason() {
         return Err(fail(Error::RolloutStopped(reason)));
     }
-    let claim = match crate::retry::claim(&entry, attempt) {
+    let claim = match crate::retry::claim(&entry, plan) {
         Ok(claim) => claim,
         Err(joined) => {
-            // A joined retry does not keep the rollout unsealed while it waits.
             drop(guard);
-            return Err(match joined.answer().await {
-                Some(served) => json_response(StatusCode::OK, served),
-                None => fail(Error::UpstreamUnavailable("upstream attempt failed".into())),
-            });
+            return Err(joined_answer(dialect, joined).await);
         }
     };
     if let Err(reason) = session.check() {
@@ -853,6 +857,21 @@ async fn admit(
         admission,
         claim,
     })
+}
+
+/// The answer of a call that joined an identical one in flight: its answer, or 503
+/// `upstream attempt failed`.
+async fn joined_answer(
+    dialect: &dyn Dialect,
+    joined: crate::retry::Joined,
+) -> Response<ResponseBody> {
+    match joined.answer().await {
+        Some(answer) => answer.response(dialect),
+        None => error_response(
+            dialect,
+            &Error::UpstreamUnavailable("upstream attempt failed".into()),
+        ),
+    }
 }
 
 /// Prepares an admitted call's request: the session's request hook (which may rewrite

@@ -31,6 +31,7 @@ impl Call {
     /// Runs a streamed call, stage by stage.
     pub(super) async fn run_stream(mut self, reply: Reply) {
         let capture = self.capture.take();
+        let claim = self.claim.take();
         let (tx, rx) = mpsc::channel::<Bytes>(self.shared.config.stream_buffer.max(1));
         let mut head = Head::Pending(reply, rx);
         let checked = match self.open_stream(&mut head, &tx).await {
@@ -50,6 +51,19 @@ impl Call {
         let mut relay = StreamRelay::new(&self, tx, body, capture, client_gone, timers);
         relay.run().await;
         let (outcome, ending) = self.finish_stream(&mut relay).await;
+        // An idempotency key keeps the response served, for the key's later calls.
+        if let Some(claim) = claim {
+            let served = match (&ending, &outcome.response) {
+                (Ending::Complete, Some(response)) if outcome.error.is_none() => {
+                    Some(response.bytes().clone())
+                }
+                (Ending::Rewritten(v), _) => serde_json::to_vec(v).ok().map(Bytes::from),
+                _ => None,
+            };
+            if let Some(served) = served {
+                claim.served(crate::retry::Answer::Stream(served));
+            }
+        }
         self.record(outcome);
         relay.send_tail(ending).await;
     }
