@@ -866,6 +866,7 @@ async fn slow_first_byte_is_answered_early_and_kept_alive() {
     let config = ServerConfig {
         first_byte_timeout: Duration::from_millis(50),
         keepalive: Duration::from_millis(30),
+        stream_heartbeat: intercept_server::StreamHeartbeat::Comment,
         ..ServerConfig::default()
     };
     let h = Harness::with_config(config).await;
