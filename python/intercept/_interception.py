@@ -32,6 +32,8 @@ SERVER_SETTINGS = (
     "upstream_idle_per_host",
     "engine_retry_after",
     "service_secrets",
+    "stream_heartbeat",
+    "models_timeout",
 )
 
 POOL_KNOBS = (
@@ -224,7 +226,8 @@ class Server(Interception):
     `shutdown_grace`, `first_byte_timeout`, `disconnect_grace`, `connect_timeout`,
     `upstream_timeout`, `inspect_memory`, `stream_buffer`, `released_secrets`
     (formerly `released_memory`, still accepted),
-    `upstream_idle_per_host`, `engine_retry_after` (see docs/configuration.md).
+    `upstream_idle_per_host`, `engine_retry_after`, `stream_heartbeat` (`"event"`,
+    `"comment"` or `"off"`), `models_timeout` (see docs/configuration.md).
     """
 
     def __init__(self, *, tunnel: Tunnel | None = None, **settings: Any) -> None:

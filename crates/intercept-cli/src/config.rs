@@ -573,6 +573,25 @@ pub const SETTINGS: &[Setting] = &[
         doc: "`upstream_read_idle` of the servers: seconds a plain-HTTP upstream may send \
             nothing, once it has the request, before the call fails. `0` turns it off.",
     },
+    Setting {
+        key: "stream_heartbeat",
+        value: "event|comment|off",
+        default: "`event`",
+        doc: "`stream_heartbeat` of the servers: what a stream carries every 3 s while its \
+            upstream is silent. `event`: a dialect-valid event where the dialect's SDKs \
+            accept one (Chat an empty `delta.content` chunk, Responses \
+            `response.in_progress`, Anthropic a no-op `message_delta`), else a `: \
+            keepalive` comment; `comment`: always the comment; `off`: nothing. Heartbeats \
+            never reach the record (see [dialects.md](dialects.md#streams)).",
+    },
+    Setting {
+        key: "models_timeout_secs",
+        value: "SECS",
+        default: "30",
+        doc: "`models_timeout` of the servers: seconds `GET /v1/models` waits for the \
+            session's upstream listing before it lists the session's model alone. Greater \
+            than 0.",
+    },
 ];
 
 /// The keys of every setting, in [`SETTINGS`] order.
@@ -768,6 +787,15 @@ pub struct ServeConfig {
     /// fails the call (default `None`: no limit).
     #[serde(rename = "upstream_read_idle_secs", deserialize_with = "value::idle")]
     pub upstream_read_idle: Option<Duration>,
+    /// What a stream carries while its upstream is silent (default `event`).
+    #[serde(deserialize_with = "value::stream_heartbeat")]
+    pub stream_heartbeat: intercept_server::StreamHeartbeat,
+    /// Bound on `GET /v1/models`' upstream listing (default 30 s).
+    #[serde(
+        rename = "models_timeout_secs",
+        deserialize_with = "value::positive_secs"
+    )]
+    pub models_timeout: Duration,
     /// Non-fatal findings of [`ServeConfig::from_layers`] (unknown `INTERCEPT_*`
     /// environment variables), for the binary to log once logging is up.
     #[serde(skip)]
@@ -818,6 +846,8 @@ impl Default for ServeConfig {
             max_response_bytes: 256 << 20,
             upstream_write_idle: Some(Duration::from_secs(30)),
             upstream_read_idle: None,
+            stream_heartbeat: intercept_server::StreamHeartbeat::Event,
+            models_timeout: Duration::from_secs(30),
             warnings: Vec::new(),
         }
     }
@@ -1490,6 +1520,22 @@ mod value {
         parse(d, |raw| {
             one_of(raw, &names, |other| {
                 format!("{other:?} is not a format; expected text or json")
+            })
+        })
+    }
+
+    pub(super) fn stream_heartbeat<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<intercept_server::StreamHeartbeat, D::Error> {
+        use intercept_server::StreamHeartbeat;
+        let names = [
+            ("event", StreamHeartbeat::Event),
+            ("comment", StreamHeartbeat::Comment),
+            ("off", StreamHeartbeat::Off),
+        ];
+        parse(d, |raw| {
+            one_of(raw, &names, |other| {
+                format!("{other:?} is not a heartbeat; expected event, comment or off")
             })
         })
     }

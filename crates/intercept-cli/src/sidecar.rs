@@ -371,6 +371,8 @@ impl Sidecar {
                 shutdown_grace: config.shutdown_grace,
                 upstream_write_idle: config.upstream_write_idle,
                 upstream_read_idle: config.upstream_read_idle,
+                stream_heartbeat: config.stream_heartbeat,
+                models_timeout: config.models_timeout,
                 header_read_timeout: config.header_read_timeout,
                 max_response_bytes: config.max_response_bytes,
                 max_connections: config.max_connections,

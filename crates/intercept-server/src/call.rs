@@ -52,8 +52,9 @@ pub(crate) struct Call {
     body: JsonBody,
     headers: HeaderMap,
     started: SystemTime,
-    /// Ownership of this attempt for retry coalescing (non-streamed calls).
-    claim: Option<crate::retry::FlightClaim>,
+    /// Ownership of this attempt for retry coalescing (non-streamed calls) or of its
+    /// idempotency key.
+    claim: Option<crate::retry::Claim>,
     /// Counts the call in flight for pause; carries the pause epoch it was admitted in.
     admission: crate::pause::Admission,
     /// Token capture, when the session asked for it and the dialect can.
@@ -72,7 +73,7 @@ pub(crate) struct Admitted {
     pub(crate) entry: Arc<Entry>,
     pub(crate) guard: InflightGuard,
     pub(crate) admission: crate::pause::Admission,
-    pub(crate) claim: Option<crate::retry::FlightClaim>,
+    pub(crate) claim: Option<crate::retry::Claim>,
 }
 
 /// The request as prepared for the upstream: the dialect's reading of it, the body after
@@ -607,7 +608,10 @@ impl Call {
             (outcome, error_response(&*self.dialect, &e))
         } else {
             if let Some(claim) = self.claim.take() {
-                claim.served(served.clone());
+                claim.served(crate::retry::Answer::Json {
+                    body: served.clone(),
+                    content_type: content_type.clone(),
+                });
             }
             let mut resp = json_response(StatusCode::OK, served);
             if let Some(ct) = content_type {

@@ -21,9 +21,12 @@ pub struct ServerConfig {
     /// Harness connections served at once (default 16,384); one beyond it is answered
     /// 503 with `Retry-After: 1` and closed. `None`: no cap.
     pub max_connections: Option<usize>,
-    /// While a stream's upstream is silent, a `: keepalive` comment line is sent this
-    /// often (default 3 s).
+    /// While a stream's upstream is silent, a heartbeat is sent this often (default
+    /// 3 s); [`ServerConfig::stream_heartbeat`] says what it is.
     pub keepalive: Duration,
+    /// What a stream's heartbeat is (default [`StreamHeartbeat::Event`]): a dialect-valid
+    /// event where the dialect's SDKs accept one, else a `: keepalive` comment line.
+    pub stream_heartbeat: StreamHeartbeat,
     /// On stop, in-flight calls may finish for this long before they are cancelled
     /// (default 30 s).
     pub shutdown_grace: Duration,
@@ -41,7 +44,7 @@ pub struct ServerConfig {
     /// that never send a byte and idle kept-alive ones (HTTP/1 and HTTP/2 alike); a
     /// request in progress is never cut by it. `None`: no limit.
     pub header_read_timeout: Option<Duration>,
-    /// Connect timeout towards upstreams (default 5 s).
+    /// Connect timeout towards upstreams (default 30 s).
     pub connect_timeout: Duration,
     /// Optional cap on a whole upstream exchange; `None` (the default) waits as long as
     /// the upstream takes: agentic completions are slow, and the rollout's own timeout is
@@ -58,6 +61,10 @@ pub struct ServerConfig {
     /// can think for minutes before their first byte. A stream's read also stays quiet
     /// while a slow harness holds it back.
     pub upstream_read_idle: Option<Duration>,
+    /// `GET /v1/models` relays the session's upstream listing; this bounds that exchange
+    /// (default 30 s). Past it, or on any upstream failure, the session's own model is
+    /// listed instead.
+    pub models_timeout: Duration,
     /// When a session inspects responses, a stream is held in memory up to this many
     /// bytes, then in a temporary file (default 4 MiB).
     pub inspect_memory: usize,
@@ -91,14 +98,16 @@ impl Default for ServerConfig {
             max_response_bytes: 256 << 20,
             max_connections: Some(crate::serve::DEFAULT_MAX_CONNECTIONS),
             keepalive: Duration::from_secs(3),
+            stream_heartbeat: StreamHeartbeat::Event,
             shutdown_grace: Duration::from_secs(30),
             first_byte_timeout: Duration::from_secs(10),
             disconnect_grace: Duration::from_secs(120),
             header_read_timeout: Some(Duration::from_secs(30)),
-            connect_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(30),
             upstream_timeout: None,
             upstream_write_idle: Some(Duration::from_secs(30)),
             upstream_read_idle: None,
+            models_timeout: Duration::from_secs(30),
             inspect_memory: 4 << 20,
             stream_buffer: 16,
             released_secrets: 65_536,
@@ -126,6 +135,7 @@ impl fmt::Debug for ServerConfig {
             .field("max_response_bytes", &self.max_response_bytes)
             .field("max_connections", &self.max_connections)
             .field("keepalive", &self.keepalive)
+            .field("stream_heartbeat", &self.stream_heartbeat)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("first_byte_timeout", &self.first_byte_timeout)
             .field("disconnect_grace", &self.disconnect_grace)
@@ -134,11 +144,58 @@ impl fmt::Debug for ServerConfig {
             .field("upstream_timeout", &self.upstream_timeout)
             .field("upstream_write_idle", &self.upstream_write_idle)
             .field("upstream_read_idle", &self.upstream_read_idle)
+            .field("models_timeout", &self.models_timeout)
             .field("stream_buffer", &self.stream_buffer)
             .field("released_secrets", &self.released_secrets)
             .field("engine_retry_after", &self.engine_retry_after)
             .field("listen", &self.listen)
             .field("tunnel", &self.tunnel.as_ref().map(|t| t.kind()))
             .finish()
+    }
+}
+
+/// What goes to the harness while a stream's upstream is silent, every
+/// [`ServerConfig::keepalive`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum StreamHeartbeat {
+    /// A dialect-valid event where the dialect's SDKs accept one (the default): Chat an
+    /// empty `delta.content` chunk, Responses `response.in_progress` once
+    /// `response.created` went out (later events renumbered), Anthropic a no-op
+    /// `message_delta` between `message_start` and the upstream's own `message_delta`.
+    /// Where no event is valid (before a Responses or Anthropic stream's first event,
+    /// after its end), a `: keepalive` comment line.
+    #[default]
+    Event,
+    /// A `: keepalive` comment line, always (SDKs never see it; proxies and byte-level
+    /// read timeouts do).
+    Comment,
+    /// Nothing: a silent upstream is a silent stream.
+    Off,
+}
+
+impl StreamHeartbeat {
+    /// The setting's name: `event`, `comment` or `off`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamHeartbeat::Event => "event",
+            StreamHeartbeat::Comment => "comment",
+            StreamHeartbeat::Off => "off",
+        }
+    }
+}
+
+impl std::str::FromStr for StreamHeartbeat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "event" => Ok(StreamHeartbeat::Event),
+            "comment" => Ok(StreamHeartbeat::Comment),
+            "off" => Ok(StreamHeartbeat::Off),
+            other => Err(format!(
+                "unknown stream heartbeat `{other}`: expected event, comment or off"
+            )),
+        }
     }
 }

@@ -67,7 +67,7 @@ mod server;
 mod spool;
 mod upstream;
 
-pub use config::ServerConfig;
+pub use config::{ServerConfig, StreamHeartbeat};
 pub use http_body::ResponseBody;
 pub use respond::{
     control_type, render, render_message, Shape, GENERATED_HEADER, SHOULD_RETRY_HEADER,

@@ -1,21 +1,29 @@
 //! Retry atomicity: replay of the last served response and coalescing of identical
-//! attempts in flight, for SDK retries marked by `x-stainless-retry-count > 0`.
+//! attempts in flight, for SDK retries marked by `x-stainless-retry-count > 0`, and for
+//! calls named by an `Idempotency-Key` header.
 //!
 //! Without it, a retry of a turn whose answer was lost in transit would sample again and
 //! record a second turn; a retry arriving while the first attempt still computes would
-//! start a second inference. Only non-streamed calls take part.
+//! start a second inference. Marked retries: only non-streamed calls take part, and only
+//! while their body names one logical request (see [`RetryState`]). Keyed calls: streamed
+//! ones too (a replayed stream is re-made from the recorded response).
 //!
 //! The request path uses it at two points: `admit` (`server.rs`) asks [`replay`] before
-//! any refusal and [`claim`] once the call is admitted; `serve_json` (`call.rs`) keeps
-//! the served answer for later retries ([`FlightClaim::served`]).
+//! any refusal and [`claim`] once the call is admitted; `serve_json` and the stream's
+//! finish (`call.rs`) keep the served answer for later retries ([`FlightClaim::served`],
+//! [`KeyClaim::served`]).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use blake2::digest::consts::U16;
 use blake2::{Blake2b, Digest as _};
 use bytes::Bytes;
-use http::HeaderMap;
+use http::{HeaderMap, HeaderValue};
+use intercept_core::Error;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::registry::Entry;
 
@@ -43,6 +51,22 @@ impl Fingerprint {
         if bytes.len() <= COMPARE_LIMIT {
             return Fingerprint::Body(bytes.clone());
         }
+        let len = bytes.len();
+        let digest = if len <= INLINE_HASH_LIMIT {
+            hash(bytes)
+        } else {
+            let owned = bytes.clone();
+            match tokio::task::spawn_blocking(move || hash(&owned)).await {
+                Ok(d) => d,
+                Err(_) => hash(bytes),
+            }
+        };
+        Fingerprint::Digest { len, digest }
+    }
+
+    /// The digest of a body, whatever its size (kept for as long as an idempotency key
+    /// is remembered, so never a copy of the body).
+    async fn digest(bytes: &Bytes) -> Self {
         let len = bytes.len();
         let digest = if len <= INLINE_HASH_LIMIT {
             hash(bytes)
@@ -89,19 +113,87 @@ fn hash(bytes: &[u8]) -> [u8; 16] {
 #[derive(Debug, Clone)]
 pub(crate) enum Flight {
     Pending,
-    Served(Bytes),
+    Served(Answer),
     Failed,
 }
 
+/// An answer served to a call, kept for its replays.
+#[derive(Debug, Clone)]
+pub(crate) enum Answer {
+    /// A non-streamed call's body, as served, and its content type.
+    Json {
+        body: Bytes,
+        content_type: Option<HeaderValue>,
+    },
+    /// A streamed call's response (one JSON document, as recorded, or as the response
+    /// hook rewrote it): replayed as a minimal valid stream of the dialect.
+    Stream(Bytes),
+}
+
+impl Answer {
+    /// The harness's answer: the JSON body, or the dialect's minimal stream carrying the
+    /// response.
+    pub(crate) fn response(
+        self,
+        dialect: &dyn intercept_core::Dialect,
+    ) -> http::Response<crate::http_body::ResponseBody> {
+        match self {
+            Answer::Json { body, content_type } => {
+                let mut resp = crate::respond::json_response(http::StatusCode::OK, body);
+                if let Some(ct) = content_type {
+                    resp.headers_mut().insert(http::header::CONTENT_TYPE, ct);
+                }
+                resp
+            }
+            Answer::Stream(response) => {
+                let value = serde_json::from_slice(&response).unwrap_or_default();
+                let events = dialect.synthesize_stream(&value);
+                let mut out = Vec::with_capacity(events.iter().map(Bytes::len).sum());
+                for ev in &events {
+                    out.extend_from_slice(ev);
+                }
+                let mut resp = http::Response::new(crate::http_body::ResponseBody::full(out));
+                let h = resp.headers_mut();
+                h.insert(
+                    http::header::CONTENT_TYPE,
+                    HeaderValue::from_static("text/event-stream"),
+                );
+                h.insert(
+                    http::header::CACHE_CONTROL,
+                    HeaderValue::from_static("no-cache"),
+                );
+                resp
+            }
+        }
+    }
+}
+
 /// Per-session retry state.
+///
+/// **Generations.** A body names one logical request only while the harness sent it
+/// once: two unmarked requests with the same body are two requests, and a marked retry
+/// of that body could be a retry of either. Each body the state holds (the last served
+/// one, those in flight) counts its *generations*, the unmarked requests with that body
+/// that reached the upstream while it was held; a marked retry is replayed or coalesced
+/// only while the count is 1, and goes upstream otherwise.
 #[derive(Debug, Default)]
 pub(crate) struct RetryState {
-    /// The request and response bodies of the last served non-streamed call.
-    last: Option<(Fingerprint, Bytes)>,
+    /// The last served non-streamed call: its request, answer and generations.
+    last: Option<Last>,
     /// Attempts in flight (a handful per session at most: searched in order).
     inflight: Vec<InFlight>,
     /// Names the next attempt.
     next_id: u64,
+    /// Calls named by an `Idempotency-Key`.
+    keys: KeyStore,
+}
+
+/// The last served non-streamed call.
+#[derive(Debug)]
+struct Last {
+    request: Fingerprint,
+    body: Bytes,
+    generations: u32,
 }
 
 /// One attempt in flight.
@@ -109,6 +201,8 @@ pub(crate) struct RetryState {
 struct InFlight {
     id: u64,
     request: Fingerprint,
+    /// Unmarked requests with this body that went upstream while it was held.
+    generations: u32,
     /// Made when the first identical retry waits for it (most attempts have none).
     waiters: Option<watch::Sender<Flight>>,
 }
@@ -129,18 +223,83 @@ pub(crate) struct Attempt {
     marked: bool,
 }
 
+/// How a call takes part in retry matching, once past [`replay`].
+pub(crate) enum Plan {
+    /// By the SDK's retry marker (`None`: a streamed call, which takes no part).
+    Marked(Option<Attempt>),
+    /// Named by an `Idempotency-Key`: the claim on the key, already taken.
+    Keyed(KeyClaim),
+}
+
+/// What [`replay`] answers at once, instead of admitting the call.
+pub(crate) enum Early {
+    /// The answer served to this very request, replayed.
+    Replayed(Answer),
+    /// The same keyed call in flight, to wait for.
+    Join(Joined),
+    /// A key reused with a different request (400).
+    Refused(Error),
+}
+
+/// The header naming one logical call.
+pub(crate) const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// How long a completed keyed call is remembered.
+pub(crate) const KEY_TTL: Duration = Duration::from_secs(600);
+
+/// Completed keyed calls remembered per session (the oldest is forgotten first).
+pub(crate) const KEY_CAPACITY: usize = 64;
+
 /// The retry stage's first half, before any refusal (a retried call that was served
-/// gets its answer even if the rollout stopped since): `Err` is the body served to this
-/// very request, replayed (the session's `on_replay` is told); otherwise the attempt,
-/// for [`claim`] once the call is admitted (`None`: a streamed call, which takes no part).
+/// gets its answer even if the rollout stopped since).
+///
+/// A call with an `Idempotency-Key` is matched by its key alone, whatever its retry
+/// marker: a completed call with that key is replayed, one in flight is joined, a key
+/// used with another path or body is refused; else the key is claimed. Any other call
+/// is matched by its retry marker and body: a marked retry of the last served body is
+/// replayed (the session's `on_replay` is told); otherwise the attempt, for [`claim`]
+/// once the call is admitted.
 pub(crate) async fn replay(
-    entry: &Entry,
+    entry: &Arc<Entry>,
+    path: &'static str,
     headers: &HeaderMap,
     body: &intercept_core::JsonBody,
     stream: bool,
-) -> Result<Option<Attempt>, Bytes> {
+) -> Result<Plan, Early> {
+    if let Some(key) = headers.get(IDEMPOTENCY_KEY) {
+        let key = String::from_utf8_lossy(key.as_bytes());
+        let request = Fingerprint::digest(body.source()).await;
+        return match keyed(entry, &key, path, request) {
+            Keyed::Claim(c) => Ok(Plan::Keyed(c)),
+            Keyed::Replay(answer) => {
+                tracing::debug!(
+                    session = entry.session.id(),
+                    "intercept replay (idempotency key)"
+                );
+                entry.session.on_replay();
+                Err(Early::Replayed(answer))
+            }
+            Keyed::Join(rx) => {
+                tracing::debug!(
+                    session = entry.session.id(),
+                    "intercept coalesce (idempotency key)"
+                );
+                Err(Early::Join(Joined {
+                    entry: entry.clone(),
+                    rx,
+                }))
+            }
+            Keyed::Mismatch => {
+                let shown: String = key.chars().take(128).collect();
+                Err(Early::Refused(Error::invalid(format!(
+                    "Idempotency-Key `{shown}` was already used with a different request \
+                     (another path or body) in this rollout; send a new key for a new request"
+                ))))
+            }
+        };
+    }
     if stream {
-        return Ok(None);
+        return Ok(Plan::Marked(None));
     }
     let marked = is_marked_retry(headers);
     let fingerprint = Fingerprint::of(body.source()).await;
@@ -148,27 +307,52 @@ pub(crate) async fn replay(
         Some(served) => {
             tracing::debug!(session = entry.session.id(), "intercept replay");
             entry.session.on_replay();
-            Err(served)
+            Err(Early::Replayed(Answer::Json {
+                body: served,
+                content_type: None,
+            }))
         }
-        None => Ok(Some(Attempt {
+        None => Ok(Plan::Marked(Some(Attempt {
             fingerprint,
             marked,
-        })),
+        }))),
+    }
+}
+
+/// A call's claim on its answer: resolved when it is served, failed when dropped.
+#[derive(Debug)]
+pub(crate) enum Claim {
+    /// A non-streamed attempt (retry marker matching).
+    Flight(FlightClaim),
+    /// An idempotency key.
+    Key(KeyClaim),
+}
+
+impl Claim {
+    /// The call was served this answer.
+    pub(crate) fn served(self, answer: Answer) {
+        match self {
+            Claim::Flight(c) => {
+                if let Answer::Json { body, .. } = answer {
+                    c.served(body);
+                }
+            }
+            Claim::Key(c) => c.served(answer),
+        }
     }
 }
 
 /// The retry stage's second half, once the call is admitted: the claim on a new attempt
-/// (resolved by [`FlightClaim::served`], or as failed when dropped), or `Err`, an
-/// identical attempt in flight that a marked retry joins ([`Joined::answer`]).
-pub(crate) fn claim(
-    entry: &Arc<Entry>,
-    attempt: Option<Attempt>,
-) -> Result<Option<FlightClaim>, Joined> {
-    let Some(attempt) = attempt else {
-        return Ok(None);
+/// (resolved by [`Claim::served`], or as failed when dropped), or `Err`, an identical
+/// attempt in flight that a marked retry joins ([`Joined::answer`]).
+pub(crate) fn claim(entry: &Arc<Entry>, plan: Plan) -> Result<Option<Claim>, Joined> {
+    let attempt = match plan {
+        Plan::Keyed(c) => return Ok(Some(Claim::Key(c))),
+        Plan::Marked(None) => return Ok(None),
+        Plan::Marked(Some(attempt)) => attempt,
     };
     match coalesce_or_claim(entry, attempt.fingerprint, attempt.marked) {
-        Decision::Claim(c) => Ok(Some(c)),
+        Decision::Claim(c) => Ok(Some(Claim::Flight(c))),
         Decision::Coalesce(rx) => {
             tracing::debug!(session = entry.session.id(), "intercept coalesce");
             Err(Joined {
@@ -187,9 +371,9 @@ pub(crate) struct Joined {
 }
 
 impl Joined {
-    /// Waits for the joined attempt: the body it was served (the session's `on_replay`
-    /// is told), or `None` if it failed.
-    pub(crate) async fn answer(self) -> Option<Bytes> {
+    /// Waits for the joined attempt: the answer it was served (the session's
+    /// `on_replay` is told), or `None` if it failed.
+    pub(crate) async fn answer(self) -> Option<Answer> {
         let served = wait(self.rx).await;
         if served.is_some() {
             self.entry.session.on_replay();
@@ -199,26 +383,46 @@ impl Joined {
 }
 
 /// Replay check (before any refusal): a marked retry of the last served body gets the
-/// recorded response. A fresh identical request supersedes the record.
+/// recorded response, while that body names one logical request.
 fn replay_served(entry: &Entry, request: &Fingerprint, marked: bool) -> Option<Bytes> {
-    let mut state = entry.retry.lock();
+    if !marked {
+        return None;
+    }
+    let state = entry.retry.lock();
     match &state.last {
-        Some((f, body)) if f.same(request) => {
-            if marked {
-                return Some(body.clone());
-            }
-            state.last = None;
-            None
+        Some(last) if last.generations == 1 && last.request.same(request) => {
+            Some(last.body.clone())
         }
         _ => None,
     }
 }
 
-/// Coalesce with an attempt in flight (marked retries only) or claim a new one.
+/// Coalesce with an attempt in flight (marked retries of a body that names one logical
+/// request) or claim a new one. An unmarked request is one more generation of its body.
 fn coalesce_or_claim(entry: &Arc<Entry>, request: Fingerprint, marked: bool) -> Decision {
     let mut state = entry.retry.lock();
+    let state = &mut *state;
+    let held = state
+        .last
+        .as_ref()
+        .filter(|l| l.request.same(&request))
+        .map(|l| l.generations)
+        .into_iter()
+        .chain(
+            state
+                .inflight
+                .iter()
+                .filter(|f| f.request.same(&request))
+                .map(|f| f.generations),
+        )
+        .max()
+        .unwrap_or(0);
     if marked {
-        if let Some(flight) = state.inflight.iter_mut().find(|f| f.request.same(&request)) {
+        if let Some(flight) = state
+            .inflight
+            .iter_mut()
+            .find(|f| f.generations == 1 && f.request.same(&request))
+        {
             let rx = match &flight.waiters {
                 Some(tx) => tx.subscribe(),
                 None => {
@@ -230,11 +434,26 @@ fn coalesce_or_claim(entry: &Arc<Entry>, request: Fingerprint, marked: bool) -> 
             return Decision::Coalesce(rx);
         }
     }
+    // A marked retry that joins nothing keeps the count (ambiguous stays ambiguous).
+    let generations = if marked { held.max(1) } else { held + 1 };
+    if generations > 1 {
+        if let Some(last) = state.last.as_mut().filter(|l| l.request.same(&request)) {
+            last.generations = generations;
+        }
+        for f in state
+            .inflight
+            .iter_mut()
+            .filter(|f| f.request.same(&request))
+        {
+            f.generations = generations;
+        }
+    }
     let id = state.next_id;
     state.next_id += 1;
     state.inflight.push(InFlight {
         id,
         request,
+        generations,
         waiters: None,
     });
     Decision::Claim(FlightClaim {
@@ -255,7 +474,10 @@ pub(crate) struct FlightClaim {
 impl FlightClaim {
     /// The attempt was served with this body: it becomes the last served response.
     pub(crate) fn served(mut self, body: Bytes) {
-        self.finish(Flight::Served(body));
+        self.finish(Flight::Served(Answer::Json {
+            body,
+            content_type: None,
+        }));
     }
 
     fn finish(&mut self, flight: Flight) {
@@ -266,8 +488,12 @@ impl FlightClaim {
                 return;
             };
             let done = state.inflight.swap_remove(at);
-            if let Flight::Served(body) = &flight {
-                state.last = Some((done.request, body.clone()));
+            if let Flight::Served(Answer::Json { body, .. }) = &flight {
+                state.last = Some(Last {
+                    request: done.request,
+                    body: body.clone(),
+                    generations: done.generations,
+                });
             }
             done.waiters
         };
@@ -285,14 +511,164 @@ impl Drop for FlightClaim {
     }
 }
 
-/// Waits for a coalesced attempt: its body, or `None` if it failed.
-async fn wait(mut rx: watch::Receiver<Flight>) -> Option<Bytes> {
+/// Waits for a coalesced attempt: its answer, or `None` if it failed.
+async fn wait(mut rx: watch::Receiver<Flight>) -> Option<Answer> {
     match rx.wait_for(|f| !matches!(f, Flight::Pending)).await {
         Ok(f) => match &*f {
-            Flight::Served(b) => Some(b.clone()),
+            Flight::Served(a) => Some(a.clone()),
             _ => None,
         },
         Err(_) => None,
+    }
+}
+
+/// The calls of a session named by an `Idempotency-Key`: those in flight, and up to
+/// [`KEY_CAPACITY`] completed ones for [`KEY_TTL`] (oldest first).
+#[derive(Debug, Default)]
+struct KeyStore {
+    entries: VecDeque<KeyEntry>,
+    next_id: u64,
+}
+
+/// One keyed call.
+#[derive(Debug)]
+struct KeyEntry {
+    id: u64,
+    key: Box<str>,
+    path: &'static str,
+    request: Fingerprint,
+    state: KeyState,
+}
+
+#[derive(Debug)]
+enum KeyState {
+    /// In flight: callers with the same key wait on it.
+    Pending(watch::Sender<Flight>),
+    /// Served at `at`.
+    Done { answer: Answer, at: Instant },
+}
+
+/// What a key names.
+enum Keyed {
+    Replay(Answer),
+    Join(watch::Receiver<Flight>),
+    Mismatch,
+    Claim(KeyClaim),
+}
+
+impl KeyStore {
+    /// Forgets completed calls older than [`KEY_TTL`].
+    fn expire(&mut self, now: Instant) {
+        self.entries.retain(
+            |e| !matches!(&e.state, KeyState::Done { at, .. } if now.duration_since(*at) >= KEY_TTL),
+        );
+    }
+
+    /// Keeps `answer` for the key of the call `id` (gone if the store forgot it), and
+    /// forgets the oldest completed calls past [`KEY_CAPACITY`]; the waiters of the call.
+    fn complete(&mut self, id: u64, answer: Option<Answer>) -> Option<watch::Sender<Flight>> {
+        let at = self.entries.iter().position(|e| e.id == id)?;
+        let mut done = self.entries.remove(at)?;
+        let waiters = match std::mem::replace(
+            &mut done.state,
+            KeyState::Done {
+                answer: Answer::Stream(Bytes::new()),
+                at: Instant::now(),
+            },
+        ) {
+            KeyState::Pending(tx) => Some(tx),
+            KeyState::Done { .. } => None,
+        };
+        if let Some(answer) = answer {
+            done.state = KeyState::Done {
+                answer,
+                at: Instant::now(),
+            };
+            self.entries.push_back(done);
+            let completed = |e: &KeyEntry| matches!(e.state, KeyState::Done { .. });
+            let mut excess = self
+                .entries
+                .iter()
+                .filter(|e| completed(e))
+                .count()
+                .saturating_sub(KEY_CAPACITY);
+            self.entries.retain(|e| {
+                if excess > 0 && completed(e) {
+                    excess -= 1;
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        waiters
+    }
+}
+
+/// Looks a key up: its completed answer, the call in flight, a mismatch, or a new claim.
+fn keyed(entry: &Arc<Entry>, key: &str, path: &'static str, request: Fingerprint) -> Keyed {
+    let mut state = entry.retry.lock();
+    let store = &mut state.keys;
+    store.expire(Instant::now());
+    if let Some(found) = store.entries.iter().find(|e| &*e.key == key) {
+        if found.path != path || !found.request.same(&request) {
+            return Keyed::Mismatch;
+        }
+        return match &found.state {
+            KeyState::Pending(tx) => Keyed::Join(tx.subscribe()),
+            KeyState::Done { answer, .. } => Keyed::Replay(answer.clone()),
+        };
+    }
+    let id = store.next_id;
+    store.next_id += 1;
+    let (tx, _) = watch::channel(Flight::Pending);
+    store.entries.push_back(KeyEntry {
+        id,
+        key: key.into(),
+        path,
+        request,
+        state: KeyState::Pending(tx),
+    });
+    Keyed::Claim(KeyClaim {
+        entry: entry.clone(),
+        id,
+        resolved: false,
+    })
+}
+
+/// Ownership of a keyed call in flight; resolves as failed if dropped unresolved (the
+/// key is then forgotten, so the harness's next attempt goes upstream).
+#[derive(Debug)]
+pub(crate) struct KeyClaim {
+    entry: Arc<Entry>,
+    id: u64,
+    resolved: bool,
+}
+
+impl KeyClaim {
+    /// The call was served this answer: kept for the key's later calls.
+    pub(crate) fn served(mut self, answer: Answer) {
+        self.finish(Some(answer));
+    }
+
+    fn finish(&mut self, answer: Option<Answer>) {
+        self.resolved = true;
+        let flight = match &answer {
+            Some(a) => Flight::Served(a.clone()),
+            None => Flight::Failed,
+        };
+        let waiters = self.entry.retry.lock().keys.complete(self.id, answer);
+        if let Some(tx) = waiters {
+            tx.send_replace(flight);
+        }
+    }
+}
+
+impl Drop for KeyClaim {
+    fn drop(&mut self) {
+        if !self.resolved {
+            self.finish(None);
+        }
     }
 }
 
@@ -342,5 +718,38 @@ mod tests {
         assert!(!same(&medium, &other).await);
         // At the limit's edge the two kinds never match each other.
         assert!(!same(&medium[..COMPARE_LIMIT], &medium).await);
+    }
+
+    fn done(id: u64, at: Instant) -> KeyEntry {
+        KeyEntry {
+            id,
+            key: format!("k{id}").into(),
+            path: "/chat/completions",
+            request: Fingerprint::Digest {
+                len: 0,
+                digest: [0; 16],
+            },
+            state: KeyState::Done {
+                answer: Answer::Stream(Bytes::new()),
+                at,
+            },
+        }
+    }
+
+    #[test]
+    fn completed_keys_live_ten_minutes() {
+        let now = Instant::now();
+        let mut store = KeyStore::default();
+        store.entries.push_back(done(0, now));
+        store
+            .entries
+            .push_back(done(1, now + Duration::from_secs(1)));
+        store.expire(now + KEY_TTL - Duration::from_millis(1));
+        assert_eq!(store.entries.len(), 2);
+        store.expire(now + KEY_TTL);
+        assert_eq!(store.entries.len(), 1, "the older one expired");
+        assert_eq!(store.entries[0].id, 1);
+        store.expire(now + KEY_TTL + Duration::from_secs(1));
+        assert!(store.entries.is_empty());
     }
 }

@@ -487,7 +487,7 @@ async fn handle(
         }
     }
     match (path, &method) {
-        ("/v1/models" | "/models", &Method::GET) => models(&shared, &req),
+        ("/v1/models" | "/models", &Method::GET) => Box::pin(models(shared, req)).await,
         ("/state", &Method::GET | &Method::PUT) | ("/task", &Method::GET) => {
             Box::pin(state_route(shared, req)).await
         }
@@ -637,33 +637,119 @@ async fn tool_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Res
     }
 }
 
-/// `GET /v1/models`: the session's model, in the OpenAI list shape.
-fn models(shared: &Shared, req: &Request<Incoming>) -> Response<ResponseBody> {
-    let Some(secret) = intercept_core::dialect::bearer(req.headers()).map(SecretStr::new) else {
-        return plain_error(&Error::Unauthorized);
+/// `GET /v1/models`: the session's upstream listing (`GET <base_url>/models`), relayed
+/// with the session's model added when the listing does not name it; on any upstream
+/// failure, or past `models_timeout`, the session's model alone. Any dialect's auth
+/// (`Authorization: Bearer` or `x-api-key`); never recorded.
+async fn models(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ResponseBody> {
+    let anthropic = req.headers().contains_key("x-api-key");
+    let (entry, _guard) = match authenticate(&shared, MessagesDialect.secret(req.headers())) {
+        Ok(a) => a,
+        Err(e) => return plain_error(&e),
     };
-    let Some(entry) = shared.registry.by_model(secret) else {
-        return plain_error(&if shared.registry.was_released(secret) {
-            Error::RolloutConcluded
-        } else {
-            Error::Unauthorized
-        });
+    let session = &entry.session;
+    let relay = async {
+        tokio::time::timeout(
+            shared.config.models_timeout,
+            upstream_models(&shared, &entry, anthropic),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::UpstreamTimeout(format!(
+                "no listing within models_timeout ({} s)",
+                shared.config.models_timeout.as_secs_f64()
+            )))
+        })
     };
-    if entry.is_released() {
-        return plain_error(&Error::RolloutConcluded);
-    }
-    let created = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let body = serde_json::json!({
-        "object": "list",
-        "data": [{"id": entry.session.model(), "object": "model", "created": created, "owned_by": "intercept"}],
-    });
+    let listed = tokio::select! {
+        biased;
+        _ = entry.cancel.cancelled() => return plain_error(&Error::RolloutConcluded),
+        r = relay => r,
+    };
+    let body = match listed {
+        Ok(listing) => with_session_model(listing, session.model()),
+        Err(e) => {
+            let redactor =
+                intercept_core::redact::Redactor::new(session.upstream().api_key.as_deref());
+            warn!(session = session.id(), error = ?redactor.str(&e.to_string()), "the upstream's model listing is unavailable; listing the session's model alone");
+            serde_json::json!({"object": "list", "data": [model_entry(session.model())]})
+        }
+    };
     json_response(
         StatusCode::OK,
         serde_json::to_vec(&body).unwrap_or_default(),
     )
+}
+
+/// The largest model listing read from an upstream.
+const MODELS_BODY_LIMIT: u64 = 4 << 20;
+
+/// The upstream's listing: a JSON object with a `data` array, or why there is none.
+async fn upstream_models(
+    shared: &Shared,
+    entry: &Entry,
+    anthropic: bool,
+) -> Result<serde_json::Value, Error> {
+    let session = &entry.session;
+    let upstream = session.upstream();
+    let engines = upstream.engines();
+    let engine =
+        intercept_core::routing::pick(session.id(), engines, |i| shared.engines.is_up(&engines[i]))
+            .unwrap_or(0);
+    let base_url = engines
+        .get(engine)
+        .map_or(upstream.base_url.as_str(), String::as_str);
+    let dialect: &dyn Dialect = if anthropic {
+        &MessagesDialect
+    } else {
+        &ChatDialect
+    };
+    let req = shared
+        .upstream
+        .get(dialect, upstream, base_url, "/models")?;
+    let resp = shared.upstream.send(req).await?;
+    let status = resp.status();
+    let body = read_all(resp.into_body(), MODELS_BODY_LIMIT)
+        .await
+        .map_err(|_| Error::UpstreamMalformed("the listing was unreadable or over 4 MiB".into()))?;
+    if !status.is_success() {
+        return Err(Error::upstream_status(
+            status.as_u16(),
+            String::from_utf8_lossy(&body).into_owned(),
+            None,
+        ));
+    }
+    let redacted = intercept_core::redact::Redactor::new(upstream.api_key.as_deref()).bytes(body);
+    match serde_json::from_slice::<serde_json::Value>(&redacted) {
+        Ok(v) if v.get("data").is_some_and(serde_json::Value::is_array) => Ok(v),
+        _ => Err(Error::UpstreamMalformed(
+            "the listing is not a JSON object with a `data` array".into(),
+        )),
+    }
+}
+
+/// One entry of a model listing, for the session's model.
+fn model_entry(model: &str) -> serde_json::Value {
+    let created = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    serde_json::json!({"id": model, "object": "model", "created": created, "owned_by": "intercept"})
+}
+
+/// The upstream's listing as it is, with the session's model appended when no entry's
+/// `id` names it (every call is sent with that model, so a harness looking its model up
+/// finds it).
+fn with_session_model(mut listing: serde_json::Value, model: &str) -> serde_json::Value {
+    if let Some(data) = listing.get_mut("data").and_then(|d| d.as_array_mut()) {
+        if !data
+            .iter()
+            .any(|m| m.get("id").and_then(|i| i.as_str()) == Some(model))
+        {
+            data.push(model_entry(model));
+        }
+    }
+    listing
 }
 
 /// Authenticates a request by its model secret: the rollout's entry, entered (the
@@ -738,24 +824,28 @@ async fn admit(
             debug!(session = session.id(), error = ?e.to_string(), "call not admitted");
             fail(e)
         })?;
-    let attempt = crate::retry::replay(&entry, headers, body, stream)
-        .await
-        .map_err(|served| json_response(StatusCode::OK, served))?;
+    let plan =
+        match crate::retry::replay(&entry, dialect.upstream_path(), headers, body, stream).await {
+            Ok(plan) => plan,
+            Err(crate::retry::Early::Replayed(answer)) => return Err(answer.response(dialect)),
+            Err(crate::retry::Early::Refused(e)) => return Err(fail(e)),
+            Err(crate::retry::Early::Join(joined)) => {
+                // A joined call does not keep the rollout unsealed while it waits.
+                drop(guard);
+                return Err(joined_answer(dialect, joined).await);
+            }
+        };
     if entry.is_released() {
         return Err(fail(Error::RolloutConcluded));
     }
     if let Some(reason) = session.stop_reason() {
         return Err(fail(Error::RolloutStopped(reason)));
     }
-    let claim = match crate::retry::claim(&entry, attempt) {
+    let claim = match crate::retry::claim(&entry, plan) {
         Ok(claim) => claim,
         Err(joined) => {
-            // A joined retry does not keep the rollout unsealed while it waits.
             drop(guard);
-            return Err(match joined.answer().await {
-                Some(served) => json_response(StatusCode::OK, served),
-                None => fail(Error::UpstreamUnavailable("upstream attempt failed".into())),
-            });
+            return Err(joined_answer(dialect, joined).await);
         }
     };
     if let Err(reason) = session.check() {
@@ -767,6 +857,21 @@ async fn admit(
         admission,
         claim,
     })
+}
+
+/// The answer of a call that joined an identical one in flight: its answer, or 503
+/// `upstream attempt failed`.
+async fn joined_answer(
+    dialect: &dyn Dialect,
+    joined: crate::retry::Joined,
+) -> Response<ResponseBody> {
+    match joined.answer().await {
+        Some(answer) => answer.response(dialect),
+        None => error_response(
+            dialect,
+            &Error::UpstreamUnavailable("upstream attempt failed".into()),
+        ),
+    }
 }
 
 /// Prepares an admitted call's request: the session's request hook (which may rewrite

@@ -35,6 +35,7 @@ const BLOCKED: &[&str] = &[
     "upgrade",
     "session_id",
     "x-session-id",
+    "idempotency-key",
     "content-digest",
     "content-md5",
     "digest",
@@ -299,6 +300,36 @@ impl UpstreamClient {
         );
         let mut req = Request::post(uri)
             .body(SliceBody::new(body.chunks()))
+            .map_err(|e| Error::Internal(format!("cannot build the upstream request: {e}")))?;
+        *req.headers_mut() = headers;
+        Ok(req)
+    }
+
+    /// Builds a bodiless `GET` of `path` on `base_url` (one of the upstream's engines),
+    /// with the upstream's headers and its key in `dialect`'s auth header.
+    pub(crate) fn get(
+        &self,
+        dialect: &dyn Dialect,
+        upstream: &Upstream,
+        base_url: &str,
+        path: &str,
+    ) -> Result<Request<SliceBody>, Error> {
+        let uri = self.uris.get(base_url, path)?;
+        let mut headers = HeaderMap::new();
+        for (name, value) in &upstream.headers {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::try_from(name.as_str()),
+                HeaderValue::try_from(value.as_str()),
+            ) {
+                headers.insert(n, v);
+            }
+        }
+        dialect.upstream_headers(&mut headers);
+        if let Some(key) = &upstream.api_key {
+            dialect.upstream_auth(key, &mut headers);
+        }
+        let mut req = Request::get(uri)
+            .body(SliceBody::new(Vec::new()))
             .map_err(|e| Error::Internal(format!("cannot build the upstream request: {e}")))?;
         *req.headers_mut() = headers;
         Ok(req)

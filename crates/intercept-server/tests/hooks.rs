@@ -679,6 +679,7 @@ async fn keepalives_flow_while_a_response_hook_buffers_a_slow_stream() {
     within(async {
         let config = ServerConfig {
             keepalive: Duration::from_millis(20),
+            stream_heartbeat: intercept_server::StreamHeartbeat::Comment,
             ..ServerConfig::default()
         };
         let (upstream, server, session, guard) = setup_with(config, Hooks::default()).await;

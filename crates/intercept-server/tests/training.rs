@@ -485,3 +485,116 @@ async fn an_engine_without_token_ids_still_serves_and_the_record_says_so() {
     }
     p.server.stop().await.expect("stop");
 }
+
+// ---------------------------------------------------------------------------------------
+// Parallel turns on one session
+
+/// Two calls in flight at once on one session, held by the engine until both arrived,
+/// each extending the same prefix: both commit into the session's episode, the shared
+/// prefix appears once (one root), and both sampled nodes exist.
+#[tokio::test]
+async fn parallel_turns_extending_one_prefix_share_it_in_the_episode() {
+    let eng = FakeEngine::start(engine("e", false)).await;
+    let server = server(ServerConfig::default()).await;
+    let (session, guard) = rollout(
+        &server,
+        RolloutSession::new(config("parallel", Upstream::new(eng.base_url()))),
+    )
+    .await;
+    let url = guard.base_url.clone();
+    let secret = guard.model_secret.expose().to_owned();
+    let system = json!({"role": "system", "content": "You are a subagent runner."});
+    let eng = &eng;
+    let parallel = |bodies: [Value; 2]| {
+        let (url, secret) = (url.clone(), secret.clone());
+        async move {
+            eng.block();
+            let calls: Vec<_> = bodies
+                .into_iter()
+                .map(|body| {
+                    let (url, secret) = (url.clone(), secret.clone());
+                    tokio::spawn(async move { post_json(&url, Some(&secret), &body).await })
+                })
+                .collect();
+            let before = eng.received();
+            eng.wait_received(before + 2).await;
+            eng.release();
+            let mut answers = Vec::new();
+            for c in calls {
+                let a = c.await.expect("join");
+                assert_eq!(a.status, 200, "{}", a.text());
+                answers.push(a.json()["choices"][0]["message"].clone());
+            }
+            answers
+        }
+    };
+
+    // Two first turns at once under one system prompt: one root.
+    let first = parallel([
+        json!({"model": "m", "messages": [system, {"role": "user", "content": "task a"}]}),
+        json!({"model": "m", "messages": [system, {"role": "user", "content": "task b"}]}),
+    ])
+    .await;
+    // Two turns at once extending the same three-message prefix.
+    let prefix = vec![
+        system.clone(),
+        json!({"role": "user", "content": "task a"}),
+        first[0].clone(),
+    ];
+    let with = |text: &str| {
+        let mut messages = prefix.clone();
+        messages.push(json!({"role": "user", "content": text}));
+        json!({"model": "m", "messages": messages})
+    };
+    parallel([with("branch x"), with("branch y")]).await;
+
+    let trace = session.trace();
+    assert_eq!(trace.calls.len(), 4);
+    assert!(
+        trace.calls.iter().all(|c| c.node.is_some()),
+        "every call has its node"
+    );
+    let episode = session.episode();
+    let roots: Vec<_> = episode
+        .nodes
+        .iter()
+        .filter(|n| n.parent.is_none())
+        .collect();
+    assert_eq!(roots.len(), 1, "the system prompt is one root: {roots:?}");
+    let count = |text: &str| {
+        episode
+            .nodes
+            .iter()
+            .filter(|n| {
+                serde_json::to_string(&n.message)
+                    .unwrap_or_default()
+                    .contains(text)
+            })
+            .count()
+    };
+    // The shared prefix once each: system, task a, its answer.
+    assert_eq!(count("subagent runner"), 1);
+    assert_eq!(count("\"task a\""), 1);
+    let sampled: Vec<_> = episode.nodes.iter().filter(|n| n.sampled).collect();
+    assert_eq!(
+        sampled.len(),
+        4,
+        "both sampled nodes of each parallel pair exist"
+    );
+    // system, task a, task b, their answers, branch x, branch y, their answers.
+    assert_eq!(episode.nodes.len(), 9);
+    assert_eq!(episode.branches.len(), 3, "task b, branch x, branch y");
+    let answer_a = trace.calls[0..2]
+        .iter()
+        .find(|c| c.request.source().windows(6).any(|w| w == b"task a"))
+        .and_then(|c| c.node)
+        .expect("task a's node");
+    let children: Vec<_> = episode
+        .nodes
+        .iter()
+        .filter(|n| n.parent == Some(answer_a as u32))
+        .collect();
+    assert_eq!(children.len(), 2, "both branches hang off task a's answer");
+    guard.close().await;
+    server.stop().await.expect("stop");
+}

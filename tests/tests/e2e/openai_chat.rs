@@ -19,8 +19,12 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
+    setup_with(ServerConfig::default()).await
+}
+
+async fn setup_with(config: ServerConfig) -> Setup {
     let upstream = MockUpstream::start().await.expect("mock upstream");
-    let server = InterceptionServer::new(ServerConfig::default()).expect("server");
+    let server = InterceptionServer::new(config).expect("server");
     server.start().await.expect("start");
     Setup { upstream, server }
 }
@@ -242,4 +246,50 @@ async fn many_rollouts_at_once_keep_their_own_traces() {
         "connections: {}",
         s.upstream.connections()
     );
+}
+
+/// Heartbeat chunks (empty `delta.content`) through a slow first token and mid-stream
+/// silence are chunks `async-openai` reads like any other; the text and the record are
+/// whole.
+#[tokio::test]
+async fn streaming_chat_with_heartbeats_reads_cleanly() {
+    let s = setup_with(ServerConfig {
+        keepalive: std::time::Duration::from_millis(25),
+        first_byte_timeout: std::time::Duration::from_millis(40),
+        ..ServerConfig::default()
+    })
+    .await;
+    let (session, guard, client) = s.rollout("e2e-stream-heartbeat").await;
+    s.upstream.push(
+        Reply::text("patience is rewarded")
+            .with_chunks(3)
+            .with_chunk_delay(std::time::Duration::from_millis(120))
+            .with_header_delay(std::time::Duration::from_millis(150)),
+    );
+    let mut stream = client
+        .chat()
+        .create_stream(request(json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "go"}], "stream": true})))
+        .await
+        .expect("stream");
+    let mut text = String::new();
+    let mut empty = 0;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.expect("every chunk parses");
+        for choice in chunk.choices {
+            match choice.delta.content.as_deref() {
+                Some("") => empty += 1,
+                Some(c) => text.push_str(c),
+                None => {}
+            }
+        }
+    }
+    assert_eq!(text, "patience is rewarded");
+    assert!(empty > 2, "heartbeat chunks were read: {empty}");
+    let record = &session.trace().calls[0];
+    assert!(record.error.is_none());
+    assert_eq!(
+        record.response.as_ref().expect("assembled").to_value()["choices"][0]["message"]["content"],
+        "patience is rewarded"
+    );
+    guard.close().await;
 }

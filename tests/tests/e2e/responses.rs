@@ -20,8 +20,21 @@ async fn setup(
     SlotGuard,
     Client<OpenAIConfig>,
 ) {
+    setup_with(id, ServerConfig::default()).await
+}
+
+async fn setup_with(
+    id: &str,
+    config: ServerConfig,
+) -> (
+    MockUpstream,
+    InterceptionServer,
+    Arc<RolloutSession>,
+    SlotGuard,
+    Client<OpenAIConfig>,
+) {
     let upstream = MockUpstream::start().await.expect("mock");
-    let server = InterceptionServer::new(ServerConfig::default()).expect("server");
+    let server = InterceptionServer::new(config).expect("server");
     server.start().await.expect("start");
     let session = Arc::new(RolloutSession::new(
         SessionConfig::new(id, "policy-model", Upstream::new(upstream.base_url())).with_sampling(
@@ -106,5 +119,54 @@ async fn responses_stream_withholds_completed_until_recorded() {
     );
     let assembled = record.response.as_ref().expect("assembled").to_value();
     assert_eq!(assembled["status"], "completed");
+    guard.close().await;
+}
+
+/// Heartbeats through upstream silence (`response.in_progress`, later events renumbered)
+/// are events `async-openai` reads like any other: every event parses, the sequence
+/// numbers it sees are consecutive, and the text is whole.
+#[tokio::test]
+async fn responses_stream_with_heartbeats_reads_cleanly() {
+    let config = ServerConfig {
+        keepalive: std::time::Duration::from_millis(25),
+        ..ServerConfig::default()
+    };
+    let (upstream, _server, session, guard, client) =
+        setup_with("e2e-responses-heartbeat", config).await;
+    upstream.push(
+        Reply::text("slow thoughts still arrive")
+            .with_chunks(3)
+            .with_chunk_delay(std::time::Duration::from_millis(120)),
+    );
+    let mut stream = client
+        .responses()
+        .create_stream(request(
+            json!({"model": "m", "input": "go", "stream": true}),
+        ))
+        .await
+        .expect("stream");
+    let mut text = String::new();
+    let mut numbers = Vec::new();
+    let mut in_progress = 0;
+    while let Some(event) = stream.next().await {
+        let event = event.expect("every event parses");
+        let v = serde_json::to_value(&event).expect("json");
+        numbers.push(v["sequence_number"].as_u64().expect("numbered"));
+        match event {
+            ResponseStreamEvent::ResponseOutputTextDelta(d) => text.push_str(&d.delta),
+            ResponseStreamEvent::ResponseInProgress(_) => in_progress += 1,
+            _ => {}
+        }
+    }
+    assert_eq!(text, "slow thoughts still arrive");
+    assert!(in_progress > 1, "heartbeats were read: {in_progress}");
+    let expected: Vec<u64> = (0..numbers.len() as u64).collect();
+    assert_eq!(numbers, expected);
+    let record = &session.trace().calls[0];
+    assert!(record.error.is_none());
+    assert_eq!(
+        record.response.as_ref().expect("assembled").to_value()["status"],
+        "completed"
+    );
     guard.close().await;
 }

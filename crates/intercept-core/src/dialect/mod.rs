@@ -16,12 +16,14 @@ use crate::sse::SseEvent;
 
 mod chat;
 mod completions;
+pub mod heartbeat;
 pub mod mediate;
 mod messages;
 mod responses;
 
 pub use chat::ChatDialect;
 pub use completions::CompletionsDialect;
+pub use heartbeat::Heartbeat;
 pub use messages::{MessagesDialect, ANTHROPIC_VERSION};
 pub use responses::{is_openai_reasoning_model, ResponsesDialect};
 

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Response};
 use intercept_core::capture::TokenCollector;
+use intercept_core::dialect::Heartbeat;
 use intercept_core::redact::Redactor;
 use intercept_core::sse::{SseEvent, SseSplitter};
 use intercept_core::{Assembled, Error, RawJson, Relay, StreamAssembler};
@@ -22,7 +23,7 @@ use super::{
     ms_since, send_or_cancel, stopped_by_hook, too_large, Call, Failed, HookOutcome, Outcome,
     Reply, Sent, KEEPALIVE, READY_BATCH_LIMIT,
 };
-use crate::config::ServerConfig;
+use crate::config::{ServerConfig, StreamHeartbeat};
 use crate::http_body::ResponseBody;
 use crate::spool::Spool;
 use crate::upstream::{Read, UpstreamBody};
@@ -31,9 +32,11 @@ impl Call {
     /// Runs a streamed call, stage by stage.
     pub(super) async fn run_stream(mut self, reply: Reply) {
         let capture = self.capture.take();
+        let claim = self.claim.take();
         let (tx, rx) = mpsc::channel::<Bytes>(self.shared.config.stream_buffer.max(1));
         let mut head = Head::Pending(reply, rx);
-        let checked = match self.open_stream(&mut head, &tx).await {
+        let mut heartbeat = Heartbeat::new(self.dialect.kind(), self.entry.session.model());
+        let checked = match self.open_stream(&mut head, &tx, &mut heartbeat).await {
             Ok(resp) => self.check_stream_head(resp).await,
             Err(e) => Err(Failed::new(&self, e)),
         };
@@ -47,20 +50,34 @@ impl Call {
         let keepalive = tokio::time::sleep(config.keepalive);
         tokio::pin!(gone, keepalive);
         let timers = Timers::new(config, gone.as_mut(), keepalive.as_mut(), client_gone);
-        let mut relay = StreamRelay::new(&self, tx, body, capture, client_gone, timers);
+        let mut relay = StreamRelay::new(&self, tx, body, capture, client_gone, timers, heartbeat);
         relay.run().await;
         let (outcome, ending) = self.finish_stream(&mut relay).await;
+        // An idempotency key keeps the response served, for the key's later calls.
+        if let Some(claim) = claim {
+            let served = match (&ending, &outcome.response) {
+                (Ending::Complete, Some(response)) if outcome.error.is_none() => {
+                    Some(response.bytes().clone())
+                }
+                (Ending::Rewritten(v), _) => serde_json::to_vec(v).ok().map(Bytes::from),
+                _ => None,
+            };
+            if let Some(served) = served {
+                claim.served(crate::retry::Answer::Stream(served));
+            }
+        }
         self.record(outcome);
         relay.send_tail(ending).await;
     }
 
     /// Opens the upstream stream. Past `first_byte_timeout` without an answer, the
-    /// harness gets its 200 head at once and then keepalive comments (tunnels cut
-    /// requests that get no response headers).
+    /// harness gets its 200 head at once and then heartbeats (tunnels cut requests that
+    /// get no response headers).
     async fn open_stream(
         &self,
         head: &mut Head,
         tx: &mpsc::Sender<Bytes>,
+        heartbeat: &mut Heartbeat,
     ) -> Result<Response<UpstreamBody>, Error> {
         let cancel = &self.entry.cancel;
         let config = &self.shared.config;
@@ -79,10 +96,12 @@ impl Call {
                     next_keepalive = Some(tokio::time::Instant::now());
                 }
                 _ = sleep_until(next_keepalive.unwrap_or(early_at)), if next_keepalive.is_some() => {
-                    match send_or_cancel(tx, Bytes::from_static(KEEPALIVE), cancel).await {
-                        Sent::Queued => {}
-                        Sent::Gone => *head = Head::Sent { client_gone: true },
-                        Sent::Cancelled => return Err(self.cancellation()),
+                    if let Some(piece) = heartbeat_piece(config.stream_heartbeat, heartbeat) {
+                        match send_or_cancel(tx, piece, cancel).await {
+                            Sent::Queued => {}
+                            Sent::Gone => *head = Head::Sent { client_gone: true },
+                            Sent::Cancelled => return Err(self.cancellation()),
+                        }
                     }
                     next_keepalive = Some(tokio::time::Instant::now() + config.keepalive);
                 }
@@ -184,6 +203,31 @@ impl Call {
         outcome.client_disconnected = relay.client_gone;
         outcome.tokens = relay.capture.take().map(TokenCollector::finish);
         (outcome, ending)
+    }
+}
+
+/// What goes to the harness while the upstream is silent: the dialect's heartbeat event
+/// where one is valid (`event`), else a keepalive comment line; nothing with `off`.
+fn heartbeat_piece(mode: StreamHeartbeat, heartbeat: &mut Heartbeat) -> Option<Bytes> {
+    match mode {
+        StreamHeartbeat::Off => None,
+        StreamHeartbeat::Comment => Some(Bytes::from_static(KEEPALIVE)),
+        _ => Some(
+            heartbeat
+                .beat()
+                .unwrap_or_else(|| Bytes::from_static(KEEPALIVE)),
+        ),
+    }
+}
+
+/// An event the harness gets, through the heartbeat's state (which may renumber it);
+/// unchanged unless heartbeats are events.
+#[inline]
+fn heartbeat_relay(mode: StreamHeartbeat, heartbeat: &mut Heartbeat, ev: Bytes) -> Bytes {
+    if mode == StreamHeartbeat::Event {
+        heartbeat.relay(ev)
+    } else {
+        ev
     }
 }
 
@@ -292,6 +336,10 @@ struct StreamRelay<'c, 't> {
     /// response hook has run (until the stream's end is sent).
     spool: Option<Spool>,
     timers: Timers<'t>,
+    /// What goes out while the upstream is silent, and the state it is made from (fed
+    /// every event the harness gets, with `stream_heartbeat = event`).
+    mode: StreamHeartbeat,
+    heartbeat: Heartbeat,
     client_gone: bool,
     failure: Option<Error>,
 }
@@ -360,6 +408,7 @@ impl<'c, 't> StreamRelay<'c, 't> {
         capture: Option<TokenCollector>,
         client_gone: bool,
         timers: Timers<'t>,
+        heartbeat: Heartbeat,
     ) -> Self {
         let config = &call.shared.config;
         let inspect = call.entry.session.inspects_responses();
@@ -385,6 +434,8 @@ impl<'c, 't> StreamRelay<'c, 't> {
             withheld: Vec::new(),
             spool: inspect.then(|| Spool::new(config.inspect_memory)),
             timers,
+            mode: config.stream_heartbeat,
+            heartbeat,
             client_gone,
             failure: None,
         }
@@ -430,7 +481,7 @@ impl<'c, 't> StreamRelay<'c, 't> {
         }
     }
 
-    /// The keepalive timer fired: a comment goes out if nothing did for a keepalive
+    /// The keepalive timer fired: a heartbeat goes out if nothing did for a keepalive
     /// period, else the timer waits until then. `false`: the call was cancelled.
     async fn keepalive(&mut self) -> bool {
         let due = self.timers.last_sent + self.timers.every;
@@ -438,7 +489,10 @@ impl<'c, 't> StreamRelay<'c, 't> {
             self.timers.keepalive.as_mut().reset(due);
             return true;
         }
-        self.send(Bytes::from_static(KEEPALIVE)).await;
+        match heartbeat_piece(self.mode, &mut self.heartbeat) {
+            Some(piece) => self.send(piece).await,
+            None => self.timers.last_sent = tokio::time::Instant::now(),
+        }
         let next = self.timers.last_sent + self.timers.every;
         self.timers.keepalive.as_mut().reset(next);
         self.failure.is_none()
@@ -480,8 +534,14 @@ impl<'c, 't> StreamRelay<'c, 't> {
                             Some(Error::Internal(format!("cannot buffer the stream: {e}")));
                     }
                 }
-                (Relay::Forward, None) => self.batch.extend_from_slice(&ev),
-                (Relay::Withhold, None) => self.withheld.push(ev),
+                (Relay::Forward, None) => {
+                    let ev = heartbeat_relay(self.mode, &mut self.heartbeat, ev);
+                    self.batch.extend_from_slice(&ev);
+                }
+                (Relay::Withhold, None) => {
+                    let ev = heartbeat_relay(self.mode, &mut self.heartbeat, ev);
+                    self.withheld.push(ev);
+                }
                 (Relay::Drop, _) => {}
             }
         }

@@ -65,6 +65,10 @@
 //! `{"input_tokens": N}` with the prompt count `/v1/messages` would report; it never takes
 //! a scripted reply (clients call it between turns).
 //!
+//! `GET /v1/models` answers a vLLM-like listing of [`MockConfig::default_model`]
+//! (`owned_by: "vllm"`, `max_model_len`: [`MODELS_MAX_MODEL_LEN`]); it never takes a
+//! scripted reply.
+//!
 //! [`MockUpstream::push`] queues [`Reply`]s, rendered in the dialect of the route that
 //! takes them. Every other `POST`, whatever its path, takes the next one (FIFO); with the
 //! queue empty the echo applies to the three model routes, other paths get a 404 and
@@ -113,6 +117,13 @@ pub const CHAT_COMPLETIONS_PATH: &str = "/v1/chat/completions";
 
 /// The path of the OpenAI Responses route.
 pub const RESPONSES_PATH: &str = "/v1/responses";
+
+/// The path of the model listing (`GET`): the default model, vLLM-like, with
+/// `max_model_len` [`MODELS_MAX_MODEL_LEN`].
+pub const MODELS_PATH: &str = "/v1/models";
+
+/// The `max_model_len` of the mock's model listing.
+pub const MODELS_MAX_MODEL_LEN: u64 = 32_768;
 
 /// The path of the Anthropic Messages route.
 pub const MESSAGES_PATH: &str = "/v1/messages";

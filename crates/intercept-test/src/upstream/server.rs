@@ -32,7 +32,8 @@ use super::reply::{
 };
 use super::responses::{self, ResponsesRequest};
 use super::{
-    MockConfig, Shared, CHAT_COMPLETIONS_PATH, COUNT_TOKENS_PATH, MESSAGES_PATH, RESPONSES_PATH,
+    MockConfig, Shared, CHAT_COMPLETIONS_PATH, COUNT_TOKENS_PATH, MESSAGES_PATH,
+    MODELS_MAX_MODEL_LEN, MODELS_PATH, RESPONSES_PATH,
 };
 
 /// Runs hyper's background futures (HTTP/2 streams) as tasks of the server, ended on
@@ -206,6 +207,9 @@ async fn handle(
         Err(_) => return Err(Disconnect),
     };
     record(&shared, &parts, &body, connection, received_at);
+    if parts.method == Method::GET && parts.uri.path() == MODELS_PATH {
+        return Ok(models(&shared));
+    }
 
     // `count_tokens` never takes a scripted reply: clients call it between turns.
     let scripted = if parts.method == Method::POST && route != Some(Route::CountTokens) {
@@ -583,6 +587,30 @@ fn failed_response(
         let json = responses::render_failed_json(meta, code, message);
         json_response(StatusCode::OK, json, reply.disconnect_after)
     }
+}
+
+/// `GET /v1/models`: a vLLM-like listing of the default model.
+fn models(shared: &Shared) -> Response<MockBody> {
+    let model = &shared.config.default_model;
+    let created = shared.config.created.unwrap_or(MockConfig::FIXED_CREATED);
+    let body = serde_json::json!({
+        "object": "list",
+        "data": [{
+            "id": model,
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+            "root": model,
+            "parent": null,
+            "max_model_len": MODELS_MAX_MODEL_LEN,
+        }],
+    });
+    let mut response = Response::new(MockBody::full(Bytes::from(body.to_string())));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 /// `POST /v1/messages/count_tokens`: `{"input_tokens": N}`, N the prompt count of the
