@@ -40,14 +40,11 @@ struct Settings {
     released_secrets: Option<usize>,
     upstream_idle_per_host: Option<usize>,
     engine_retry_after: Option<f64>,
-<<<<<<< HEAD
     /// `ServerConfig::service_secrets`: shared tool servers' secrets for `/state`.
     service_secrets: Option<Vec<String>>,
-=======
     /// `event`, `comment` or `off`.
     stream_heartbeat: Option<String>,
     models_timeout: Option<f64>,
->>>>>>> issue32-server
 }
 
 fn secs(name: &str, v: f64) -> PyResult<Duration> {
@@ -118,18 +115,16 @@ impl Settings {
         if let Some(v) = self.upstream_idle_per_host {
             c.upstream_idle_per_host = v;
         }
-<<<<<<< HEAD
+        if let Some(v) = &self.stream_heartbeat {
+            c.stream_heartbeat = v
+                .parse()
+                .map_err(|e: String| invalid(format!("stream_heartbeat: {e}")))?;
+        }
         if let Some(v) = self.service_secrets {
             if v.iter().any(String::is_empty) {
                 return Err(invalid("service_secrets: a secret must not be empty"));
             }
             c.service_secrets = v.into_iter().map(intercept_core::Secret::new).collect();
-=======
-        if let Some(v) = &self.stream_heartbeat {
-            c.stream_heartbeat = v
-                .parse()
-                .map_err(|e: String| invalid(format!("stream_heartbeat: {e}")))?;
->>>>>>> issue32-server
         }
         Ok(c)
     }
