@@ -601,7 +601,7 @@ async fn bad_requests_get_openai_shaped_errors() {
 
     // A GET never takes a scripted reply.
     mock.push(Reply::text("for the POST"));
-    let answer = send(&client, &mock, Method::GET, "/v1/models", "").await;
+    let answer = send(&client, &mock, Method::GET, "/v1/files", "").await;
     assert_eq!(answer.status, StatusCode::NOT_FOUND);
     assert_eq!(mock.pending_replies(), 1);
     assert_eq!(mock.request_count(), 6);

@@ -782,11 +782,13 @@ fn run(options: &BenchOptions) -> Result<()> {
         let equal = recorded.is(proxied);
         serve_recorded_all &= equal;
         println!(
-            "  {SERVE} recorded {} calls ({} lines in {} trace files); the upstream received \
-             {proxied} requests from it ({}); RSS {:.0} MiB at the end",
+            "  {SERVE} recorded {} calls ({} call lines in {} trace files, {:.0} bytes written \
+             per call); the upstream received {proxied} requests from it ({}); RSS {:.0} MiB \
+             at the end",
             recorded.calls,
             recorded.trace_lines,
             recorded.trace_files,
+            recorded.bytes_per_call(),
             if equal { "equal" } else { "NOT equal" },
             rss_kib as f64 / 1024.0
         );

@@ -51,7 +51,7 @@ impl std::fmt::Debug for Sidecar {
 pub(super) struct Recorded {
     /// Calls its sessions recorded (control API).
     pub(super) calls: u64,
-    /// Lines in its trace files.
+    /// Calls in its trace files (a log's call lines).
     pub(super) trace_lines: u64,
     /// Trace files in its trace folder.
     pub(super) trace_files: usize,
@@ -65,8 +65,14 @@ impl Recorded {
         self.calls == expected && self.trace_lines == expected
     }
 
+    /// Trace bytes written per recorded call.
+    pub(super) fn bytes_per_call(&self) -> f64 {
+        self.trace_bytes as f64 / self.calls.max(1) as f64
+    }
+
     pub(super) fn to_json(self) -> Value {
         json!({
+            "trace_bytes_per_call": self.bytes_per_call(),
             "calls": self.calls,
             "trace_lines": self.trace_lines,
             "trace_files": self.trace_files,
