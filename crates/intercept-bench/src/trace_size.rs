@@ -85,11 +85,15 @@ fn tools() -> Value {
 
 /// Deterministic filler text of `len` bytes.
 fn text(seed: usize, len: usize) -> String {
-    let words = ["alpha", "beta", "gamma", "delta", "file.rs", "line", "ok", "error:", "fn", "42"];
+    let words = [
+        "alpha", "beta", "gamma", "delta", "file.rs", "line", "ok", "error:", "fn", "42",
+    ];
     let mut out = String::with_capacity(len + 8);
     let mut i = seed.wrapping_mul(2_654_435_761);
     while out.len() < len {
-        i = i.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        i = i
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
         out.push_str(words[(i >> 33) % words.len()]);
         out.push(if (i >> 20) % 9 == 0 { '\n' } else { ' ' });
     }
@@ -124,7 +128,12 @@ async fn rollout(client: &HttpClient, url: &str, key: &str, case: Case, s: usize
         let resp = client
             .send(Method::POST, url, Some(key), Some(&body))
             .await?;
-        ensure!(resp.status.is_success(), "call failed: {} {:?}", resp.status, resp.body);
+        ensure!(
+            resp.status.is_success(),
+            "call failed: {} {:?}",
+            resp.status,
+            resp.body
+        );
         raw += resp.body.len() as u64;
         let answer = if stream {
             parse_stream(&resp.body)?
@@ -148,7 +157,10 @@ async fn rollout(client: &HttpClient, url: &str, key: &str, case: Case, s: usize
 
 /// Runs `case` once, recording into `dir` in `format` (or in memory only without `dir`);
 /// returns the raw bytes carried, the calls, and the sessions.
-async fn run(case: Case, dir: Option<(&Path, TraceFormat)>) -> Result<(u64, u64, Vec<Arc<RolloutSession>>)> {
+async fn run(
+    case: Case,
+    dir: Option<(&Path, TraceFormat)>,
+) -> Result<(u64, u64, Vec<Arc<RolloutSession>>)> {
     let mock = intercept_test::MockUpstream::start().await?;
     let server = InterceptionServer::new(ServerConfig::default())?;
     server.start().await?;
@@ -164,7 +176,8 @@ async fn run(case: Case, dir: Option<(&Path, TraceFormat)>) -> Result<(u64, u64,
             Upstream::new(mock.base_url()),
         ));
         if let Some((dir, format)) = dir {
-            let sink = writer.sink(JsonlSink::create_new(dir.join(format!("{id}.jsonl")))?.with_format(format));
+            let sink = writer
+                .sink(JsonlSink::create_new(dir.join(format!("{id}.jsonl")))?.with_format(format));
             session = session
                 .with_calls_in_memory(false)
                 .with_sink(Arc::new(sink) as Arc<dyn RecordSink>);
@@ -211,13 +224,19 @@ pub async fn measure(case: Case) -> Result<Report> {
     let full_dir = tempfile::tempdir()?;
     let (raw, calls, _) = run(case, Some((log_dir.path(), TraceFormat::Log))).await?;
     let (_, full_calls, _) = run(case, Some((full_dir.path(), TraceFormat::Full))).await?;
-    ensure!(calls == full_calls, "the two runs recorded {calls} and {full_calls} calls");
+    ensure!(
+        calls == full_calls,
+        "the two runs recorded {calls} and {full_calls} calls"
+    );
     let (_, _, in_memory) = run(case, None).await?;
     let memory: usize = in_memory.iter().map(|s| s.record_heap_bytes()).sum();
     let mut unique = 0;
     for entry in std::fs::read_dir(log_dir.path())? {
         let log = intercept_trace::read_log_file(&entry?.path())?;
-        ensure!(!log.incomplete() && log.skipped().is_empty(), "a log did not read back whole");
+        ensure!(
+            !log.incomplete() && log.skipped().is_empty(),
+            "a log did not read back whole"
+        );
         unique += intercept_trace::stats::unique_content(&log.records()?);
     }
     let log_bytes = dir_bytes(log_dir.path())?;

@@ -5,7 +5,13 @@ use intercept_bench::trace_size::{measure, Case};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forty_turn_tool_loop_logs_its_unique_content_about_once() {
-    let r = measure(Case { sessions: 2, turns: 40, images: false }).await.unwrap();
+    let r = measure(Case {
+        sessions: 2,
+        turns: 40,
+        images: false,
+    })
+    .await
+    .unwrap();
     assert_eq!(r.calls, 80);
     assert!(r.log_ratio <= 1.2, "{r:#?}");
     // The full format repeats the conversation and the tools at every call.
@@ -16,7 +22,13 @@ async fn a_forty_turn_tool_loop_logs_its_unique_content_about_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn screenshots_carried_by_every_request_are_written_once() {
-    let r = measure(Case { sessions: 1, turns: 20, images: true }).await.unwrap();
+    let r = measure(Case {
+        sessions: 1,
+        turns: 20,
+        images: true,
+    })
+    .await
+    .unwrap();
     assert!(r.log_ratio <= 1.2, "{r:#?}");
     assert!(r.reduction >= 5.0, "{r:#?}");
 }

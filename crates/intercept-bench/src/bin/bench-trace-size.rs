@@ -29,10 +29,18 @@ async fn main() -> anyhow::Result<()> {
     let mut cases: Vec<Case> = args
         .turns
         .iter()
-        .map(|&turns| Case { sessions: args.sessions, turns, images: false })
+        .map(|&turns| Case {
+            sessions: args.sessions,
+            turns,
+            images: false,
+        })
         .collect();
     if args.screenshots > 0 {
-        cases.push(Case { sessions: args.sessions, turns: args.screenshots, images: true });
+        cases.push(Case {
+            sessions: args.sessions,
+            turns: args.screenshots,
+            images: true,
+        });
     }
     if !args.json {
         println!(

@@ -597,15 +597,21 @@ struct CallMeta<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     requested_model: Option<&'a str>,
     stream: bool,
+    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
     sampling: &'a serde_json::Map<String, serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     finish_reason: Option<&'a str>,
     usage: &'a Usage,
     status: u16,
     started_at: f64,
     ended_at: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
     ttfb_ms: Option<f64>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     client_disconnected: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<&'a CallError>,
+    #[serde(skip_serializing_if = "is_zero")]
     epoch: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     engine: Option<&'a str>,
@@ -625,6 +631,10 @@ struct CallMeta<'a> {
     policy: Option<&'a crate::network::PolicyEvent>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     truncated: bool,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 fn is_off(c: &TokenCapture) -> bool {

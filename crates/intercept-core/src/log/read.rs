@@ -442,6 +442,15 @@ impl LogReader {
             fields.insert(key.into(), v);
         }
         fields.insert("session".into(), Value::String(self.session().to_owned()));
+        // Fields a call line leaves out at their defaults (docs/traces.md).
+        for (key, default) in [
+            ("sampling", Value::Object(Map::new())),
+            ("finish_reason", Value::Null),
+            ("ttfb_ms", Value::Null),
+            ("error", Value::Null),
+        ] {
+            fields.entry(key).or_insert(default);
+        }
         if let Some(node) = call.node {
             let node = node as usize;
             if let Some((prompt, completion, logprobs)) = self.tokens_of(node) {
