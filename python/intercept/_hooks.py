@@ -6,8 +6,10 @@ import asyncio
 import concurrent.futures
 import inspect
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Union
+
+from ._errors import InvalidRequestError, RolloutConcludedError
 
 __all__ = ["Stop", "CallInfo", "RequestHook", "ResponseHook"]
 
@@ -32,13 +34,17 @@ class CallInfo:
     """Per-session sequence number of the call (from 0)."""
     session: str
     """The rollout id."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """The request headers the session consumes (lower-case names), as the call carried
+    them; empty unless the session asked for some (`NativeSession.set_hook_headers`).
+    Such headers are not forwarded upstream, and credentials never appear here."""
 
 
 HookResult = Union[dict[str, Any], Stop, None]
 RequestHook = Callable[..., Union[HookResult, Awaitable[HookResult]]]
 ResponseHook = RequestHook
 
-_DONE, _STOP, _ERROR, _CANCELLED = 0, 1, 2, 3
+_DONE, _STOP, _ERROR, _CANCELLED, _INVALID, _CONCLUDED = 0, 1, 2, 3, 4, 5
 
 
 def takes_call(fn: Callable[..., Any]) -> bool:
@@ -61,15 +67,18 @@ def run_hook(
     fn: Callable[..., Any],
     payload: bytes,
     with_call: bool,
-    call: tuple[str, bool, int, str],
+    call: tuple[str, bool, int, str, list[tuple[str, str]]],
     done: Callable[[int, str | None], None],
 ) -> concurrent.futures.Future[Any]:
     """Schedules `fn` on `loop` (called by the native server from its own threads) and
-    reports the outcome through `done(tag, text)` exactly once."""
+    reports the outcome through `done(tag, text)` exactly once. A hook that raises
+    `InvalidRequestError` answers the call 400 with its message, one that raises
+    `RolloutConcludedError` 409."""
     body = json.loads(payload)
 
     async def runner() -> Any:
-        args = (body, CallInfo(*call)) if with_call else (body,)
+        dialect, stream, seq, session, headers = call
+        args = (body, CallInfo(dialect, stream, seq, session, dict(headers))) if with_call else (body,)
         result = fn(*args)
         if inspect.isawaitable(result):
             result = await result
@@ -81,6 +90,12 @@ def run_hook(
                 done(_CANCELLED, None)
                 return
             exc = fut.exception()
+            if isinstance(exc, InvalidRequestError):
+                done(_INVALID, str(exc))
+                return
+            if isinstance(exc, RolloutConcludedError):
+                done(_CONCLUDED, str(exc))
+                return
             if exc is not None:
                 done(_ERROR, f"raised {type(exc).__name__}: {exc}")
                 return

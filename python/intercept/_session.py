@@ -55,6 +55,8 @@ class Session:
     sampling were imposed; `on_response(response[, call])` sees the complete response
     (a stream's assembled one) before the harness does. Each returns a new dict, `None`
     (no change, or the argument edited in place) or `intercept.Stop(reason)`.
+    `hook_headers` names request headers the hooks consume: their values arrive in
+    `CallInfo.headers` and are not forwarded upstream (credentials never are handed over).
 
     A session is acquired once; make a new one per rollout.
     """
@@ -73,6 +75,7 @@ class Session:
         headers: Mapping[str, str] | None = None,
         on_request: RequestHook | None = None,
         on_response: ResponseHook | None = None,
+        hook_headers: Sequence[str] = (),
     ) -> None:
         if not isinstance(id, str) or not id:
             raise InvalidRequestError("session: `id` must be a non-empty string")
@@ -101,6 +104,10 @@ class Session:
             on_response,
             on_response is not None and takes_call(on_response),
         )
+        if hook_headers:
+            if isinstance(hook_headers, str) or not all(isinstance(h, str) for h in hook_headers):
+                raise InvalidRequestError("session: `hook_headers` must be a list of header names")
+            self._native.set_hook_headers(list(hook_headers))
         self._id = id
         self._model = model
         self._hooks = on_request is not None or on_response is not None

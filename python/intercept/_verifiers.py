@@ -20,7 +20,12 @@ Three hooks of one `intercept.Session` carry a rollout:
   may rewrite or refuse the answer.
 
 `GET`/`PUT /state` reach `trace.state` through the session's `state_adapter`
-(`NativeSession.set_state_hook`).
+(`NativeSession.set_state_hook`); `GET /task` answers verifiers' task channel
+(`{"cls", "task"}`, `NativeSession.set_task_body`); `POST /tool` is verifiers' tool gate,
+`RolloutSession.decide_tool` run on the loop (`NativeSession.set_tool_hook`). The ACP
+request header (`X-ACP-Model-Request-ID`) reaches `on_request` in `CallInfo.headers`
+(`Session(hook_headers=...)`; it is not forwarded upstream, as in verifiers) and is
+recorded on the call's `ModelCall.acp`.
 
 verifiers is imported lazily and reached through `Any`: the package type-checks without it.
 """
@@ -34,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._errors import InvalidRequestError, RolloutConcludedError
 from ._hooks import CallInfo, Stop
 
 SUPPORTED = ">=0.4,<0.5"
@@ -95,6 +101,7 @@ class _VF:
         pydantic: Any = importlib.import_module("pydantic")
         self.validation_error: Any = pydantic.ValidationError
         self.session_cls: Any = importlib.import_module("verifiers.v1.session").RolloutSession
+        self.semantic: Any = importlib.import_module("verifiers.v1.semantic")
         # intercept's dialect kinds -> verifiers' dialects.
         self.dialects: dict[str, Any] = {
             "chat_completions": dialects.ChatDialect(),
@@ -114,7 +121,7 @@ def vf() -> _VF:
 
 
 class _Refused(Exception):
-    """A request verifiers refuses without stopping the rollout: the call fails (502
+    """A request verifiers does not serve at all (a route it lacks): the call fails (502
     `hook_failed`, naming this message) and is not recorded."""
 
 
@@ -127,6 +134,7 @@ class _Pending:
     turn: Any
     policy_paths: list[str]
     started: float
+    acp: Any = None
     # Set by `on_response` (rollouts with response-side hooks).
     decided: bool = False
     node: int | None = None
@@ -155,10 +163,16 @@ class Bridge:
         if dialect is None:
             raise _Refused(f"verifiers 0.4 serves no {call.dialect} route")
         body = dialect.apply_overrides(body, s.ctx.model, s.ctx.sampling)
+        # Requests verifiers answers 400 without touching the rollout (a malformed ACP
+        # header, a body its dialect cannot read) are 400s here too, with its message.
+        try:
+            acp, _ = v.semantic.extract_acp_info(call.headers)
+        except ValueError as e:
+            raise InvalidRequestError(str(e)) from None
         try:
             model_request = dialect.parse_request(body)
         except ValueError as e:
-            raise _Refused(str(e)) from None
+            raise InvalidRequestError(str(e)) from None
         if s.stopped:
             return Stop(str(s.trace.stop_condition))
         try:
@@ -191,13 +205,13 @@ class Bridge:
             s.error = e
             raise
         except ValueError as e:
-            raise _Refused(str(e)) from None
+            raise InvalidRequestError(str(e)) from None
         s.trace.preview(turn, turn.tail)
         if s.on_turn_input is not None:
             on_input, s.on_turn_input = s.on_turn_input, None
             on_input()
         s.error = None
-        self.pending[call.seq] = _Pending(dialect, body, turn, policy_paths, time.time())
+        self.pending[call.seq] = _Pending(dialect, body, turn, policy_paths, time.time(), acp)
         return body
 
     # --- the complete response (rollouts with response-side hooks) -------------------
@@ -291,7 +305,7 @@ class Bridge:
                 usage=response.usage if response is not None else None,
                 error=error,
                 policy_paths=p.policy_paths,
-                acp=None,
+                acp=p.acp,
             )
 
     # --- `/state` (GET and PUT, served on the server's thread) ------------------------
@@ -311,6 +325,32 @@ class Bridge:
             return "rollout concluded"
         s.trace.state = new_state
         return None
+
+    # --- `GET /task` and `POST /tool` ------------------------------------------------
+
+    def task_body(self) -> str:
+        """verifiers' `/task` answer: the task's class reference and its JSON (the row is
+        immutable, so it is computed once, at acquire)."""
+        task = self.vf_session.trace.task.data
+        return json.dumps({"cls": f"{type(task).__module__}:{type(task).__qualname__}", "task": task.model_dump_json()})
+
+    async def on_tool(self, body: Any) -> dict[str, Any]:
+        """verifiers' tool gate: `{tool_call_id, name, arguments}` in, the verdict of
+        `RolloutSession.decide_tool` out; a rollout error is a 400 (and the rollout's
+        error), a released rollout a 409."""
+        v = vf()
+        s = self.vf_session
+        if s.released:
+            raise RolloutConcludedError("rollout concluded")
+        s.adopt(asyncio.current_task())  # release cancels it, as verifiers' handler
+        if not isinstance(body, dict):
+            raise InvalidRequestError("expected a JSON object {tool_call_id, name, arguments}")
+        try:
+            verdict: dict[str, Any] = await s.decide_tool(str(body.get("tool_call_id", "")), body.get("name"), body.get("arguments"))
+        except v.errors.RolloutError as e:
+            s.error = e
+            raise InvalidRequestError(str(e)) from None
+        return verdict
 
     def release(self) -> None:
         """The rollout concluded: seal verifiers' session first (stragglers then leave no

@@ -167,9 +167,12 @@ class _Compat:
             upstream=upstream_of(session, self._upstream),
             on_request=bridge.on_request,
             on_response=bridge.on_response if bridge.inspects_responses else None,
+            hook_headers=sorted(vf().semantic.ACP_EXTENSION_HEADERS),
         )
         ours._native.set_record_hook(bridge.on_record, asyncio.get_running_loop())
         ours._native.set_state_hook(bridge.get_state, bridge.put_state)
+        ours._native.set_task_body(bridge.task_body())
+        ours._native.set_tool_hook(bridge.on_tool)
         slot = await self._ic.acquire(ours)
         try:
             yield (slot.base_url, slot.model_secret, slot.state_secret)

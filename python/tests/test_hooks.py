@@ -118,3 +118,28 @@ async def test_hook_rewrites_in_the_sync_facade(mock) -> None:
 
     assert await asyncio.to_thread(run) == "echo: sync"
     assert session.status == "released" and session.calls == 1
+
+
+async def test_hook_headers_reach_the_hook_and_a_hook_can_answer_400(server, mock) -> None:
+    seen: list[dict[str, str]] = []
+
+    def on_request(body: dict, call: intercept.CallInfo) -> None:
+        seen.append(call.headers)
+        if call.headers.get("x-request-tag") == "refuse":
+            raise intercept.InvalidRequestError("x-request-tag: refused by the hook")
+
+    session = intercept.Session(id="h-headers", model="m", upstream=mock.base_url, on_request=on_request, hook_headers=["X-Request-Tag"])
+    async with server.acquire(session) as slot:
+        c = client(slot)
+        r = await c.chat.completions.create(model="x", messages=[{"role": "user", "content": "a"}], extra_headers={"X-Request-Tag": "t-1"})
+        assert r.choices[0].message.content == "echo: a"
+        assert await ask(c, "b") == "echo: b"
+        with pytest.raises(openai.BadRequestError, match="x-request-tag: refused by the hook") as refused:
+            await c.chat.completions.create(model="x", messages=[{"role": "user", "content": "c"}], extra_headers={"X-Request-Tag": "refuse"})
+        assert refused.value.status_code == 400
+        await c.close()
+    assert seen == [{"x-request-tag": "t-1"}, {}, {"x-request-tag": "refuse"}]
+    assert session.calls == 2 and mock.request_count == 2  # the refused call went nowhere
+    # Credentials never reach a hook.
+    with pytest.raises(intercept.InvalidRequestError, match="secret"):
+        intercept.Session(id="h-auth", model="m", upstream=mock.base_url, hook_headers=["Authorization"])

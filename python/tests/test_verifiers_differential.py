@@ -3,8 +3,9 @@
 `anthropic` SDKs; a scripted model server) run once through verifiers' own interception
 server and once through `intercept.verifiers`, and the traces verifiers builds must agree:
 nodes and messages, branches, calls (node, model, sampling, endpoint, finish reason,
-usage, error type and status), tools, turns, last reply, stop condition, errors. Ids and
-timings may differ.
+usage, error type and status, ACP info), tools, turns, last reply, stop condition, errors.
+Ids and timings may differ. The task and tool channels (`GET /task`, `POST /tool`) answer
+verifiers' own tool servers and tool gates as its server does.
 
 Skipped when verifiers is not installed; CI installs `verifiers==0.4.0`.
 """
@@ -24,7 +25,7 @@ pytest.importorskip("verifiers.v1.interception")
 from verifiers.v1.interception import InterceptionServer as VerifiersServer  # noqa: E402
 
 import intercept.verifiers as iv  # noqa: E402
-from vf_support import ScriptedModel, make_session, normal, run_rollout  # noqa: E402
+from vf_support import DENIED, ScriptedModel, make_session, normal, run_rollout  # noqa: E402
 
 CASES: list[tuple[str, str, dict[str, Any]]] = [
     # Every dialect, JSON and streamed: three turns each.
@@ -49,6 +50,13 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     # A response interceptor and a response `@stop` (intercept holds these responses back).
     ("chat-stream", "rewrite", {"task": "RewritingTask"}),
     ("anthropic", "rewrite", {"task": "RewritingTask"}),
+    # A harness that gates its tool calls on `/tool` and a request interceptor that
+    # denies them: the model sees the policy's result instead of the tool's.
+    ("tools", "sum it", {"task": "GatedTask", "harness": "GatedHarness"}),
+    ("tools-stream", "sum it", {"task": "GatedTask", "harness": "GatedHarness"}),
+    # ACP request ids on every call, and a malformed one (a 400 the harness dies of).
+    ("chat", "acp ids", {}),
+    ("chat-stream", "bad acp", {}),
 ]
 
 
@@ -76,6 +84,7 @@ async def test_traces_agree_with_verifiers_own_server(scripted: ScriptedModel, s
 
         results = await asyncio.gather(*(both(*r) for r in runs))
         assert ours.load == 0
+    assert scripted.acp_upstream == 0, "the ACP header is consumed, never sent upstream"
     for (mode, prompt, kw), (t_theirs, t_ours) in zip(CASES, results):
         a, b = normal(t_theirs), normal(t_ours)
         assert a == b, f"{mode} {prompt} {kw}:\n{diff(a, b)}"
@@ -85,6 +94,18 @@ async def test_traces_agree_with_verifiers_own_server(scripted: ScriptedModel, s
             assert a["last_reply"] == "reply 2: continue 1"
         if prompt == "sum it":
             assert a["num_turns"] == 3 and any(m["role"] == "tool" for m in a["messages"])
+        if kw.get("harness") == "GatedHarness":
+            # The harness asked the gate and was denied, on both sides.
+            gates = [json.loads(t.info["program"])["gates"] for t in (t_theirs, t_ours)]
+            assert gates[0] == gates[1] and [g["action"] for g in gates[0]] == ["deny"], gates
+            assert gates[0][0]["message"]["content"] == DENIED
+            assert [m["content"] for m in a["messages"] if m["role"] == "tool"] == [DENIED]
+            assert a["last_reply"] == "reply 2: continue 1" and "deny_tools" in a["request_rewrites"]
+        if prompt == "acp ids":
+            assert [c["acp"] for c in a["calls"]] == [{"request_id": f"turn-{i}"} for i in range(3)]
+        if prompt == "bad acp":
+            # The second call is refused before anything is recorded.
+            assert [c["acp"] for c in a["calls"]] == [{"request_id": "turn-0"}] and a["num_turns"] == 1
         if prompt == "stop me":
             assert (a["num_turns"], a["stop_condition"]) == (2, "two_turns")
         if prompt == "limit":
@@ -138,3 +159,44 @@ async def test_state_route_reaches_the_rollouts_verifiers_state(scripted: Script
                 r = await c.get(f"{base}/state", headers={"Authorization": f"Bearer {model_secret}"})
                 assert r.status_code == 401
             assert s.trace.state == Counter(count=5)
+
+
+async def test_task_and_tool_channels_answer_as_verifiers_own_server(scripted: ScriptedModel) -> None:
+    """`GET /task` (what verifiers' tool servers fetch) and `POST /tool` (verifiers' tool
+    gate) on both servers: the same answers, statuses and capabilities."""
+    from verifiers.v1.mcp.server import ServerBase
+
+    answers: list[list[Any]] = []
+    for ic in (VerifiersServer(), iv.InterceptionServer()):
+        seen: list[Any] = []
+        answers.append(seen)
+        async with ic, httpx.AsyncClient(timeout=30) as c:
+            s = make_session(scripted.base_url, 7)
+            async with ic.acquire(s) as (base, model_secret, state_secret):
+                model, state = ({"Authorization": f"Bearer {secret}"} for secret in (model_secret, state_secret))
+                r = await c.get(f"{base}/task", headers=state)
+                seen.append((r.status_code, r.json()))
+                # verifiers' own tool server reads it back into the rollout's task row.
+                task = await ServerBase._fetch_task(None, f"{base}/state", state_secret)  # type: ignore[arg-type]
+                assert task == s.trace.task.data, type(ic)
+                # Each secret is its own capability.
+                seen.append((await c.get(f"{base}/task", headers=model)).status_code)
+                ask = {"tool_call_id": "call_9", "name": "add", "arguments": {"a": 1}}
+                seen.append((await c.post(f"{base}/tool", json=ask, headers=state)).status_code)
+                # A call the model never proposed: verifiers' HarnessError, a 400 that
+                # fails the rollout.
+                r = await c.post(f"{base}/tool", json=ask, headers=model)
+                seen.append((r.status_code, r.json(), type(s.error).__name__))
+                s.error = None
+                s.trace.stop("enough")
+                r = await c.post(f"{base}/tool", json=ask, headers=model)
+                seen.append((r.status_code, r.json()))
+            if isinstance(ic, iv.InterceptionServer):
+                late = await c.post(f"{base}/tool", json=ask, headers=model)
+                assert late.status_code == 409 and late.json() == {"error": "rollout concluded"}
+    theirs, ours = answers
+    assert theirs == ours
+    assert theirs[0] == (200, {"cls": "verifiers.v1.task:TaskData", "task": s.trace.task.data.model_dump_json()})
+    assert theirs[1:3] == [401, 401]
+    assert theirs[3][0] == 400 and theirs[3][2] == "HarnessError"
+    assert theirs[4] == (200, {"action": "stop", "reason": "enough"})

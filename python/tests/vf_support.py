@@ -9,6 +9,11 @@ same answers: with tools offered and no assistant turn yet, a call to `add`; oth
 `flaky` makes the second turn's first attempt a 500 (the SDK retries it); one containing
 `broken` makes the second turn a 400 (the harness dies of it). `slow` spaces a stream's
 events by `SLOW_CHUNK` seconds.
+
+The harness program asks the rollout's tool gate (`POST /tool`, verifiers' `{tool_call_id,
+name, arguments}`) before running a tool when it is handed one (`GatedHarness`), and a
+prompt containing `acp` makes it send `X-ACP-Model-Request-ID: turn-<i>` (`bad acp`: a
+malformed id on the second turn).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any
 from aiohttp import web
 
 SLOW_CHUNK = 0.2
+DENIED = "denied: tools are not allowed here"
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "adds", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
 
 
@@ -79,6 +85,8 @@ class ScriptedModel:
     def __init__(self) -> None:
         self.failed: set[tuple[str, int]] = set()
         self.requests = 0
+        # Requests that carried an ACP header upstream (verifiers consumes it).
+        self.acp_upstream = 0
         self.runner: web.AppRunner | None = None
         self.base_url = ""
 
@@ -103,6 +111,8 @@ class ScriptedModel:
 
     def _script(self, dialect: str, request: web.Request, body: dict[str, Any]) -> tuple[web.Response | None, int, str, bool, bool]:
         self.requests += 1
+        if "X-ACP-Model-Request-ID" in request.headers:
+            self.acp_upstream += 1
         n, last, tools = _read(dialect, body)
         prompt = json.dumps(body)
         session = request.headers.get("X-Session-ID", "")
@@ -224,23 +234,46 @@ class ScriptedModel:
 
 
 # The harness program: `python -c PROGRAM <mode> <prompt> <turns>`, with OPENAI_BASE_URL
-# (`{base_url}/v1`) and OPENAI_API_KEY (the model secret) in its environment.
+# (`{base_url}/v1`) and OPENAI_API_KEY (the model secret) in its environment, and
+# TOOL_GATE_URL when the rollout hands it a tool gate.
 PROGRAM = r'''
 import json, os, sys, time
 mode, prompt, turns = sys.argv[1], sys.argv[2], int(sys.argv[3])
 base, key = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"]
+gate = os.environ.get("TOOL_GATE_URL", "")
 stream = mode.endswith("-stream")
 kind = mode.removesuffix("-stream")
 TOOLS = %(tools)s
 marks = []
+gates = []
 def add(a, b):
     return str(a + b)
+def run_tool(tc):
+    """The tool's result, or the gate's verdict in its place (as verifiers' chat loop)."""
+    args = json.loads(tc["function"]["arguments"])
+    if gate:
+        import httpx
+        r = httpx.post(gate, headers={"Authorization": f"Bearer {key}"}, json={"tool_call_id": tc["id"], "name": tc["function"]["name"], "arguments": args}, timeout=60)
+        r.raise_for_status()
+        decision = r.json()
+        gates.append(decision)
+        if decision["action"] == "stop":
+            raise SystemExit("tool gate: " + decision["reason"])
+        if decision["action"] == "deny":
+            return decision["message"]["content"]
+    return add(**args)
+def acp_headers(i):
+    if "acp" not in prompt:
+        return {}
+    rid = "not a valid id!" if "bad acp" in prompt and i == 1 else f"turn-{i}"
+    return {"extra_headers": {"X-ACP-Model-Request-ID": rid}}
 if kind in ("chat", "tools"):
     import openai
     c = openai.OpenAI(base_url=base, api_key=key, max_retries=2)
     history = [{"role": "user", "content": prompt}]
     for i in range(turns):
         kw = {"tools": TOOLS} if kind == "tools" else {}
+        kw.update(acp_headers(i))
         t0 = time.perf_counter()
         if stream:
             text, calls, first = "", {}, None
@@ -261,7 +294,7 @@ if kind in ("chat", "tools"):
         if tool_calls:
             history.append({"role": "assistant", "content": None, "tool_calls": tool_calls})
             for tc in tool_calls:
-                history.append({"role": "tool", "tool_call_id": tc["id"], "content": add(**json.loads(tc["function"]["arguments"]))})
+                history.append({"role": "tool", "tool_call_id": tc["id"], "content": run_tool(tc)})
             continue
         history.append({"role": "assistant", "content": text})
         history.append({"role": "user", "content": f"continue {i}"})
@@ -302,7 +335,7 @@ elif kind == "anthropic":
             text = "".join(b.text for b in r.content if b.type == "text")
         history.append({"role": "assistant", "content": text})
         history.append({"role": "user", "content": f"continue {i}"})
-print(json.dumps({"ttft": marks}))
+print(json.dumps({"ttft": marks, "gates": gates}))
 ''' % {"tools": repr(TOOLS)}
 
 
@@ -318,7 +351,7 @@ def verifiers_parts() -> dict[str, Any]:
     from verifiers.v1.session import RolloutLimits
     from verifiers.v1.task import Task, TaskData
     from verifiers.v1.trace import Trace
-    from verifiers.v1.types import AssistantMessage, Response, SamplingConfig
+    from verifiers.v1.types import AssistantMessage, Request, Response, SamplingConfig, ToolMessage
     from verifiers.v1.utils.decorators import intercept, stop
 
     class ProgramHarness(Harness[HarnessConfig]):
@@ -327,15 +360,37 @@ def verifiers_parts() -> dict[str, Any]:
         NEEDS_CONTAINER = False
         EXECUTES_CODE = False
 
-        async def launch(self, ctx: Any, trace: Any, runtime: Any, endpoint: str, secret: str, mcp_urls: Any, data: Any, **kw: Any) -> Any:
+        async def launch(
+            self, ctx: Any, trace: Any, runtime: Any, endpoint: str, secret: str, mcp_urls: Any, data: Any, tool_interception_url: str | None = None, **kw: Any
+        ) -> Any:
             mode, prompt, turns = data.prompt.split("|")
             env = {"OPENAI_BASE_URL": endpoint, "OPENAI_API_KEY": secret}
+            if tool_interception_url:
+                env["TOOL_GATE_URL"] = tool_interception_url
             result = await runtime.run_program([sys.executable, "-c", PROGRAM, mode, prompt, turns], env)
             trace.info["program"] = result.stdout.strip()
             return result
 
+    class GatedHarness(ProgramHarness):
+        """The same program, handed the rollout's tool gate: it asks `/tool` before it
+        runs a tool call."""
+
+        SUPPORTS_TOOL_INTERCEPTION = True
+
     class ScriptTask(Task[TaskData, Any, Any]):
         pass
+
+    class GatedTask(Task[TaskData, Any, Any]):
+        """A request interceptor that replaces every new tool result: with a gating
+        harness, verifiers denies the call at the gate and the model sees the policy's
+        result in its place."""
+
+        @intercept
+        def deny_tools(self, request: Request) -> Request | None:
+            last = request.messages[-1]
+            if not isinstance(last, ToolMessage) or last.content == DENIED:
+                return None
+            return request.model_copy(update={"messages": [*request.messages[:-1], last.model_copy(update={"content": DENIED})]})
 
     class StoppingTask(Task[TaskData, Any, Any]):
         @stop
@@ -359,6 +414,7 @@ def verifiers_parts() -> dict[str, Any]:
     StoppingTask.two_turns.__annotations__ = {"trace": Trace, "return": bool}
     RewritingTask.shout.__annotations__ = {"response": Response, "return": Response | None}
     RewritingTask.third_reply.__annotations__ = {"response": Response, "return": bool}
+    GatedTask.deny_tools.__annotations__ = {"request": Request, "return": Request | None}
 
     return {
         "ModelContext": ModelContext,
@@ -366,6 +422,8 @@ def verifiers_parts() -> dict[str, Any]:
         "EvalClientConfig": EvalClientConfig,
         "HarnessConfig": HarnessConfig,
         "ProgramHarness": ProgramHarness,
+        "GatedHarness": GatedHarness,
+        "GatedTask": GatedTask,
         "Rollout": Rollout,
         "RolloutTimeouts": RolloutTimeouts,
         "SubprocessConfig": SubprocessConfig,
@@ -378,7 +436,18 @@ def verifiers_parts() -> dict[str, Any]:
     }
 
 
-async def run_rollout(interception: Any, upstream: str, mode: str, prompt: str, *, turns: int = 3, task: str = "ScriptTask", max_turns: int | None = None, temperature: float = 0.5) -> Any:
+async def run_rollout(
+    interception: Any,
+    upstream: str,
+    mode: str,
+    prompt: str,
+    *,
+    turns: int = 3,
+    task: str = "ScriptTask",
+    harness: str = "ProgramHarness",
+    max_turns: int | None = None,
+    temperature: float = 0.5,
+) -> Any:
     """One rollout of verifiers' own `Rollout`, driven as `Agent._run_once` drives it."""
     vf = verifiers_parts()
     ctx = vf["ModelContext"](
@@ -389,7 +458,7 @@ async def run_rollout(interception: Any, upstream: str, mode: str, prompt: str, 
     run = vf["Rollout"](
         task=vf[task](vf["TaskData"](prompt=f"{mode}|{prompt}|{turns}")),
         agent_config=vf["AgentConfig"](runtime=vf["SubprocessConfig"]()),
-        harness=vf["ProgramHarness"](vf["HarnessConfig"]()),
+        harness=vf[harness](vf["HarnessConfig"]()),
         ctx=ctx,
         runtime_config=vf["SubprocessConfig"](),
         timeouts=vf["RolloutTimeouts"](),
@@ -447,6 +516,7 @@ def normal(trace: Any) -> dict[str, Any]:
                 "usage": c.usage.model_dump(mode="json") if c.usage is not None else None,
                 "error": (c.error.type, c.error.status_code) if c.error is not None else None,
                 "policy": c.policy.model_dump(mode="json") if c.policy is not None else None,
+                "acp": c.acp.model_dump(mode="json") if c.acp is not None else None,
             }
             for c in trace.calls
         ],

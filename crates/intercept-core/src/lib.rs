@@ -64,8 +64,9 @@ pub use network::{mediate_request, NetworkPolicy, OnViolation, PolicyEvent};
 pub use record::{CallError, CallRecord, TokenCapture, Usage};
 pub use secret::{Secret, SecretStr};
 pub use session::{
-    CallInfo, HookAction, Limits, RecordSink, RolloutSession, Sampling, Session, SessionConfig,
-    SessionStatus, StopReason, ToolAction, ToolPhase, Totals, Trace, Upstream,
+    tool_by_phase, CallInfo, HookAction, Limits, RecordSink, RolloutSession, Sampling, Session,
+    SessionConfig, SessionStatus, StopReason, ToolAction, ToolPhase, Totals, Trace, Upstream,
+    SECRET_HEADERS,
 };
 pub use slot::Slot;
 pub use tunnel::{BindAddr, Endpoint, Health, Tunnel};

@@ -277,6 +277,61 @@ pub struct CallInfo {
     pub stream: bool,
     /// Per-session sequence number of the call.
     pub seq: u64,
+    /// The request headers the session consumes ([`Session::hook_headers`]) that the
+    /// call carried: lower-case name and value, in the order of `hook_headers` (one
+    /// value per name: the last, when a header was sent twice). Empty for sessions that
+    /// consume none.
+    pub headers: Vec<(String, String)>,
+}
+
+/// Request headers the server never hands to a session through
+/// [`Session::hook_headers`], whatever it asks: they carry secrets.
+pub const SECRET_HEADERS: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "x-api-key",
+    "api-key",
+    "cookie",
+];
+
+/// The body `{"phase": "before" | "after", "message": <tool message>}` of `POST /tool`
+/// answered with [`Session::on_tool`]: the default [`Session::tool`].
+///
+/// A stopped rollout answers `{"action": "stop", "reason": <condition>}` without asking
+/// the hook; a hook's [`ToolAction::Stop`] stops the rollout
+/// ([`Session::stop_with`] a [`StopReason::Hook`]) and answers the condition that won.
+pub async fn tool_by_phase<S>(session: &S, body: &[u8]) -> Result<serde_json::Value, Error>
+where
+    S: Session + ?Sized,
+{
+    let answer = |action: &ToolAction| {
+        serde_json::to_value(action).map_err(|e| Error::Internal(e.to_string()))
+    };
+    if let Some(reason) = session.stop_condition() {
+        return answer(&ToolAction::Stop { reason });
+    }
+    #[derive(Deserialize)]
+    struct ToolCall {
+        phase: ToolPhase,
+        message: serde_json::Value,
+    }
+    let call: ToolCall = serde_json::from_slice(body).map_err(|e| {
+        Error::invalid(format!(
+            "expected {{\"phase\": \"before\"|\"after\", \"message\": <tool message>}}: {e}"
+        ))
+    })?;
+    if !call.message.is_object() {
+        return Err(Error::invalid("`message` must be a tool message object"));
+    }
+    match session.on_tool(call.phase, &call.message).await? {
+        ToolAction::Stop { reason } => {
+            session.stop_with(StopReason::Hook(reason.clone()));
+            answer(&ToolAction::Stop {
+                reason: session.stop_condition().unwrap_or(reason),
+            })
+        }
+        action => answer(&action),
+    }
 }
 
 /// One rollout, as the server sees it.
@@ -331,8 +386,16 @@ pub trait Session: Send + Sync + fmt::Debug + 'static {
         }
     }
 
+    /// Names of request headers this session consumes (lower case): the server hands
+    /// their values to the hooks in [`CallInfo::headers`] and does not forward them
+    /// upstream. Headers of [`SECRET_HEADERS`] are never handed over. None by default.
+    fn hook_headers(&self) -> &[String] {
+        &[]
+    }
+
     /// Runs before a call is sent upstream, after the model and sampling were imposed.
-    /// May rewrite the body or stop the rollout.
+    /// May rewrite the body or stop the rollout. An [`Error`] it returns is the call's
+    /// answer (an [`Error::Internal`] becomes 502 `hook_failed`), and nothing is recorded.
     async fn on_request(
         &self,
         _call: &CallInfo,
@@ -361,13 +424,24 @@ pub trait Session: Send + Sync + fmt::Debug + 'static {
     }
 
     /// A harness-run tool's result, before (`phase = before`) or after it is used. May
-    /// allow it, rewrite it or stop the rollout. Served on `POST /tool`.
+    /// allow it, rewrite it or stop the rollout. Asked by the default [`Session::tool`].
     async fn on_tool(
         &self,
         _phase: ToolPhase,
         _message: &serde_json::Value,
     ) -> Result<ToolAction, Error> {
         Ok(ToolAction::Allow)
+    }
+
+    /// Answers `POST /tool` (the model secret's tool channel): `body` is the request's
+    /// body as sent, the value is the JSON answer (200); an [`Error`] is answered with
+    /// its status and a flat `{"error": <text>}` body. The server awaits it while the
+    /// rollout is live and drops it (answering 409) when the rollout is released, or the
+    /// server stops, first. The default speaks intercept's own protocol
+    /// ([`tool_by_phase`]: `{phase, message}` in, a [`ToolAction`] out); a session may
+    /// speak another (a tool gate's `{tool_call_id, name, arguments}`).
+    async fn tool(&self, body: &[u8]) -> Result<serde_json::Value, Error> {
+        tool_by_phase(self, body).await
     }
 
     /// Receives every finished call.
@@ -403,9 +477,23 @@ pub trait Session: Send + Sync + fmt::Debug + 'static {
         Err(Error::invalid("this session keeps no state"))
     }
 
-    /// The rollout's task document (`GET /task`).
+    /// The rollout's task document, served by the default [`Session::task_body`].
     fn task(&self) -> Option<serde_json::Value> {
         None
+    }
+
+    /// The whole answer of `GET /task` (the state secret's task channel). The default is
+    /// `{"id": <rollout id>, "task": <`[`Session::task`]`>}`, or 404 when there is no
+    /// task; a session whose tool servers expect another shape answers it here. An
+    /// [`Error`] is answered with its status and a flat `{"error": <text>}` body.
+    fn task_body(&self) -> Result<serde_json::Value, Error> {
+        match self.task() {
+            Some(task) => Ok(serde_json::json!({ "id": self.id(), "task": task })),
+            None => Err(Error::NotFound {
+                method: "GET".into(),
+                path: "/task (this rollout has no task)".into(),
+            }),
+        }
     }
 
     /// Called when a marked SDK retry was answered without an upstream call (a replay

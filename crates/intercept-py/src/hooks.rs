@@ -1,10 +1,14 @@
-//! Python hooks (`on_request`, `on_response`) run from the server's tasks.
+//! Python hooks (`on_request`, `on_response`, the tool hook) run from the server's tasks.
 //!
 //! A hook call takes the GIL only to schedule the hook on the event loop that acquired
 //! the session (`asyncio.run_coroutine_threadsafe`, through `intercept._hooks.run_hook`)
 //! and is then awaited without it; the hook's outcome comes back through a one-shot
 //! channel fed by [`HookDone`]. If the call is dropped first (the rollout was released
 //! or the server stopped), the scheduled hook is cancelled.
+//!
+//! A hook that raises `intercept.InvalidRequestError` answers the call 400 with its
+//! message (`intercept.RolloutConcludedError`: 409); any other exception is a 502
+//! `hook_failed` naming it.
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -43,6 +47,10 @@ const TAG_DONE: u8 = 0;
 const TAG_STOP: u8 = 1;
 const TAG_ERROR: u8 = 2;
 const TAG_CANCELLED: u8 = 3;
+/// The hook raised `intercept.InvalidRequestError`: a 400 with its message.
+const TAG_INVALID: u8 = 4;
+/// The hook raised `intercept.RolloutConcludedError`: a 409.
+const TAG_CONCLUDED: u8 = 5;
 
 /// Called (with the GIL, on the event loop's thread) once the hook finished.
 #[pyclass(frozen)]
@@ -99,6 +107,90 @@ pub(crate) async fn run(
     session_id: &str,
 ) -> Result<Outcome, Error> {
     let failed = |m: String| Error::HookFailed(format!("{name}: {m}"));
+    let info = Info {
+        dialect: call.dialect.as_str(),
+        stream: call.stream,
+        seq: call.seq,
+        session: session_id,
+        headers: &call.headers,
+    };
+    match schedule(hook, name, event_loop, payload, info).await? {
+        (TAG_DONE, Some(text)) => {
+            let value = document(name, &text)?;
+            if &value == original {
+                Ok(Outcome::Unchanged)
+            } else {
+                Ok(Outcome::Replace(value))
+            }
+        }
+        (TAG_DONE, None) => Ok(Outcome::Unchanged),
+        (TAG_STOP, reason) => Ok(Outcome::Stop(reason.unwrap_or_else(|| name.to_owned()))),
+        (tag, _) => Err(failed(format!("unknown hook report {tag}"))),
+    }
+}
+
+/// Runs a tool hook (`hook(body)`, see `NativeSession.set_tool_hook`) on `payload` (the
+/// `POST /tool` body, JSON) on `event_loop`: the dict it returns is the answer. A hook
+/// cancelled on its loop (its owner released the rollout) answers 409.
+pub(crate) async fn run_tool(
+    hook: &Hook,
+    event_loop: Option<Py<PyAny>>,
+    payload: Bytes,
+    session_id: &str,
+) -> Result<serde_json::Value, Error> {
+    const NAME: &str = "tool hook";
+    let info = Info {
+        dialect: "",
+        stream: false,
+        seq: 0,
+        session: session_id,
+        headers: &[],
+    };
+    let report = match schedule(hook, NAME, event_loop, payload, info).await {
+        Err(Error::Cancelled(_)) => return Err(Error::RolloutConcluded),
+        other => other?,
+    };
+    match report {
+        (TAG_DONE, Some(text)) => document(NAME, &text),
+        (tag, _) => Err(Error::HookFailed(format!(
+            "{NAME}: must return a dict (report {tag})"
+        ))),
+    }
+}
+
+/// A hook's returned document: a JSON object.
+fn document(name: &str, text: &str) -> Result<serde_json::Value, Error> {
+    let failed = |m: String| Error::HookFailed(format!("{name}: {m}"));
+    let value: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| failed(format!("returned a value that is not JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(failed(
+            "must return a dict, None or intercept.Stop(reason)".into(),
+        ));
+    }
+    Ok(value)
+}
+
+/// What a hook taking two arguments gets as its `CallInfo`.
+struct Info<'a> {
+    dialect: &'a str,
+    stream: bool,
+    seq: u64,
+    session: &'a str,
+    headers: &'a [(String, String)],
+}
+
+/// Schedules `hook` on `event_loop` and waits for its report without holding the GIL.
+/// Every error outcome (a raise, a cancellation, a loop that dropped it) is `Err`; `Ok`
+/// is a done or stop report.
+async fn schedule(
+    hook: &Hook,
+    name: &str,
+    event_loop: Option<Py<PyAny>>,
+    payload: Bytes,
+    info: Info<'_>,
+) -> Result<Report, Error> {
+    let failed = |m: String| Error::HookFailed(format!("{name}: {m}"));
     let Some(event_loop) = event_loop else {
         return Err(failed(
             "no event loop to run it on: acquire the session from async code (or through \
@@ -120,7 +212,13 @@ pub(crate) async fn run(
                 tx: Mutex::new(Some(tx)),
             },
         )?;
-        let info = (call.dialect.as_str(), call.stream, call.seq, session_id);
+        let info = (
+            info.dialect,
+            info.stream,
+            info.seq,
+            info.session,
+            info.headers.to_vec(),
+        );
         let fut = run_hook.bind(py).call1((
             event_loop,
             hook.func.bind(py),
@@ -137,23 +235,10 @@ pub(crate) async fn run(
     let report = rx.await;
     cancel.disarm();
     match report {
-        Ok((TAG_DONE, Some(text))) => {
-            let value: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| failed(format!("returned a value that is not JSON: {e}")))?;
-            if !value.is_object() {
-                return Err(failed(
-                    "must return a dict, None or intercept.Stop(reason)".into(),
-                ));
-            }
-            if &value == original {
-                Ok(Outcome::Unchanged)
-            } else {
-                Ok(Outcome::Replace(value))
-            }
-        }
-        Ok((TAG_DONE, None)) => Ok(Outcome::Unchanged),
-        Ok((TAG_STOP, reason)) => Ok(Outcome::Stop(reason.unwrap_or_else(|| name.to_owned()))),
+        Ok(report @ (TAG_DONE | TAG_STOP, _)) => Ok(report),
         Ok((TAG_CANCELLED, _)) => Err(Error::Cancelled(format!("{name} was cancelled"))),
+        Ok((TAG_INVALID, message)) => Err(Error::invalid(message.unwrap_or_default())),
+        Ok((TAG_CONCLUDED, _)) => Err(Error::RolloutConcluded),
         Ok((TAG_ERROR, message)) => Err(failed(
             message.unwrap_or_else(|| "raised an exception".into()),
         )),

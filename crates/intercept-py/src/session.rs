@@ -1,7 +1,7 @@
 //! `intercept.Session`'s native half: a [`RolloutSession`] plus the Python hooks.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -30,6 +30,12 @@ pub(crate) struct PySession {
     on_record: Mutex<Option<Arc<RecordHook>>>,
     /// Owns the `/state` document instead of the session (`set_state_hook`).
     state_hook: Mutex<Option<Arc<StateHook>>>,
+    /// Answers `POST /tool` instead of the default protocol (`set_tool_hook`).
+    tool_hook: Mutex<Option<Arc<Hook>>>,
+    /// The whole `GET /task` answer instead of the default (`set_task_body`).
+    task_body: Mutex<Option<serde_json::Value>>,
+    /// The request headers the hooks see (`set_hook_headers`).
+    hook_headers: OnceLock<Vec<String>>,
 }
 
 impl fmt::Debug for PySession {
@@ -75,6 +81,10 @@ impl Session for PySession {
 
     fn check(&self) -> Result<(), intercept_core::StopReason> {
         self.inner.check()
+    }
+
+    fn hook_headers(&self) -> &[String] {
+        self.hook_headers.get().map_or(&[], Vec::as_slice)
     }
 
     async fn on_request(&self, call: &CallInfo, body: &mut JsonBody) -> Result<HookAction, Error> {
@@ -183,6 +193,31 @@ impl Session for PySession {
         self.inner.task()
     }
 
+    fn task_body(&self) -> Result<serde_json::Value, Error> {
+        let body = self.task_body.lock().clone();
+        match body {
+            Some(body) => Ok(body),
+            None => self.inner.task_body(),
+        }
+    }
+
+    async fn tool(&self, body: &[u8]) -> Result<serde_json::Value, Error> {
+        let hook = self.tool_hook.lock().clone();
+        let Some(hook) = hook else {
+            return intercept_core::tool_by_phase(self, body).await;
+        };
+        if let Err(e) = serde_json::from_slice::<serde_json::Value>(body) {
+            return Err(Error::invalid(format!("the body is not JSON: {e}")));
+        }
+        hooks::run_tool(
+            &hook,
+            self.event_loop(),
+            Bytes::copy_from_slice(body),
+            self.id(),
+        )
+        .await
+    }
+
     fn on_replay(&self) {
         self.inner.on_replay();
     }
@@ -196,6 +231,8 @@ impl Session for PySession {
         drop(on_record);
         let state_hook = self.state_hook.lock().take();
         drop(state_hook);
+        let tool_hook = self.tool_hook.lock().take();
+        drop(tool_hook);
     }
 }
 
@@ -249,6 +286,9 @@ impl NativeSession {
                 event_loop: Mutex::new(None),
                 on_record: Mutex::new(None),
                 state_hook: Mutex::new(None),
+                tool_hook: Mutex::new(None),
+                task_body: Mutex::new(None),
+                hook_headers: OnceLock::new(),
             }),
         })
     }
@@ -278,6 +318,59 @@ impl NativeSession {
         let new = Some(Arc::new(StateHook::new(get, put)));
         let old = std::mem::replace(&mut *self.inner.state_hook.lock(), new);
         drop(old);
+    }
+
+    /// Has `hook(body)` (sync or async, run on the session's event loop) answer
+    /// `POST /tool`: it gets the request's JSON body and returns the answer, a dict; it
+    /// raises `InvalidRequestError` for a 400, `RolloutConcludedError` for a 409. `None`
+    /// restores intercept's `{phase, message}` protocol.
+    #[pyo3(signature = (hook))]
+    fn set_tool_hook(&self, hook: Option<Py<PyAny>>) {
+        let new = hook.map(|func| {
+            Arc::new(Hook {
+                func,
+                with_call: false,
+            })
+        });
+        let old = std::mem::replace(&mut *self.inner.tool_hook.lock(), new);
+        drop(old);
+    }
+
+    /// Makes `body_json` (a JSON object) the whole `GET /task` answer.
+    fn set_task_body(&self, body_json: &str) -> PyResult<()> {
+        let body: serde_json::Value = serde_json::from_str(body_json)
+            .map_err(|e| invalid(format!("task body: not JSON: {e}")))?;
+        if !body.is_object() {
+            return Err(invalid("task body: must be a JSON object"));
+        }
+        *self.inner.task_body.lock() = Some(body);
+        Ok(())
+    }
+
+    /// Has the request headers `names` reach the hooks (`CallInfo.headers`) instead of
+    /// the upstream. Set once, before the session is acquired; credentials
+    /// (`authorization`, `x-api-key`, ...) are refused.
+    fn set_hook_headers(&self, names: Vec<String>) -> PyResult<()> {
+        let mut lower = Vec::with_capacity(names.len());
+        for name in names {
+            let name = name.to_ascii_lowercase();
+            if intercept_core::SECRET_HEADERS.contains(&name.as_str()) {
+                return Err(invalid(format!(
+                    "hook headers: {name:?} carries a secret and never reaches a hook"
+                )));
+            }
+            let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+            if name.is_empty() || !name.bytes().all(token) {
+                return Err(invalid(format!(
+                    "hook headers: {name:?} is not a header name"
+                )));
+            }
+            lower.push(name);
+        }
+        self.inner
+            .hook_headers
+            .set(lower)
+            .map_err(|_| invalid("hook headers: already set for this session"))
     }
 
     /// The trace as JSON (`{"id", "stop_condition", "calls", "replays"}`).

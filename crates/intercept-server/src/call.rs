@@ -51,6 +51,8 @@ pub(crate) struct Call {
     seq: u64,
     body: JsonBody,
     headers: HeaderMap,
+    /// See [`Outgoing::hook_headers`].
+    hook_headers: Vec<(String, String)>,
     started: SystemTime,
     /// Ownership of this attempt for retry coalescing (non-streamed calls) or of its
     /// idempotency key.
@@ -83,6 +85,8 @@ pub(crate) struct Outgoing {
     pub(crate) seq: u64,
     pub(crate) body: JsonBody,
     pub(crate) headers: HeaderMap,
+    /// The headers the session consumed ([`CallInfo::headers`]), for the response hook.
+    pub(crate) hook_headers: Vec<(String, String)>,
     pub(crate) requested_model: Option<String>,
     pub(crate) policy: Option<intercept_core::PolicyEvent>,
     pub(crate) capture: Option<TokenCollector>,
@@ -104,6 +108,7 @@ impl Call {
             seq: outgoing.seq,
             body: outgoing.body,
             headers: outgoing.headers,
+            hook_headers: outgoing.hook_headers,
             started: SystemTime::now(),
             claim: admitted.claim,
             admission: admitted.admission,
@@ -627,6 +632,7 @@ impl Call {
             dialect: self.dialect.kind(),
             stream: self.prepared.stream,
             seq: self.seq,
+            headers: self.hook_headers.clone(),
         };
         let mut value = response.clone();
         match self.entry.session.on_response(&info, &mut value).await {

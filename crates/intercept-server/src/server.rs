@@ -561,12 +561,9 @@ async fn state_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Re
         json_response(StatusCode::OK, serde_json::to_vec(&v).unwrap_or_default())
     };
     match (req.uri().path(), req.method()) {
-        ("/task", _) => match session.task() {
-            Some(task) => ok(serde_json::json!({ "id": session.id(), "task": task })),
-            None => flat_error(&Error::NotFound {
-                method: "GET".into(),
-                path: "/task (this rollout has no task)".into(),
-            }),
+        ("/task", _) => match session.task_body() {
+            Ok(body) => ok(body),
+            Err(e) => flat_error(&e),
         },
         (_, &Method::GET) => ok(session.state()),
         _ => {
@@ -590,49 +587,32 @@ async fn state_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Re
     }
 }
 
-/// `POST /tool`: a harness-run tool's result passes the session's tool hook (model
-/// secret, `Authorization: Bearer` only).
+/// `POST /tool`: the session's tool channel ([`Session::tool`]), on the model secret
+/// (`Authorization: Bearer` only; the state secret is not a tool capability). The
+/// session's answer is awaited while the rollout is live: a release (409) or the server's
+/// shutdown drops it.
 async fn tool_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ResponseBody> {
     let (entry, _guard) =
         match authenticate(&shared, intercept_core::dialect::bearer(req.headers())) {
             Ok(a) => a,
             Err(e) => return flat_error(&e),
         };
-    let session = entry.session.clone();
-    let ok = |v: &intercept_core::ToolAction| {
-        json_response(StatusCode::OK, serde_json::to_vec(v).unwrap_or_default())
-    };
-    if let Some(reason) = session.stop_condition() {
-        return ok(&intercept_core::ToolAction::Stop { reason });
-    }
-    let bytes = match read_body(&shared, req.into_body(), None, "the body").await {
+    let bytes = match read_body(&shared, req.into_body(), Some(&entry.cancel), "the body").await {
         Ok(b) => b,
         Err(e) => return flat_error(&e),
     };
-    #[derive(serde::Deserialize)]
-    struct ToolCall {
-        phase: intercept_core::ToolPhase,
-        message: serde_json::Value,
-    }
-    let call: ToolCall = match serde_json::from_slice(&bytes) {
-        Ok(c) => c,
-        Err(e) => {
-            return flat_error(&Error::invalid(format!(
-                "expected {{\"phase\": \"before\"|\"after\", \"message\": <tool message>}}: {e}"
-            )))
-        }
+    let session = entry.session.clone();
+    let answer = tokio::select! {
+        biased;
+        _ = entry.cancel.cancelled() => Err(if entry.is_released() {
+            Error::RolloutConcluded
+        } else {
+            Error::Cancelled("the server is shutting down; retry on another server".into())
+        }),
+        answer = session.tool(&bytes) => answer,
     };
-    if !call.message.is_object() {
-        return flat_error(&Error::invalid("`message` must be a tool message object"));
-    }
-    match session.on_tool(call.phase, &call.message).await {
-        Ok(intercept_core::ToolAction::Stop { reason }) => {
-            session.stop_with(intercept_core::StopReason::Hook(reason.clone()));
-            ok(&intercept_core::ToolAction::Stop {
-                reason: session.stop_condition().unwrap_or(reason),
-            })
-        }
-        Ok(action) => ok(&action),
+    match answer {
+        Ok(v) => json_response(StatusCode::OK, serde_json::to_vec(&v).unwrap_or_default()),
         Err(e) => flat_error(&e),
     }
 }
@@ -915,7 +895,7 @@ async fn model_call(
         Err(e) => return fail(e),
     };
     let session = entry.session.clone();
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     let bytes = match read_body(&shared, body, Some(&entry.cancel), "the request body").await {
         Ok(b) => b,
         Err(e) => return fail(e),
@@ -948,6 +928,7 @@ async fn model_call(
         dialect: dialect.kind(),
         stream: prepared.stream,
         seq,
+        headers: take_hook_headers(session.hook_headers(), &mut parts.headers),
     };
     let (policy, capture) = match prepare(&*dialect, &*session, &info, &mut body).await {
         Ok(p) => p,
@@ -963,6 +944,7 @@ async fn model_call(
             seq,
             body,
             headers: parts.headers,
+            hook_headers: info.headers,
             requested_model,
             policy,
             capture,
@@ -978,4 +960,30 @@ async fn model_call(
         Some(resp) => resp,
         None => fail(Error::Internal("the call ended without an answer".into())),
     }
+}
+
+/// Takes the headers a session consumes out of a request (they are not forwarded
+/// upstream): their values, one per name (the last sent), in the session's order. The
+/// headers of [`intercept_core::SECRET_HEADERS`] are never taken.
+fn take_hook_headers(names: &[String], headers: &mut http::HeaderMap) -> Vec<(String, String)> {
+    let mut taken = Vec::new();
+    for name in names {
+        let name = name.to_ascii_lowercase();
+        if intercept_core::SECRET_HEADERS.contains(&name.as_str()) {
+            continue;
+        }
+        let Ok(key) = http::HeaderName::from_bytes(name.as_bytes()) else {
+            continue;
+        };
+        let value = headers
+            .get_all(&key)
+            .iter()
+            .next_back()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        if let Some(value) = value {
+            headers.remove(&key);
+            taken.push((name, value));
+        }
+    }
+    taken
 }

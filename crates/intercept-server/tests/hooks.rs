@@ -743,3 +743,188 @@ async fn keepalives_flow_while_a_response_hook_buffers_a_slow_stream() {
     })
     .await
 }
+
+/// A session with its own tool and task channels (a tool gate's protocol, a task
+/// document of its own shape) that consumes one request header.
+#[derive(Debug)]
+struct Gate {
+    inner: RolloutSession,
+    /// The headers each request hook saw.
+    seen: parking_lot::Mutex<Vec<Vec<(String, String)>>>,
+    /// Asks for a credential too: the server must not hand it over.
+    hook_headers: Vec<String>,
+    /// Signalled when a tool call that never answers has started.
+    hanging: tokio::sync::Notify,
+}
+
+#[async_trait]
+impl Session for Gate {
+    fn id(&self) -> &str {
+        self.inner.id()
+    }
+    fn model(&self) -> &str {
+        self.inner.model()
+    }
+    fn upstream(&self) -> &Upstream {
+        self.inner.upstream()
+    }
+    fn record(&self, record: CallRecord) {
+        self.inner.record(record)
+    }
+    fn on_release(&self) {
+        self.inner.on_release()
+    }
+    fn hook_headers(&self) -> &[String] {
+        &self.hook_headers
+    }
+    async fn on_request(&self, call: &CallInfo, _body: &mut JsonBody) -> Result<HookAction, Error> {
+        self.seen.lock().push(call.headers.clone());
+        match call.headers.first() {
+            Some((_, v)) if v == "bad id!" => Err(Error::invalid("not a valid request id")),
+            _ => Ok(HookAction::Continue),
+        }
+    }
+    fn task_body(&self) -> Result<Value, Error> {
+        Ok(json!({"cls": "tasks:Row", "task": "{\"prompt\":\"p\"}"}))
+    }
+    async fn tool(&self, body: &[u8]) -> Result<Value, Error> {
+        let call: Value =
+            serde_json::from_slice(body).map_err(|e| Error::invalid(e.to_string()))?;
+        match call["tool_call_id"].as_str() {
+            Some("hang") => {
+                self.hanging.notify_one();
+                std::future::pending().await
+            }
+            Some("call_1") => Ok(json!({"action": "allow"})),
+            _ => Err(Error::invalid("tool gate asked about an unknown call")),
+        }
+    }
+}
+
+async fn get(base: &str, path: &str, secret: &str) -> (u16, Value) {
+    let req = http::Request::get(format!("{base}{path}"))
+        .header("authorization", format!("Bearer {secret}"))
+        .body(Full::new(Bytes::new()))
+        .expect("req");
+    let resp = client().request(req).await.expect("response");
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn a_session_answers_the_task_and_tool_channels_in_its_own_protocol() {
+    within(async {
+        let h = Harness::new().await;
+        let session = Arc::new(Gate {
+            inner: RolloutSession::new(h.session_config("gate")),
+            seen: Default::default(),
+            hook_headers: vec!["X-ACP-Model-Request-ID".into(), "authorization".into()],
+            hanging: tokio::sync::Notify::new(),
+        });
+        let guard = h.server.acquire(session.clone()).await.expect("acquire");
+        let base = guard.base_url.clone();
+        let (model, state) = (
+            guard.model_secret.expose().to_owned(),
+            guard.state_secret.expose().to_owned(),
+        );
+        // GET /task: the session's whole answer, on the state secret only.
+        assert_eq!(
+            get(&base, "/task", &state).await,
+            (
+                200,
+                json!({"cls": "tasks:Row", "task": "{\"prompt\":\"p\"}"})
+            )
+        );
+        assert_eq!(get(&base, "/task", &model).await.0, 401);
+        // POST /tool: the session's protocol, on the model secret only.
+        let gate = |id: &str| json!({"tool_call_id": id, "name": "add", "arguments": {"a": 1}});
+        assert_eq!(
+            post_tool(&base, &model, gate("call_1")).await,
+            (200, json!({"action": "allow"}))
+        );
+        assert_eq!(
+            post_tool(&base, &model, gate("call_9")).await,
+            (
+                400,
+                json!({"error": "tool gate asked about an unknown call"})
+            )
+        );
+        assert_eq!(post_tool(&base, &state, gate("call_1")).await.0, 401);
+        // The consumed header reaches the request hook (never the credential) and does
+        // not go upstream; a hook's refusal of it is a 400 and nothing goes upstream.
+        let ok = post(
+            &base,
+            "/v1/chat/completions",
+            Some(&model),
+            serde_json::to_vec(&chat_body("hi", false)).expect("json"),
+            &[("X-ACP-Model-Request-ID", "req-1")],
+        )
+        .await;
+        assert_eq!(ok.status, 200, "{}", ok.text());
+        let bad = post(
+            &base,
+            "/v1/chat/completions",
+            Some(&model),
+            serde_json::to_vec(&chat_body("hi", false)).expect("json"),
+            &[("x-acp-model-request-id", "bad id!")],
+        )
+        .await;
+        assert_eq!(bad.status, 400);
+        assert_eq!(bad.json()["error"]["message"], "not a valid request id");
+        let plain = post_json(&base, Some(&model), &chat_body("hi", false)).await;
+        assert_eq!(plain.status, 200);
+        assert_eq!(
+            *session.seen.lock(),
+            vec![
+                vec![("x-acp-model-request-id".to_owned(), "req-1".to_owned())],
+                vec![("x-acp-model-request-id".to_owned(), "bad id!".to_owned())],
+                vec![],
+            ]
+        );
+        let upstream = h.upstream.requests();
+        assert_eq!(upstream.len(), 2, "the refused call never went upstream");
+        assert!(upstream
+            .iter()
+            .all(|r| r.header("x-acp-model-request-id").is_none()));
+        assert_eq!(session.inner.trace().calls.len(), 2);
+        // A tool answer in progress is dropped at release: 409, and the release is not
+        // held up by it.
+        let pending = tokio::spawn({
+            let (base, model) = (base.clone(), model.clone());
+            async move { post_tool(&base, &model, gate("hang")).await }
+        });
+        session.hanging.notified().await;
+        guard.close().await;
+        assert_eq!(
+            pending.await.expect("join"),
+            (409, json!({"error": "rollout concluded"}))
+        );
+        h.server.stop().await.expect("stop");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn the_default_task_channel_answers_id_and_task() {
+    let h = Harness::new().await;
+    let (_session, _waiter, guard) = h
+        .session_with(
+            h.session_config("with-task")
+                .with_task(json!({"repo": "x"})),
+        )
+        .await;
+    assert_eq!(
+        get(&guard.base_url, "/task", guard.state_secret.expose()).await,
+        (200, json!({"id": "with-task", "task": {"repo": "x"}}))
+    );
+    let (_s, _w, without) = h.session("no-task").await;
+    assert_eq!(
+        get(&without.base_url, "/task", without.state_secret.expose())
+            .await
+            .0,
+        404
+    );
+    guard.close().await;
+    without.close().await;
+}
