@@ -209,6 +209,20 @@ impl SlotGuard {
             .is_some_and(|e| e.url() != self.slot.base_url)
     }
 
+    /// Hands intercept a harness's failure text (its stderr, an exception message) for
+    /// this slot. Returns true when the slot's tunnel backend recognises in it its tunnel
+    /// being dead for good (for Prime: `404 Tunnel not found or no longer active`); the
+    /// endpoint then counts as dead, and a pool retires the server this slot came
+    /// through (drains it, tears it down) and starts a new one at once, without waiting
+    /// for its next health round. False for any other text, and without an endpoint.
+    ///
+    /// The rollout itself failed through no fault of its harness: retry it on a new slot.
+    pub fn report_tunnel_failure(&self, text: &str) -> bool {
+        self.endpoint
+            .as_ref()
+            .is_some_and(|e| e.report_failure(&self.slot.base_url, text))
+    }
+
     /// The slot.
     pub fn slot(&self) -> &Slot {
         &self.slot

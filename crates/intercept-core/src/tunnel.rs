@@ -80,6 +80,27 @@ pub trait Endpoint: Send + Sync + fmt::Debug {
         Ok(self.url())
     }
 
+    /// Resolves once the endpoint knows it is dead (its connection to the tunnel service
+    /// closed or went silent, a harness reported it dead, ...), so that a supervisor can
+    /// probe and heal it at once instead of at its next round. It resolves at once while
+    /// the endpoint stays dead. The default never resolves: such an endpoint is only seen
+    /// dead through [`Endpoint::health`].
+    async fn dead(&self) {
+        std::future::pending::<()>().await;
+    }
+
+    /// A harness that reached this endpoint at `url` (its slot's `base_url`) failed with
+    /// `text` (its stderr, an exception message). Returns whether the backend recognises
+    /// in it this tunnel being dead for good (for Prime: `404 Tunnel not found or no longer
+    /// active`). When it does and `url` is still the endpoint's URL, the endpoint counts as
+    /// dead from then on: [`Endpoint::health`] reports it, [`Endpoint::dead`] resolves, and
+    /// [`Endpoint::refresh`] does not try to repair it in place. The default recognises
+    /// nothing.
+    fn report_failure(&self, url: &str, text: &str) -> bool {
+        let _ = (url, text);
+        false
+    }
+
     /// Tears the endpoint down. Called once, when the server stops.
     async fn teardown(&self) -> Result<(), Error>;
 }

@@ -170,6 +170,11 @@ struct Inner {
     cancel: CancellationToken,
     /// Signalled when a draining server may have become empty.
     drained: Notify,
+    /// Signalled when a ready server's endpoint reports itself dead: the maintenance loop
+    /// runs a round at once.
+    wake: Notify,
+    /// Maintenance rounds finished so far.
+    rounds: tokio::sync::watch::Sender<u64>,
     pause: crate::pause::PoolPause,
 }
 
@@ -206,6 +211,9 @@ struct Server {
     member: Option<Arc<dyn PoolMember>>,
     load: usize,
     empty_since: Option<Instant>,
+    /// Cancelled when the server stops being ready (draining, shrinking, torn down): ends
+    /// the task that watches its endpoint.
+    retired: CancellationToken,
 }
 
 struct Waiter {
@@ -319,6 +327,8 @@ impl ElasticPool {
                 tasks: TaskTracker::new(),
                 cancel: CancellationToken::new(),
                 drained: Notify::new(),
+                wake: Notify::new(),
+                rounds: tokio::sync::watch::channel(0).0,
             }),
         })
     }
@@ -454,6 +464,7 @@ impl Inner {
                 member: None,
                 load: 0,
                 empty_since: None,
+                retired: self.cancel.child_token(),
             });
             new.push(index);
         }
@@ -530,6 +541,7 @@ impl Inner {
                     server.phase = ServerPhase::Ready;
                     server.member = Some(member);
                     server.empty_since = Some(Instant::now());
+                    let retired = server.retired.clone();
                     if let Some(outage) = state.outage.take() {
                         warn!(
                             server = index,
@@ -547,6 +559,13 @@ impl Inner {
                     }
                     // When stopping, the server stays listed and stop() tears it down.
                     self.clone().settle(state);
+                    if running {
+                        self.tasks.spawn(self.clone().watch_endpoint(
+                            index,
+                            joined.clone(),
+                            retired,
+                        ));
+                    }
                     // Again now that it is listed: a pause that ran in between did not
                     // see it.
                     self.pause.apply(&*joined);
@@ -627,6 +646,37 @@ impl Inner {
     /// One maintenance round: probe endpoints, retire the unhealthy, shrink the idle,
     /// top the floor up.
     async fn maintain(self: Arc<Self>) {
+        self.clone().maintain_round().await;
+        self.rounds.send_modify(|n| *n += 1);
+    }
+
+    /// Waits for the endpoint of ready server `index` to report itself dead, then wakes
+    /// the maintenance loop, so a dead endpoint is probed (and its server retired) at once
+    /// rather than at the next `health_interval` tick. At most one wake per maintenance
+    /// round; ends when the server stops being ready or the pool stops.
+    async fn watch_endpoint(
+        self: Arc<Self>,
+        index: u64,
+        member: Arc<dyn PoolMember>,
+        retired: CancellationToken,
+    ) {
+        loop {
+            tokio::select! {
+                _ = retired.cancelled() => return,
+                () = member.dead() => {}
+            }
+            let mut rounds = self.rounds.subscribe();
+            let seen = *rounds.borrow_and_update();
+            debug!(server = index, "elastic pool: endpoint reports itself dead; probing it now");
+            self.wake.notify_one();
+            tokio::select! {
+                _ = retired.cancelled() => return,
+                _ = rounds.wait_for(|n| *n > seen) => {}
+            }
+        }
+    }
+
+    async fn maintain_round(self: Arc<Self>) {
         let ready: Vec<(u64, Arc<dyn PoolMember>)> = {
             let state = self.state.lock();
             if state.lifecycle != Lifecycle::Running {
@@ -678,6 +728,7 @@ impl Inner {
                 {
                     warn!(server = index, reason = %why, load = s.load, "elastic pool: endpoint unhealthy; draining the server");
                     s.phase = ServerPhase::Draining;
+                    s.retired.cancel();
                     self.tasks.spawn(self.clone().retire(index, member));
                 }
             }
@@ -705,6 +756,7 @@ impl Inner {
         for k in shrink {
             let s = &mut state.servers[ready_idx[k]];
             s.phase = ServerPhase::Stopping;
+            s.retired.cancel();
             if let Some(member) = s.member.clone() {
                 info!(server = s.index, "elastic pool: shrinking an idle server");
                 self.tasks.spawn(self.clone().teardown(s.index, member));
@@ -755,7 +807,12 @@ impl Inner {
             warn!(server = index, %error, "elastic pool: server teardown failed");
         }
         let mut state = self.state.lock();
-        state.servers.retain(|s| s.index != index);
+        state.servers.retain(|s| {
+            if s.index == index {
+                s.retired.cancel();
+            }
+            s.index != index
+        });
         self.clone().settle(state);
     }
 
@@ -765,6 +822,8 @@ impl Inner {
             tokio::select! {
                 _ = self.cancel.cancelled() => return,
                 _ = tokio::time::sleep(period) => {}
+                // An endpoint reported itself dead: probe now.
+                _ = self.wake.notified() => {}
             }
             self.clone().maintain().await;
         }

@@ -48,6 +48,14 @@ pub trait PoolMember: Send + Sync + fmt::Debug {
         ))
     }
 
+    /// Resolves once the server's endpoint knows itself dead
+    /// ([`intercept_core::Endpoint::dead`]: a lost tunnel connection, a harness's report),
+    /// so that the pool probes it at once instead of at its next health round. The
+    /// default never resolves.
+    async fn dead(&self) {
+        std::future::pending::<()>().await;
+    }
+
     /// Its public base URL, if it has one (for introspection). Defaults to `None`.
     fn base_url(&self) -> Option<String> {
         None
@@ -96,6 +104,13 @@ impl PoolMember for InterceptionServer {
             None => Err(Error::Unavailable(
                 "the server has no endpoint to repair".into(),
             )),
+        }
+    }
+
+    async fn dead(&self) {
+        match self.endpoint() {
+            Some(endpoint) => endpoint.dead().await,
+            None => std::future::pending::<()>().await,
         }
     }
 

@@ -34,8 +34,13 @@ use uuid::Uuid;
 use crate::error::TunnelError;
 use crate::limiter::RateLimiter;
 
-/// How long connecting to the bore server and its first messages may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long connecting to the bore server, and each of its first messages, may take by
+/// default.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long the control connection may stay silent before it counts as dead, by default.
+/// The server sends a heartbeat twice a second, so this is ten missed heartbeats.
+pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A tunnel through a bore server: the public URL is `http://<server>:<remote port>`.
 #[derive(Debug, Clone)]
@@ -46,6 +51,7 @@ pub struct BoreTunnel {
     secret_source: String,
     local_host: String,
     heartbeat_timeout: Duration,
+    connect_timeout: Duration,
     repair_backoff: (Duration, Duration),
     limiter: RateLimiter,
 }
@@ -60,7 +66,8 @@ impl BoreTunnel {
             secret: None,
             secret_source: "the tunnel's `secret`".into(),
             local_host: "127.0.0.1".into(),
-            heartbeat_timeout: Duration::from_secs(10),
+            heartbeat_timeout: DEFAULT_HEARTBEAT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             repair_backoff: (Duration::from_millis(500), Duration::from_secs(30)),
             limiter: RateLimiter::off(),
         }
@@ -86,9 +93,18 @@ impl BoreTunnel {
     }
 
     /// Declares the control connection dead when the server sends nothing (it sends a
-    /// heartbeat twice a second) for this long. 10 s by default.
+    /// heartbeat twice a second) for this long. 5 s by default
+    /// ([`DEFAULT_HEARTBEAT_TIMEOUT`]).
     pub fn with_heartbeat_timeout(mut self, timeout: Duration) -> Self {
         self.heartbeat_timeout = timeout;
+        self
+    }
+
+    /// Bounds connecting to the bore server and each of its first answers (the
+    /// authentication challenge, the hello): a server that accepts and stays silent fails
+    /// an attempt after this long. 5 s by default ([`DEFAULT_CONNECT_TIMEOUT`]).
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
         self
     }
 
@@ -121,6 +137,7 @@ impl BoreTunnel {
             local_host: self.local_host.clone(),
             local_port,
             secret_source: self.secret_source.clone(),
+            connect_timeout: self.connect_timeout,
         };
         let task = tokio::spawn(run_control(
             control,
@@ -142,14 +159,16 @@ impl BoreTunnel {
     async fn hello(&self, remote_port: u16) -> Result<(Delimited<TcpStream>, u16), MintError> {
         let to = format!("{}:{}", self.server, self.control_port);
         let auth = self.secret.as_deref().map(Authenticator::new);
+        let within = self.connect_timeout;
         let mut control = connect(
             &self.server,
             self.control_port,
             auth.as_ref(),
             &self.secret_source,
+            within,
         )
         .await?;
-        let answer = tokio::time::timeout(CONNECT_TIMEOUT, async {
+        let answer = tokio::time::timeout(within, async {
             control
                 .send(ClientMessage::Hello(remote_port))
                 .await
@@ -163,7 +182,7 @@ impl BoreTunnel {
         .map_err(|_| {
             TunnelError::Timeout(format!(
                 "bore server at {to} does not answer (no reply to hello within \
-                 {CONNECT_TIMEOUT:?}); is it overloaded or frozen?"
+                 {within:?}); is it overloaded or frozen?"
             ))
         })??;
         match answer {
@@ -487,6 +506,12 @@ impl Endpoint for BoreEndpoint {
         Ok(self.inner.repair().await?)
     }
 
+    /// Resolves when the current control connection is dead (closed, silent for the
+    /// heartbeat timeout) or the tunnel was torn down; at once while it stays dead.
+    async fn dead(&self) {
+        self.closed().await;
+    }
+
     async fn teardown(&self) -> Result<(), Error> {
         self.inner.torn_down.store(true, Ordering::Relaxed);
         self.repair.abort();
@@ -506,6 +531,7 @@ struct Forwarder {
     local_host: String,
     local_port: u16,
     secret_source: String,
+    connect_timeout: Duration,
 }
 
 impl Forwarder {
@@ -515,6 +541,7 @@ impl Forwarder {
             self.control_port,
             self.auth.as_deref(),
             &self.secret_source,
+            self.connect_timeout,
         )
         .await?;
         let to = format!("{}:{}", self.server, self.control_port);
@@ -583,13 +610,14 @@ async fn connect(
     port: u16,
     auth: Option<&Authenticator>,
     secret_source: &str,
+    within: Duration,
 ) -> Result<Delimited<TcpStream>, TunnelError> {
     let to = format!("{host}:{port}");
-    let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((host, port)))
+    let stream = tokio::time::timeout(within, TcpStream::connect((host, port)))
         .await
         .map_err(|_| {
             TunnelError::Timeout(format!(
-                "bore server at {to} does not answer (connecting timed out after {CONNECT_TIMEOUT:?})"
+                "bore server at {to} does not answer (connecting timed out after {within:?})"
             ))
         })?
         .map_err(|e| {
@@ -599,7 +627,7 @@ async fn connect(
         })?;
     let mut stream = Delimited::new(stream);
     if let Some(auth) = auth {
-        client_handshake(&mut stream, auth, &to, secret_source).await?;
+        client_handshake(&mut stream, auth, &to, secret_source, within).await?;
     }
     Ok(stream)
 }
@@ -611,13 +639,14 @@ async fn client_handshake(
     auth: &Authenticator,
     to: &str,
     secret_source: &str,
+    within: Duration,
 ) -> Result<(), TunnelError> {
-    let first = tokio::time::timeout(CONNECT_TIMEOUT, stream.recv::<ServerMessage>())
+    let first = tokio::time::timeout(within, stream.recv::<ServerMessage>())
         .await
         .map_err(|_| {
             TunnelError::Timeout(format!(
                 "bore server at {to} does not answer (no authentication challenge within \
-                 {CONNECT_TIMEOUT:?}); is it overloaded or frozen?"
+                 {within:?}); is it overloaded or frozen?"
             ))
         })?
         .map_err(|e| conn_err(to, &e))?;
@@ -667,6 +696,7 @@ fn url_host(host: &str) -> String {
 pub struct BoreServer {
     control_addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
+    frozen: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
 
@@ -688,12 +718,22 @@ impl BoreServer {
         let control_addr = listener.local_addr()?;
         let auth = secret.map(Authenticator::new).map(Arc::new);
         let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(serve(listener, auth, stopped));
+        let (frozen, frozen_rx) = watch::channel(false);
+        let task = tokio::spawn(serve(listener, auth, frozen_rx, stopped));
         Ok(BoreServer {
             control_addr,
             stop: Some(stop),
+            frozen,
             task,
         })
+    }
+
+    /// Freezes the server (`true`) as a hung or overloaded one: it still accepts
+    /// connections (the kernel does) and keeps every connection and public port open, but
+    /// its control connections send nothing: no heartbeats, no answers to new clients, no
+    /// new forwarded connections (those already forwarded keep flowing). `false` thaws it.
+    pub fn freeze(&self, frozen: bool) {
+        self.frozen.send_replace(frozen);
     }
 
     /// The control address clients connect to.
@@ -720,6 +760,7 @@ impl Drop for BoreServer {
 async fn serve(
     listener: TcpListener,
     auth: Option<Arc<Authenticator>>,
+    frozen: watch::Receiver<bool>,
     mut stop: oneshot::Receiver<()>,
 ) {
     let pending: Pending = Arc::default();
@@ -737,10 +778,11 @@ async fn serve(
                 let Ok((stream, _)) = accepted else { continue };
                 let auth = auth.clone();
                 let pending = Arc::clone(&pending);
+                let frozen = frozen.clone();
                 let ip = listener.local_addr().map(|a| a.ip());
                 conns.spawn(async move {
                     if let Ok(ip) = ip {
-                        if let Err(e) = serve_control(stream, ip, auth, pending).await {
+                        if let Err(e) = serve_control(stream, ip, auth, frozen, pending).await {
                             tracing::debug!(error = %e, "bore server connection ended");
                         }
                     }
@@ -755,8 +797,10 @@ async fn serve_control(
     stream: TcpStream,
     ip: IpAddr,
     auth: Option<Arc<Authenticator>>,
+    mut frozen: watch::Receiver<bool>,
     pending: Pending,
 ) -> Result<(), String> {
+    thawed(&mut frozen).await;
     let mut stream = Delimited::new(stream);
     if let Some(auth) = auth {
         if let Err(e) = auth.server_handshake(&mut stream).await {
@@ -784,6 +828,7 @@ async fn serve_control(
                 ids: Vec::new(),
             };
             loop {
+                thawed(&mut frozen).await;
                 stream
                     .send(ServerMessage::Heartbeat)
                     .await
@@ -820,6 +865,12 @@ async fn serve_control(
         }
         _ => Ok(()),
     }
+}
+
+/// Waits while the server is frozen ([`BoreServer::freeze`]).
+async fn thawed(frozen: &mut watch::Receiver<bool>) {
+    // The sender lives as long as the server, whose tasks end with it.
+    let _ = frozen.wait_for(|f| !*f).await;
 }
 
 /// Ids announced on one control connection; dropping it drops their unaccepted

@@ -73,7 +73,8 @@ pub struct BoreConfig {
     /// The server's secret (`bore server --secret`), if any. Never printed.
     #[serde(default)]
     pub secret: Option<String>,
-    /// Seconds without a heartbeat after which the tunnel counts as dead (default 10).
+    /// Seconds without a heartbeat after which the tunnel counts as dead (default 5; the
+    /// server sends two a second).
     #[serde(default = "heartbeat_secs")]
     pub heartbeat_timeout_secs: f64,
     /// Creation rate limit (off by default: a self-hosted server has no cap).
@@ -91,7 +92,7 @@ fn bore_control_port() -> u16 {
 }
 
 fn heartbeat_secs() -> f64 {
-    10.0
+    crate::bore::DEFAULT_HEARTBEAT_TIMEOUT.as_secs_f64()
 }
 
 impl fmt::Debug for BoreConfig {

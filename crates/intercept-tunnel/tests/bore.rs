@@ -202,3 +202,62 @@ async fn expose_through_the_trait_object() {
     drop(endpoint);
     assert!(common::get(&format!("{url}/z")).await.is_err());
 }
+
+// Real time, short intervals: under paused time tokio advances the clock past heartbeats
+// that are already on their way over loopback, so a tunnel would die of silence anyway.
+#[tokio::test]
+async fn a_frozen_server_is_noticed_within_the_heartbeat_timeout_and_thaws_in_place() {
+    let heartbeat = Duration::from_secs(1);
+    let server = BoreServer::bind("127.0.0.1:0".parse().unwrap(), Some("s3cret"))
+        .await
+        .unwrap();
+    let app = common::hello_server("frozen").await;
+    let tunnel = BoreTunnel::new("127.0.0.1")
+        .with_control_port(server.control_addr().port())
+        .with_secret(Some("s3cret".into()))
+        .with_heartbeat_timeout(heartbeat)
+        .with_connect_timeout(Duration::from_millis(300))
+        .with_repair_backoff(Duration::from_millis(50), Duration::from_millis(100));
+    let endpoint = BoreEndpoint::open(tunnel, app.port).await.unwrap();
+    let url = endpoint.url();
+    let repairs = endpoint.repairs();
+    // Heartbeats keep it alive past the timeout.
+    assert!(
+        tokio::time::timeout(heartbeat * 2, endpoint.dead())
+            .await
+            .is_err(),
+        "a live server's tunnel died"
+    );
+    assert!(endpoint.health().await.is_healthy());
+
+    let frozen_at = tokio::time::Instant::now();
+    server.freeze(true);
+    tokio::time::timeout(Duration::from_secs(10), endpoint.dead())
+        .await
+        .expect("a frozen server must be noticed");
+    let noticed = frozen_at.elapsed();
+    println!("frozen bore server noticed by its endpoint after {noticed:?}");
+    assert!(noticed <= heartbeat + Duration::from_millis(500), "{noticed:?}");
+    assert!(!endpoint.health().await.is_healthy());
+    // While it stays frozen, a repair is a retryable timeout, not an auth error.
+    let err = endpoint.refresh().await.unwrap_err();
+    assert!(err.retryable(), "{err}");
+    assert!(err.to_string().contains("does not answer"), "{err}");
+
+    // Thawed, the endpoint repairs itself. (On the same URL only if the thawed server
+    // has already noticed the old control connection gone and freed its port; else the
+    // tunnel moves.)
+    server.freeze(false);
+    wait_repaired(repairs, 1).await;
+    assert!(endpoint.health().await.is_healthy());
+    let now = endpoint.url();
+    assert!(now == url || endpoint.moves() == 1, "{now} vs {url}");
+    assert_eq!(
+        common::get(&format!("{now}/again")).await.unwrap().1,
+        "frozen /again"
+    );
+    endpoint.teardown().await.unwrap();
+    // Torn down, it stays dead.
+    endpoint.dead().await;
+    server.shutdown().await;
+}

@@ -278,3 +278,81 @@ impl PoolMember for FakeMember {
         Ok(())
     }
 }
+
+/// Wraps a real [`ServerFactory`] and tells when the pool stops each server it made, so a
+/// test can await a retirement instead of polling for it.
+#[derive(Debug)]
+pub struct Watched {
+    inner: Arc<dyn ServerFactory>,
+    stopped: watch::Sender<Vec<u64>>,
+}
+
+impl Watched {
+    /// Watches the servers `inner` makes.
+    pub fn new(inner: Arc<dyn ServerFactory>) -> Arc<Self> {
+        Arc::new(Watched {
+            inner,
+            stopped: watch::channel(Vec::new()).0,
+        })
+    }
+
+    /// Waits until the pool has begun to stop server `index`.
+    pub async fn stopping(&self, index: u64) {
+        let mut rx = self.stopped.subscribe();
+        rx.wait_for(|v| v.contains(&index))
+            .await
+            .expect("factory dropped");
+    }
+}
+
+#[async_trait]
+impl ServerFactory for Watched {
+    async fn start_server(&self, index: u64) -> Result<Arc<dyn PoolMember>, Error> {
+        let inner = self.inner.start_server(index).await?;
+        Ok(Arc::new(WatchedMember {
+            index,
+            inner,
+            stopped: self.stopped.clone(),
+        }))
+    }
+}
+
+/// A member of a [`Watched`] factory: the real one, whose `stop` is reported.
+#[derive(Debug)]
+struct WatchedMember {
+    index: u64,
+    inner: Arc<dyn PoolMember>,
+    stopped: watch::Sender<Vec<u64>>,
+}
+
+#[async_trait]
+impl PoolMember for WatchedMember {
+    async fn acquire(&self, session: Arc<dyn Session>) -> Result<SlotGuard, Error> {
+        self.inner.acquire(session).await
+    }
+
+    fn load(&self) -> usize {
+        self.inner.load()
+    }
+
+    async fn health(&self) -> Health {
+        self.inner.health().await
+    }
+
+    async fn stop(&self) -> Result<(), Error> {
+        self.stopped.send_modify(|v| v.push(self.index));
+        self.inner.stop().await
+    }
+
+    async fn repair(&self) -> Result<(), Error> {
+        self.inner.repair().await
+    }
+
+    async fn dead(&self) {
+        self.inner.dead().await;
+    }
+
+    fn base_url(&self) -> Option<String> {
+        self.inner.base_url()
+    }
+}
