@@ -103,6 +103,22 @@ class Slot:
     def released(self) -> bool:
         return bool(self._native.released)
 
+    def report_tunnel_failure(self, text: str) -> bool:
+        """Hands intercept the harness's failure text (its stderr, an exception message).
+        True when the slot's tunnel backend recognises its tunnel dead in it (Prime's
+        `404 Tunnel not found or no longer active`): the server behind the slot is healed
+        at once (a new tunnel, or a new server), and the rollout should be retried on a
+        new slot. False for any other failure, and for a released slot."""
+        if not isinstance(text, str):
+            raise InvalidRequestError("report_tunnel_failure: `text` must be a string")
+        return bool(self._native.report_tunnel_failure(text))
+
+    @property
+    def endpoint_lost(self) -> bool:
+        """Whether `base_url` is gone for good: the slot's tunnel was re-minted at a new
+        URL, so the harness can no longer reach the server through it."""
+        return bool(self._native.endpoint_lost)
+
     async def release(self) -> None:
         """Frees the slot; returns once in-flight calls recorded and the trace is sealed.
         Idempotent. Completes even if the awaiting task is cancelled meanwhile."""

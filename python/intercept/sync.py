@@ -78,6 +78,14 @@ class Slot:
     def released(self) -> bool:
         return self._slot.released
 
+    @property
+    def endpoint_lost(self) -> bool:
+        return self._slot.endpoint_lost
+
+    def report_tunnel_failure(self, text: str) -> bool:
+        """See `intercept.Slot.report_tunnel_failure`."""
+        return self._slot.report_tunnel_failure(text)
+
     def release(self) -> None:
         """Frees the slot; returns once the trace is sealed."""
         self._portal.call(self._slot.release())

@@ -36,7 +36,7 @@ class Bore:
     server: str
     control_port: int = 7835
     secret: str | None = field(default=None, repr=False)
-    heartbeat_timeout: float = 10.0
+    heartbeat_timeout: float = 5.0
     rate_limit: Mapping[str, Any] | None = None
 
     def to_config(self) -> dict[str, Any]:

@@ -127,3 +127,19 @@ async def test_stop_with_calls_in_flight_records_them(mock) -> None:
         await asyncio.wait_for(call, 30)
     assert [r.error.kind for r in session.trace().calls if r.error] == ["cancelled"]
     await c.close()
+
+
+async def test_a_tunnel_failure_report_on_a_slot_without_a_tunnel_changes_nothing(server, mock) -> None:
+    """A server reached without a tunnel has no tunnel to declare dead: the report is
+    not recognised, the slot keeps working. (The Prime backend's recognition and the
+    pool's re-mint are tested in Rust against the mock Prime service.)"""
+    session = intercept.Session(id="report", model="m", upstream=mock.base_url)
+    async with server.acquire(session) as slot:
+        assert not slot.report_tunnel_failure("404 Tunnel not found or no longer active")
+        assert not slot.endpoint_lost
+        with pytest.raises(intercept.InvalidRequestError, match="must be a string"):
+            slot.report_tunnel_failure(None)  # type: ignore[arg-type]
+        c = client(slot)
+        assert await ask(c, "still") == "echo: still"
+        await c.close()
+    assert not slot.report_tunnel_failure("404 Tunnel not found or no longer active")

@@ -212,9 +212,11 @@ impl SlotGuard {
     /// Hands intercept a harness's failure text (its stderr, an exception message) for
     /// this slot. Returns true when the slot's tunnel backend recognises in it its tunnel
     /// being dead for good (for Prime: `404 Tunnel not found or no longer active`); the
-    /// endpoint then counts as dead, and a pool retires the server this slot came
-    /// through (drains it, tears it down) and starts a new one at once, without waiting
-    /// for its next health round. False for any other text, and without an endpoint.
+    /// endpoint then counts as dead ([`Endpoint::dead`] resolves), and a pool heals the
+    /// server this slot came through at once, without waiting for its next health round:
+    /// a new tunnel at a new URL ([`SlotGuard::endpoint_lost`] turns true), or, when that
+    /// fails, the server is retired and a new one started. False for any other text, and
+    /// without an endpoint.
     ///
     /// The rollout itself failed through no fault of its harness: retry it on a new slot.
     pub fn report_tunnel_failure(&self, text: &str) -> bool {

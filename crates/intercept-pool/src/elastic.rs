@@ -667,7 +667,10 @@ impl Inner {
             }
             let mut rounds = self.rounds.subscribe();
             let seen = *rounds.borrow_and_update();
-            debug!(server = index, "elastic pool: endpoint reports itself dead; probing it now");
+            debug!(
+                server = index,
+                "elastic pool: endpoint reports itself dead; probing it now"
+            );
             self.wake.notify_one();
             tokio::select! {
                 _ = retired.cancelled() => return,

@@ -204,3 +204,41 @@ async fn with_the_api_hanging_the_pool_stops_within_the_delete_bound() {
     drop(slots);
     f.mock.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_tunnel_a_harness_reports_reaped_is_re_minted_at_once_not_at_the_next_round() {
+    // The health round is an hour away (the fixture's): only the report can trigger this.
+    let f = fixture().await;
+    let slot = f.pool.acquire(session("a")).await.unwrap();
+    let endpoint = f.tunnel.endpoints.lock()[0].clone();
+    let old_id = endpoint.tunnel_id().await.unwrap();
+    assert_eq!(healthz(&slot.base_url).await, "HTTP/1.1 200 OK");
+
+    f.mock.reap(&old_id);
+    assert_eq!(healthz(&slot.base_url).await, "HTTP/1.1 404 Not Found");
+    assert!(!slot.report_tunnel_failure("the harness exited with status 1"));
+    assert!(slot.report_tunnel_failure(
+        "openai.NotFoundError: Error code: 404 - Tunnel not found or no longer active"
+    ));
+    let re_minted = f
+        .mock
+        .wait_until(Duration::from_secs(30), |m| {
+            m.tunnels().get(&old_id).is_some_and(|t| t.deleted) && m.live_tunnels().len() == 1
+        })
+        .await;
+    assert!(re_minted, "{:?}", f.mock.tunnels());
+    // The re-mint holds the endpoint's lock until the new URL is set: once it is free,
+    // the slot learns that its URL is gone, and the server behind it takes new rollouts
+    // at its new URL.
+    assert_ne!(endpoint.tunnel_id().await.unwrap(), old_id);
+    assert!(slot.endpoint_lost());
+    assert_eq!(f.pool.created(), 1, "healed in place: no second server");
+    let old_url = slot.base_url.clone();
+    slot.close().await;
+    let next = f.pool.acquire(session("b")).await.unwrap();
+    assert_ne!(next.base_url, old_url);
+    assert_eq!(healthz(&next.base_url).await, "HTTP/1.1 200 OK");
+    next.close().await;
+    f.pool.stop().await.unwrap();
+    f.mock.shutdown().await;
+}

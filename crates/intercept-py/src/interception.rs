@@ -317,6 +317,25 @@ impl NativeSlot {
         Ok(d)
     }
 
+    /// Hands intercept a harness's failure text for this slot (its stderr, an exception
+    /// message): true when the slot's tunnel backend recognises its tunnel dead in it
+    /// (Prime: `404 Tunnel not found or no longer active`), which heals the server at once.
+    fn report_tunnel_failure(&self, text: &str) -> bool {
+        self.guard
+            .lock()
+            .as_ref()
+            .is_some_and(|g| g.report_tunnel_failure(text))
+    }
+
+    /// Whether the slot's `base_url` is gone for good (its tunnel moved to a new URL).
+    #[getter]
+    fn endpoint_lost(&self) -> bool {
+        self.guard
+            .lock()
+            .as_ref()
+            .is_some_and(SlotGuard::endpoint_lost)
+    }
+
     /// Whether the slot was released.
     #[getter]
     fn released(&self) -> bool {

@@ -237,7 +237,10 @@ async fn a_frozen_server_is_noticed_within_the_heartbeat_timeout_and_thaws_in_pl
         .expect("a frozen server must be noticed");
     let noticed = frozen_at.elapsed();
     println!("frozen bore server noticed by its endpoint after {noticed:?}");
-    assert!(noticed <= heartbeat + Duration::from_millis(500), "{noticed:?}");
+    assert!(
+        noticed <= heartbeat + Duration::from_millis(500),
+        "{noticed:?}"
+    );
     assert!(!endpoint.health().await.is_healthy());
     // While it stays frozen, a repair is a retryable timeout, not an auth error.
     let err = endpoint.refresh().await.unwrap_err();

@@ -703,3 +703,98 @@ async fn a_sigkilled_process_leaves_no_frpc_behind() {
     }
     assert!(gone, "frpc {frpc} outlived its SIGKILLed parent");
 }
+
+#[tokio::test]
+async fn a_tunnel_reaped_at_the_edge_is_seen_by_health_and_re_minted_by_refresh() {
+    let f = Fixture::new().await;
+    let endpoint = f
+        .tunnel(PrimeConfig {
+            health_ttl: Duration::ZERO,
+            ..f.config()
+        })
+        .open(f.app.port)
+        .await
+        .unwrap();
+    let old_url = endpoint.url();
+    let old_id = endpoint.tunnel_id().await.unwrap();
+    // A live tunnel's URL reaches the app: the probe of its `GET /` sees the app.
+    assert!(endpoint.health().await.is_healthy());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), endpoint.dead())
+            .await
+            .is_err(),
+        "a live tunnel is not dead"
+    );
+
+    // The service reaps it: the API still lists it connected and frpc runs, but the
+    // edge answers 404.
+    f.mock.reap(&old_id);
+    assert_eq!(f.mock.tunnels()[&old_id].status, "connected");
+    let (status, body) = common::get(&format!("{old_url}/v1/models")).await.unwrap();
+    assert_eq!(
+        (status, body.as_str()),
+        (404, intercept_tunnel::prime::REAPED)
+    );
+    let health = endpoint.health().await;
+    let intercept_core::Health::Unhealthy(why) = &health else {
+        panic!("a reaped tunnel is healthy: {health:?}")
+    };
+    assert!(why.contains("reaped") && why.contains(&old_id), "{why}");
+    tokio::time::timeout(Duration::from_secs(5), endpoint.dead())
+        .await
+        .expect("a reaped tunnel is dead");
+
+    // refresh cannot restart frpc into it: it mints a new tunnel.
+    let new_url = endpoint.refresh().await.unwrap();
+    assert_ne!(new_url, old_url);
+    assert!(f.mock.tunnels()[&old_id].deleted);
+    assert_eq!(f.starts(), 2, "the re-mint went through the rate limiter");
+    assert!(endpoint.health().await.is_healthy());
+    assert_eq!(
+        common::get(&format!("{new_url}/x")).await.unwrap().1,
+        "hello /x"
+    );
+    endpoint.teardown().await.unwrap();
+    f.mock.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_harness_report_of_a_reaped_tunnel_marks_only_that_url_dead() {
+    let f = Fixture::new().await;
+    // The API is asked once per minute: a report must not wait for it.
+    let endpoint = f.tunnel(f.config()).open(f.app.port).await.unwrap();
+    let url = endpoint.url();
+    assert!(endpoint.health().await.is_healthy());
+    let stderr = "httpx.HTTPStatusError: Client error '404 Not Found' for url \
+                  'https://x.tunnel.invalid/v1/chat/completions'\nTUNNEL NOT FOUND OR NO LONGER ACTIVE";
+    // Text of another failure is not recognised; a report for a URL the endpoint has
+    // already left is recognised but changes nothing.
+    assert!(!endpoint.report_failure(&url, "connection reset by peer"));
+    assert!(endpoint.report_failure("http://127.0.0.1:1", stderr));
+    assert!(endpoint.health().await.is_healthy());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), endpoint.dead())
+            .await
+            .is_err()
+    );
+
+    assert!(endpoint.report_failure(&format!("{url}/"), stderr));
+    tokio::time::timeout(Duration::from_secs(5), endpoint.dead())
+        .await
+        .expect("a reported tunnel is dead at once");
+    let health = endpoint.health().await;
+    assert!(
+        matches!(&health, intercept_core::Health::Unhealthy(w) if w.contains("harness reports")),
+        "{health:?}"
+    );
+    assert_eq!(
+        f.mock.count("GET", "/api/v1/tunnel/"),
+        1,
+        "no second API call"
+    );
+    let new_url = endpoint.refresh().await.unwrap();
+    assert_ne!(new_url, url);
+    assert!(endpoint.health().await.is_healthy());
+    endpoint.teardown().await.unwrap();
+    f.mock.shutdown().await;
+}

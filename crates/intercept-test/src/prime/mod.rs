@@ -23,7 +23,10 @@
 //! Failures are scripted: [`MockPrime::fail_next_create`] queues error answers for the
 //! next registrations, [`MockPrime::set_get_status`] makes `GET` fail (a flaky API),
 //! [`MockPrime::set_status`] changes a registration's status (e.g. `expired`), and
-//! [`MockPrime::freeze`] leaves every API request unanswered (a hanging API).
+//! [`MockPrime::freeze`] leaves every API request unanswered (a hanging API), and
+//! [`MockPrime::reap`] has a tunnel's public port answer every request as the Prime edge
+//! answers for a reaped tunnel (404 `Tunnel not found or no longer active`) while its
+//! registration and its frpc carry on as if nothing happened.
 //!
 //! All tasks belong to the mock; [`MockPrime::shutdown`] (or drop) stops them.
 
@@ -118,10 +121,13 @@ pub struct MockTunnel {
     pub logins: u32,
     /// Whether [`MockPrime::kick`] told its frpc that the tunnel is gone.
     pub kicked: bool,
+    /// Whether [`MockPrime::reap`] reaped it at the edge.
+    pub reaped: bool,
     token: String,
     binding_secret: String,
     frpc_port: Arc<AtomicU16>,
     public: CancellationToken,
+    edge_reaped: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl MockTunnel {
@@ -265,6 +271,17 @@ impl MockPrime {
     pub fn kick(&self, id: &str) {
         if let Some(t) = self.state.tunnels.lock().get_mut(id) {
             t.kicked = true;
+        }
+        self.state.changed();
+    }
+
+    /// Reaps the tunnel at the edge only: its public port answers each request 404
+    /// `Tunnel not found or no longer active`, while the API still lists it as it was and
+    /// its frpc stays connected.
+    pub fn reap(&self, id: &str) {
+        if let Some(t) = self.state.tunnels.lock().get_mut(id) {
+            t.reaped = true;
+            t.edge_reaped.store(true, Ordering::SeqCst);
         }
         self.state.changed();
     }
@@ -495,15 +512,18 @@ async fn create(state: &Arc<State>, body: Option<&Value>) -> Response<Full<Bytes
         frpc_pid: None,
         logins: 0,
         kicked: false,
+        reaped: false,
         // Values that need escaping in TOML, on purpose.
         token: format!("tok\"{n}\\x"),
         binding_secret: format!("bs-{n}\n"),
         frpc_port: Arc::clone(&frpc_port),
         public: public.clone(),
+        edge_reaped: Arc::default(),
     };
     state.tracker.spawn(public_port_loop(
         listener,
         frpc_port,
+        Arc::clone(&tunnel.edge_reaped),
         public,
         state.tracker.clone(),
     ));
@@ -513,10 +533,16 @@ async fn create(state: &Arc<State>, body: Option<&Value>) -> Response<Full<Bytes
     reply(201, info)
 }
 
-/// Forwards each connection to the public port to the port frpc registered.
+/// What the Prime edge answers for a reaped tunnel.
+const REAPED_ANSWER: &[u8] = b"HTTP/1.1 404 Not Found\r\ncontent-type: text/plain\r\n\
+content-length: 36\r\nconnection: close\r\n\r\nTunnel not found or no longer active";
+
+/// Forwards each connection to the public port to the port frpc registered (or, once
+/// reaped, answers it as the edge does).
 async fn public_port_loop(
     listener: TcpListener,
     frpc_port: Arc<AtomicU16>,
+    reaped: Arc<std::sync::atomic::AtomicBool>,
     token: CancellationToken,
     tracker: TaskTracker,
 ) {
@@ -530,6 +556,20 @@ async fn public_port_loop(
         };
         let port = frpc_port.load(Ordering::SeqCst);
         let token = token.clone();
+        if reaped.load(Ordering::SeqCst) {
+            tracker.spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                // Read the request's head (any first read will do), answer, close.
+                let mut head = [0u8; 4096];
+                let answer = async {
+                    let _ = inbound.read(&mut head).await;
+                    let _ = inbound.write_all(REAPED_ANSWER).await;
+                    let _ = inbound.shutdown().await;
+                };
+                let _ = tokio::time::timeout(Duration::from_secs(5), answer).await;
+            });
+            continue;
+        }
         tracker.spawn(async move {
             if port == 0 {
                 return; // no frpc: the connection is closed at once

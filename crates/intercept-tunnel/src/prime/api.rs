@@ -294,6 +294,55 @@ impl PrimeApi {
     }
 }
 
+/// What the Prime edge answers on the public URL of a tunnel the service has reaped.
+pub const REAPED: &str = "Tunnel not found or no longer active";
+
+/// Whether `text` (an answer of the public URL, a harness's stderr or exception) shows
+/// the Prime edge's answer for a reaped tunnel ([`REAPED`], in any case).
+pub fn shows_reaped(text: &str) -> bool {
+    text.to_ascii_lowercase()
+        .contains(&REAPED.to_ascii_lowercase())
+}
+
+impl PrimeApi {
+    /// Asks the tunnel's public URL (`GET {url}/`, without credentials) whether the edge
+    /// still routes it: `Some(true)` when the edge answers 404 with [`REAPED`]. `None`
+    /// when the URL cannot be reached or does not answer within the API timeout (capped
+    /// at 10 s): no verdict. At most 4 KiB of the answer is read.
+    pub(crate) async fn edge_reaped(&self, url: &str) -> Option<bool> {
+        let uri = format!("{}/", url.trim_end_matches('/'));
+        let req = Request::builder()
+            .method(Method::GET)
+            .uri(&uri)
+            // A fresh connection each time: a kept one may still be routed by the edge.
+            .header("connection", "close")
+            .header(
+                "user-agent",
+                concat!("intercept-tunnel/", env!("CARGO_PKG_VERSION")),
+            )
+            .body(Full::new(Bytes::new()))
+            .ok()?;
+        let fut = async {
+            let resp = self.client.request(req).await.ok()?;
+            let status = resp.status();
+            if status != StatusCode::NOT_FOUND {
+                return Some(false);
+            }
+            let limited = http_body_util::Limited::new(resp.into_body(), 4096);
+            let text = match limited.collect().await {
+                Ok(body) => String::from_utf8_lossy(&body.to_bytes()).into_owned(),
+                // Longer than any edge answer: the tunnel's own server answered.
+                Err(_) => return Some(false),
+            };
+            Some(shows_reaped(&text))
+        };
+        tokio::time::timeout(self.timeout.min(Duration::from_secs(10)), fut)
+            .await
+            .ok()
+            .flatten()
+    }
+}
+
 /// Maps an error status to a typed error with an actionable message.
 pub(crate) fn check(status: StatusCode, text: &str, op: &str) -> Result<(), TunnelError> {
     if status.is_success() {

@@ -17,6 +17,14 @@
 //! API must not mass-kill tunnels). [`Endpoint::refresh`] heals: a dead frpc with a live
 //! registration is restarted (same URL); a gone registration is replaced by a new tunnel
 //! (new URL, through the rate limiter).
+//!
+//! A tunnel the service reaped can keep its frpc running and its registration listed
+//! while the edge answers every request to its URL with 404 [`REAPED`] ("Tunnel not
+//! found or no longer active"). The health check therefore also asks the public URL
+//! (`GET /`, no credentials, once per TTL), and a harness that saw that answer can say
+//! so ([`Endpoint::report_failure`], reached through `SlotGuard::report_tunnel_failure`):
+//! either way the endpoint counts as dead, [`Endpoint::dead`] resolves, and
+//! [`Endpoint::refresh`] mints a new tunnel instead of restarting frpc.
 
 pub mod account;
 mod api;
@@ -33,11 +41,11 @@ use async_trait::async_trait;
 use intercept_core::{Endpoint, Error, Health, Tunnel};
 use serde::{Deserialize, Serialize};
 use serde_with::{As, DurationSecondsWithFrac};
-use tokio::sync::Mutex;
+use tokio::sync::{watch, Mutex};
 use tokio::time::Instant;
 
 pub use account::{PrimeAccount, PrimeEnv};
-pub use api::TunnelInfo;
+pub use api::{shows_reaped, TunnelInfo, REAPED};
 pub use frpc::FrpcEvent;
 pub use install::FrpcInstall;
 
@@ -193,6 +201,7 @@ impl PrimeTunnel {
                 live: Some(live),
                 checked: None,
             }),
+            reaped: watch::channel(None).0,
         })
     }
 }
@@ -397,6 +406,8 @@ pub struct PrimeEndpoint {
     local_port: u16,
     url: StdMutex<String>,
     state: Mutex<State>,
+    /// Why the current tunnel counts as reaped (its URL answered [`REAPED`]), if it does.
+    reaped: watch::Sender<Option<String>>,
 }
 
 impl fmt::Debug for PrimeEndpoint {
@@ -552,7 +563,17 @@ impl PrimeEndpoint {
             Ok(None) => Some(format!("tunnel {id} no longer exists")),
             Ok(Some(info)) => match info.status.map(|s| s.to_ascii_lowercase()) {
                 Some(s) if terminal(&s) => Some(format!("tunnel {id} is {s}")),
-                _ => None,
+                // The registration looks fine: does the edge still route the URL?
+                _ => match self.shared.api.edge_reaped(&live.info.url).await {
+                    Some(true) => {
+                        let why = format!(
+                            "tunnel {id} was reaped by the service: its URL answers 404 \"{REAPED}\""
+                        );
+                        self.reaped.send_replace(Some(why.clone()));
+                        Some(why)
+                    }
+                    _ => None,
+                },
             },
             Err(e) => {
                 tracing::warn!(tunnel_id = %id, error = %e, "tunnel health check failed; assuming healthy");
@@ -583,6 +604,9 @@ impl Endpoint for PrimeEndpoint {
         let Some(live) = state.live.as_ref() else {
             return Health::Unhealthy("prime tunnel torn down".into());
         };
+        if let Some(why) = self.reaped.borrow().clone() {
+            return Health::Unhealthy(why);
+        }
         if let Some(problem) = Self::local_problem(live) {
             return Health::Unhealthy(problem);
         }
@@ -598,7 +622,10 @@ impl Endpoint for PrimeEndpoint {
             return Err(TunnelError::Gone("the prime tunnel was torn down".into()).into());
         };
         let local = Self::local_problem(live);
-        let remote = if local.is_none() || !live.frpc_gone() {
+        let reaped = self.reaped.borrow().clone();
+        let remote = if reaped.is_some() {
+            reaped
+        } else if local.is_none() || !live.frpc_gone() {
             self.api_problem(&mut state).await
         } else {
             None
@@ -631,7 +658,36 @@ impl Endpoint for PrimeEndpoint {
         let live = self.shared.start_with_retries(self.local_port).await?;
         self.set_url(&live.info.url);
         state.live = Some(live);
+        self.reaped.send_replace(None);
         Ok(self.url())
+    }
+
+    /// Resolves when the tunnel counts as reaped, or its frpc reports it gone or exits;
+    /// at once while that lasts, and after teardown.
+    async fn dead(&self) {
+        let mut reaped = self.reaped.subscribe();
+        tokio::select! {
+            _ = reaped.wait_for(Option::is_some) => {}
+            () = self.gone_or_exited() => {}
+        }
+    }
+
+    /// Recognises the edge's answer for a reaped tunnel ([`REAPED`]) in `text`; when `url`
+    /// is still this endpoint's URL, the tunnel counts as reaped from then on.
+    fn report_failure(&self, url: &str, text: &str) -> bool {
+        if !shows_reaped(text) {
+            return false;
+        }
+        if url.trim_end_matches('/') == self.url() {
+            tracing::warn!(
+                url,
+                "a harness reports the prime tunnel reaped by the service"
+            );
+            self.reaped.send_replace(Some(format!(
+                "a harness reports the tunnel at {url} reaped by the service (404 \"{REAPED}\")"
+            )));
+        }
+        true
     }
 
     async fn teardown(&self) -> Result<(), Error> {
