@@ -7,7 +7,8 @@
 //! binary itself (`intercept serve`, sessions made through its control API:
 //! [`serve_api`]), how it holds up as its records pile up ([`growth`]), and what
 //! appending its trace lines costs with no proxy around it ([`write_cost`],
-//! `bench-write`). This
+//! `bench-write`), and how it carries agent-shaped traffic: 40-turn tool loops whose
+//! contexts grow to ~100 KB ([`agentic`], `agentgen`). This
 //! library holds what the binaries share, so tests can drive every piece in-process.
 //!
 //! ```no_run
@@ -41,6 +42,7 @@ pub fn no_transparent_huge_pages() {
     #[cfg(target_os = "linux")]
     let _ = rustix::thread::disable_transparent_huge_pages(true);
 }
+pub mod agentic;
 pub mod growth;
 pub mod http1;
 pub mod load;

@@ -70,7 +70,7 @@ pub struct Report {
 }
 
 /// ~20 KB of tool definitions.
-fn tools() -> Value {
+pub(crate) fn tools() -> Value {
     let tools: Vec<Value> = (0..10)
         .map(|i| {
             json!({"type": "function", "function": {
@@ -84,7 +84,7 @@ fn tools() -> Value {
 }
 
 /// Deterministic filler text of `len` bytes.
-fn text(seed: usize, len: usize) -> String {
+pub(crate) fn text(seed: usize, len: usize) -> String {
     let words = [
         "alpha", "beta", "gamma", "delta", "file.rs", "line", "ok", "error:", "fn", "42",
     ];
@@ -95,7 +95,11 @@ fn text(seed: usize, len: usize) -> String {
             .wrapping_mul(6_364_136_223_846_793_005)
             .wrapping_add(1_442_695_040_888_963_407);
         out.push_str(words[(i >> 33) % words.len()]);
-        out.push(if (i >> 20) % 9 == 0 { '\n' } else { ' ' });
+        out.push(if (i >> 20).is_multiple_of(9) {
+            '\n'
+        } else {
+            ' '
+        });
     }
     out
 }
