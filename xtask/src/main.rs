@@ -53,7 +53,7 @@ struct BenchArgs {
     #[arg(long)]
     pool: bool,
     /// The load benchmark's own options, passed on to `intercept-bench`'s `benchmark`
-    /// program, which declares them: `--quick`, `--scale`, `--streams N,N,..`,
+    /// program, which declares them: `--quick`, `--agentic`, `--scale`, `--streams N,N,..`,
     /// `--no-nginx`, `--rounds N`, `--growth-secs S` (see `cargo xtask bench --
     /// --help`). With --micro: arguments passed to `cargo bench`.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]

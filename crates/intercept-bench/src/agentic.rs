@@ -57,8 +57,11 @@ pub const EDGE_TURNS: usize = 5;
 pub struct AgenticConfig {
     /// The chat completions URL (`http://host:port/v1/chat/completions`).
     pub url: Uri,
-    /// Bearer secrets; rollout `i` of the run uses `secrets[i % len]`.
+    /// Bearer secrets; rollout `i` uses `secrets[i % len]`.
     pub secrets: Vec<String>,
+    /// The number of the run's first rollout: a later run on the same sessions starts
+    /// where the last one ended, so that no session sees a conversation twice.
+    pub first_rollout: usize,
     /// Rollouts per wave (in flight at once).
     pub sessions: usize,
     /// Calls per rollout.
@@ -79,6 +82,7 @@ impl AgenticConfig {
         AgenticConfig {
             url,
             secrets,
+            first_rollout: 0,
             sessions: 16,
             turns: 40,
             duration: Duration::from_secs(10),
@@ -320,7 +324,7 @@ pub async fn run(config: &AgenticConfig) -> Result<AgenticReport> {
     while report.waves < config.max_waves && Instant::now() < deadline {
         let mut rollouts = Vec::with_capacity(config.sessions);
         for i in 0..config.sessions {
-            let n = report.rollouts + i;
+            let n = config.first_rollout + report.rollouts + i;
             report.secrets_reused |= n >= config.secrets.len();
             rollouts.push(Rollout::new(n, &config.secrets[n % config.secrets.len()])?);
         }

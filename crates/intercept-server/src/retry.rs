@@ -17,8 +17,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use blake2::digest::consts::U16;
-use blake2::{Blake2b, Digest as _};
+use std::sync::OnceLock;
+
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 use intercept_core::Error;
@@ -28,8 +28,9 @@ use tokio::time::Instant;
 use crate::registry::Entry;
 
 /// Bodies up to this size are matched byte for byte (the body is shared, not copied, and
-/// nothing is hashed on the request path); larger ones by a BLAKE2b-128 digest, so a
-/// session between turns never holds more than this much of its last request.
+/// nothing is hashed on the request path); larger ones by their length and an XXH3-128
+/// digest, so a session between turns never holds more than this much of its last
+/// request.
 const COMPARE_LIMIT: usize = 64 * 1024;
 
 /// Bodies larger than this are hashed on a blocking thread, off the request path.
@@ -40,7 +41,7 @@ const INLINE_HASH_LIMIT: usize = 1 << 20;
 pub(crate) enum Fingerprint {
     /// A small body, compared byte for byte.
     Body(Bytes),
-    /// A large body: its length and BLAKE2b-128 digest.
+    /// A large body: its length and XXH3-128 digest (seeded per process).
     Digest { len: usize, digest: [u8; 16] },
 }
 
@@ -103,10 +104,18 @@ pub(crate) fn is_marked_retry(headers: &HeaderMap) -> bool {
         .is_some_and(|n| n > 0)
 }
 
+/// XXH3-128 with a seed drawn once per process: a digest matches requests of one
+/// session, so it needs speed (it runs on every large non-streamed call: ~10 GB/s against
+/// BLAKE2b's ~0.7) rather than resistance to an attacker; the seed, which a harness
+/// cannot see, keeps a harness from crafting two bodies with one digest, and a collision
+/// would only replay the harness's own rollout's last answer to it.
 fn hash(bytes: &[u8]) -> [u8; 16] {
-    let mut h = Blake2b::<U16>::new();
-    h.update(bytes);
-    h.finalize().into()
+    static SEED: OnceLock<u64> = OnceLock::new();
+    let seed = *SEED.get_or_init(|| {
+        use std::hash::BuildHasher as _;
+        std::collections::hash_map::RandomState::new().hash_one(0x7265_7472_795f_u64)
+    });
+    xxhash_rust::xxh3::xxh3_128_with_seed(bytes, seed).to_le_bytes()
 }
 
 /// The state of an attempt in flight.

@@ -26,6 +26,9 @@ struct Args {
     /// One bearer secret (when there is no secrets file).
     #[arg(long, default_value = "bench")]
     secret: String,
+    /// The number of the first rollout (the secret and the content it uses).
+    #[arg(long, default_value_t = 0)]
+    first_rollout: usize,
     /// Rollouts per wave.
     #[arg(long, default_value_t = 16)]
     sessions: usize,
@@ -68,6 +71,7 @@ async fn run(args: Args) -> Result<()> {
         None => vec![args.secret.clone()],
     };
     let config = AgenticConfig {
+        first_rollout: args.first_rollout,
         sessions: args.sessions,
         turns: args.turns,
         duration: Duration::from_secs_f64(args.duration),

@@ -53,6 +53,7 @@ use intercept_bench::load::Intervals;
 use intercept_bench::procfs;
 use serde_json::{json, Value};
 
+mod agentic;
 mod floor;
 mod sidecar;
 mod streams;
@@ -74,6 +75,10 @@ struct BenchOptions {
     /// Run the slow-stream ramp at these concurrencies (alone, unless `--scale`).
     #[arg(long, value_delimiter = ',', num_args = 1..)]
     streams: Option<Vec<usize>>,
+    /// Run only the agentic case (40-turn tool loops against direct, `intercept serve
+    /// --trace-dir` and nginx); a full run includes it after the load cases.
+    #[arg(long)]
+    agentic: bool,
     /// Skip nginx even when it is installed.
     #[arg(long)]
     no_nginx: bool,
@@ -679,6 +684,9 @@ fn run(options: &BenchOptions) -> Result<()> {
     if let (Some(points), false) = (&options.streams, options.scale) {
         return streams::run_alone(&env, nginx_on_path, machine, points);
     }
+    if options.agentic {
+        return agentic_alone(&env, nginx_on_path, machine);
+    }
     println!(
         "xtask bench: {} run; taskset {}; nginx {}; machine {}",
         if options.quick { "quick" } else { "full" },
@@ -822,6 +830,8 @@ fn run(options: &BenchOptions) -> Result<()> {
     drop(proxy);
     drop(nginx);
 
+    let agentic = agentic::run(&env, &mut upstream, nginx_on_path)?;
+
     // The floor under recording: the json c16 case's mean trace line, written alone.
     let floor = match serve_checks
         .iter()
@@ -920,6 +930,7 @@ fn run(options: &BenchOptions) -> Result<()> {
         growth.as_ref().map(|g| &g.figures),
         all_equal && serve_recorded_all && growth.as_ref().is_none_or(|g| g.recorded_all),
     ));
+    targets.extend(agentic.targets);
     print_table(&rows);
     for group in [Group::Proxy, Group::Recording] {
         println!(
@@ -963,6 +974,7 @@ fn run(options: &BenchOptions) -> Result<()> {
         "intercept_upstream_requests": proxied,
         "serve_recorded": serve_checks,
         "growth": growth.as_ref().map(|g| g.json.clone()),
+        "agentic": agentic.json,
         "recording_floor": floor_report.map(|(_, json)| json),
         "scale_sessions": scale,
         "big_body": big,
@@ -970,6 +982,34 @@ fn run(options: &BenchOptions) -> Result<()> {
         "targets": targets.iter().map(Target::to_json).collect::<Vec<_>>(),
     });
     let path = out.join("results.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&results)?)?;
+    println!("\nxtask bench: results written to {}", path.display());
+    Ok(())
+}
+
+/// `--agentic`: the agentic case alone, its targets, `target/bench/agentic.json`.
+fn agentic_alone(env: &Env, nginx_on_path: bool, machine: Value) -> Result<()> {
+    let mut upstream = env.upstream(&["--chunks", "16"])?;
+    let case = agentic::run(env, &mut upstream, nginx_on_path)?;
+    println!("\ntargets (agentic, on intercept serve --trace-dir):");
+    for t in &case.targets {
+        let mark = match t.met {
+            Some(true) => "met",
+            Some(false) => "MISSED",
+            None => "n/a",
+        };
+        println!(
+            "  [{mark:>6}] {:<48} goal {:<22} measured {}",
+            t.name, t.goal, t.measured
+        );
+    }
+    let results = json!({
+        "machine": machine,
+        "rounds": env.rounds,
+        "agentic": case.json,
+        "targets": case.targets.iter().map(Target::to_json).collect::<Vec<_>>(),
+    });
+    let path = env.out.join("agentic.json");
     std::fs::write(&path, serde_json::to_vec_pretty(&results)?)?;
     println!("\nxtask bench: results written to {}", path.display());
     Ok(())
