@@ -140,8 +140,8 @@ async fn a_tunnel_whose_frpc_died_is_repaired_in_place_by_the_pool() {
     tokio::time::timeout(Duration::from_secs(10), endpoint.frpc_exited())
         .await
         .unwrap();
-    assert_ne!(healthz(&slot.base_url).await, "HTTP/1.1 200 OK");
-
+    // The endpoint knows itself dead (`Endpoint::dead`) and wakes the pool, whose round
+    // may already be restarting frpc; a round run now waits for that repair or makes it.
     f.pool.maintain().await;
 
     let servers = f.pool.servers();

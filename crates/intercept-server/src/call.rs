@@ -735,7 +735,7 @@ pub(crate) async fn aux_call(
     let (entry, _guard) = match crate::server::authenticate(&shared, dialect.secret(req.headers()))
     {
         Ok(a) => a,
-        Err(e) => return fail(e),
+        Err(e) => return crate::server::refuse_unread(req.into_body(), fail(e)).await,
     };
     let (parts, body) = req.into_parts();
     let request = match aux_request(
@@ -749,7 +749,12 @@ pub(crate) async fn aux_call(
     .await
     {
         Ok(r) => r,
-        Err(e) => return fail(e),
+        Err(e) => {
+            // The body may be partly read: this is the connection's last answer.
+            let mut resp = fail(e);
+            crate::server::close_after(&mut resp);
+            return resp;
+        }
     };
     let redactor = Redactor::new(entry.session.upstream().api_key.as_deref());
     let work = async {

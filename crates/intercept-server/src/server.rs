@@ -452,19 +452,21 @@ async fn handle(
             if is_websocket_upgrade(req.headers()) {
                 // Codex's default provider tries the Responses WebSocket transport first;
                 // 426 makes it use HTTP at once (a 405 makes it retry the upgrade).
-                return error_response(
+                let resp = error_response(
                     &*dialect,
                     &Error::UpgradeRequired {
                         path: path.to_owned(),
                     },
                 );
+                return refuse_unread(req.into_body(), resp).await;
             }
             if method != Method::POST {
                 let e = Error::MethodNotAllowed {
                     method: method.to_string(),
                     path: path.to_owned(),
                 };
-                return error_response(&*dialect, &e);
+                let resp = error_response(&*dialect, &e);
+                return refuse_unread(req.into_body(), resp).await;
             }
             return model_call(shared, dialect, connection, req).await;
         }
@@ -479,7 +481,8 @@ async fn handle(
                     method: method.to_string(),
                     path: path.to_owned(),
                 };
-                return error_response(&*dialect, &e);
+                let resp = error_response(&*dialect, &e);
+                return refuse_unread(req.into_body(), resp).await;
             }
             // Boxed, as the other routes below: a future is as large as its largest
             // branch, and every request's future is moved into a box (see `accept`).
@@ -492,11 +495,20 @@ async fn handle(
             Box::pin(state_route(shared, req)).await
         }
         ("/tool", &Method::POST) => Box::pin(tool_route(shared, req)).await,
-        ("/healthz", &Method::GET) => json_response(StatusCode::OK, &b"{\"status\":\"ok\"}"[..]),
-        _ => plain_error(&Error::NotFound {
-            method: method.to_string(),
-            path: path.to_owned(),
-        }),
+        ("/healthz", &Method::GET) => {
+            refuse_unread(
+                req.into_body(),
+                json_response(StatusCode::OK, &b"{\"status\":\"ok\"}"[..]),
+            )
+            .await
+        }
+        _ => {
+            let resp = plain_error(&Error::NotFound {
+                method: method.to_string(),
+                path: path.to_owned(),
+            });
+            Box::pin(refuse_unread(req.into_body(), resp)).await
+        }
     }
 }
 
@@ -547,14 +559,15 @@ async fn state_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Re
         let released = bearer
             .as_ref()
             .is_some_and(|s| shared.registry.was_released(s));
-        return flat_error(&if released {
+        let resp = flat_error(&if released {
             Error::RolloutConcluded
         } else {
             Error::Unauthorized
         });
+        return refuse_unread(req.into_body(), resp).await;
     };
     let Some(_guard) = entry.enter() else {
-        return flat_error(&Error::RolloutConcluded);
+        return refuse_unread(req.into_body(), flat_error(&Error::RolloutConcluded)).await;
     };
     let session = entry.session.clone();
     let ok = |v: serde_json::Value| {
@@ -562,14 +575,18 @@ async fn state_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Re
     };
     match (req.uri().path(), req.method()) {
         ("/task", _) => match session.task_body() {
-            Ok(body) => ok(body),
-            Err(e) => flat_error(&e),
+            Ok(body) => refuse_unread(req.into_body(), ok(body)).await,
+            Err(e) => refuse_unread(req.into_body(), flat_error(&e)).await,
         },
-        (_, &Method::GET) => ok(session.state()),
+        (_, &Method::GET) => refuse_unread(req.into_body(), ok(session.state())).await,
         _ => {
             let bytes = match read_body(&shared, req.into_body(), None, "the body").await {
                 Ok(b) => b,
-                Err(e) => return flat_error(&e),
+                Err(e) => {
+                    let mut resp = flat_error(&e);
+                    close_after(&mut resp);
+                    return resp;
+                }
             };
             let value: serde_json::Value = match serde_json::from_slice(&bytes) {
                 Ok(v) => v,
@@ -595,11 +612,15 @@ async fn tool_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Res
     let (entry, _guard) =
         match authenticate(&shared, intercept_core::dialect::bearer(req.headers())) {
             Ok(a) => a,
-            Err(e) => return flat_error(&e),
+            Err(e) => return refuse_unread(req.into_body(), flat_error(&e)).await,
         };
     let bytes = match read_body(&shared, req.into_body(), Some(&entry.cancel), "the body").await {
         Ok(b) => b,
-        Err(e) => return flat_error(&e),
+        Err(e) => {
+            let mut resp = flat_error(&e);
+            close_after(&mut resp);
+            return resp;
+        }
     };
     let session = entry.session.clone();
     let answer = tokio::select! {
@@ -751,6 +772,54 @@ pub(crate) fn authenticate(
     Ok((entry, guard))
 }
 
+/// How much of a refused request's unread body is read and dropped, and for how long, so
+/// that its connection stays usable ([`refuse_unread`]).
+const DRAIN_LIMIT: usize = 64 * 1024;
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Answers `resp` to a request whose `body` was not read (refused before it: no secret,
+/// a route that takes none). A connection must not carry the rest of a body into the
+/// next request, and closing it with unread bytes in its buffer loses the answer to a
+/// reset on some clients, or drops the connection under a client that reuses it: the
+/// body is read and dropped, at most [`DRAIN_LIMIT`] bytes within [`DRAIN_TIME`] (a
+/// peer that sends more, or dribbles, gets `Connection: close` instead).
+pub(crate) async fn refuse_unread(
+    body: Incoming,
+    mut resp: Response<ResponseBody>,
+) -> Response<ResponseBody> {
+    use http_body_util::BodyExt as _;
+    let drain = async {
+        let mut body = body;
+        let mut seen = 0usize;
+        while let Some(frame) = body.frame().await {
+            let Ok(frame) = frame else { return false };
+            if let Some(data) = frame.data_ref() {
+                seen += data.len();
+                if seen > DRAIN_LIMIT {
+                    return false;
+                }
+            }
+        }
+        true
+    };
+    let drained = tokio::time::timeout(DRAIN_TIME, drain)
+        .await
+        .unwrap_or(false);
+    if !drained {
+        close_after(&mut resp);
+    }
+    resp
+}
+
+/// Marks `resp` as the connection's last (`Connection: close`): its request's body was
+/// not read to its end.
+pub(crate) fn close_after(resp: &mut Response<ResponseBody>) {
+    resp.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+}
+
 /// Reads a request body up to the configured limit; `what` names it in the error. With
 /// `cancel`, the read ends with 409 when the rollout is released: a harness that stops
 /// sending its body holds nothing.
@@ -892,13 +961,17 @@ async fn model_call(
     let fail = |e: Error| error_response(&*dialect, &e);
     let (entry, guard) = match authenticate(&shared, dialect.secret(req.headers())) {
         Ok(a) => a,
-        Err(e) => return fail(e),
+        Err(e) => return refuse_unread(req.into_body(), fail(e)).await,
     };
     let session = entry.session.clone();
     let (mut parts, body) = req.into_parts();
     let bytes = match read_body(&shared, body, Some(&entry.cancel), "the request body").await {
         Ok(b) => b,
-        Err(e) => return fail(e),
+        Err(e) => {
+            let mut resp = fail(e);
+            close_after(&mut resp);
+            return resp;
+        }
     };
     let mut body = match JsonBody::parse(bytes) {
         Ok(b) => b,

@@ -353,3 +353,107 @@ async fn mid_stream_errors_are_sent_in_each_dialects_native_shape() {
     guard.close().await;
     h.server.stop().await.expect("stop");
 }
+
+/// Writes one request (head, then body in a write of its own) on `conn` and reads one
+/// answer: its head (lower-cased) and its body, by its content-length.
+async fn one_exchange(
+    conn: &mut tokio::net::TcpStream,
+    head: &str,
+    body: &[u8],
+) -> (String, String) {
+    conn.write_all(head.as_bytes()).await.expect("write head");
+    conn.write_all(body).await.expect("write body");
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let read = async {
+        loop {
+            let n = conn.read(&mut buf).await.expect("read");
+            assert!(
+                n > 0,
+                "closed before an answer: {:?}",
+                String::from_utf8_lossy(&out)
+            );
+            out.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&out).into_owned();
+            if let Some((head, rest)) = text.split_once("\r\n\r\n") {
+                let head = head.to_ascii_lowercase();
+                let len = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .expect("a content-length");
+                if rest.len() >= len {
+                    return (head, rest[..len].to_owned());
+                }
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .expect("answer in time")
+}
+
+#[tokio::test]
+async fn a_request_refused_before_its_body_was_read_leaves_its_connection_usable() {
+    let h = Harness::new().await;
+    let (_session, _w, guard) = h.session("refused-bodies").await;
+    let addr = h.server.local_addr().expect("addr");
+    let state = guard.state_secret.expose().to_owned();
+    let body = br#"{"tool_call_id":"x","name":"add","arguments":{"a":1}}"#;
+    let refused = [
+        ("POST", "/tool", state.as_str(), "401"),
+        ("POST", "/v1/chat/completions", "wrong", "401"),
+        ("POST", "/v1/messages", "wrong", "401"),
+        ("PUT", "/state", "wrong", "401"),
+        ("POST", "/no/such/route", "wrong", "404"),
+        ("PUT", "/v1/chat/completions", "wrong", "405"),
+    ];
+    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    conn.set_nodelay(true).expect("nodelay");
+    for (method, path, secret, status) in refused {
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {secret}\r\n\
+             x-api-key: {secret}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        let (answer, _) = one_exchange(&mut conn, &head, body).await;
+        assert!(
+            answer.starts_with(&format!("http/1.1 {status}")),
+            "{method} {path}: {answer}"
+        );
+        assert!(
+            !answer.contains("connection: close"),
+            "{method} {path}: {answer}"
+        );
+        // The same connection carries the next request.
+        let (next, text) =
+            one_exchange(&mut conn, "GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n", b"").await;
+        assert!(
+            next.starts_with("http/1.1 200"),
+            "after {method} {path}: {next}"
+        );
+        assert_eq!(text, r#"{"status":"ok"}"#);
+    }
+
+    // A body larger than what is drained: the answer says the connection ends, and it
+    // does.
+    let big = vec![b' '; 256 * 1024];
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer wrong\r\n\
+         content-length: {}\r\n\r\n",
+        big.len()
+    );
+    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    conn.write_all(head.as_bytes()).await.expect("write head");
+    // The body is not sent: the refusal does not wait for it longer than its bound.
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), conn.read_to_end(&mut out))
+        .await
+        .expect("the server closes the connection")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&out).to_ascii_lowercase();
+    assert!(answer.starts_with("http/1.1 401"), "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
+    guard.close().await;
+    h.server.stop().await.expect("stop");
+}
