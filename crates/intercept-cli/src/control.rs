@@ -721,15 +721,15 @@ fn trace_query(query: Option<&str>) -> Result<bool, String> {
 /// `GET /v1/sessions/{id}/trace?format=log`: the session's log as it stands.
 async fn trace_log(state: &ControlState, id: &str) -> Resp {
     let ndjson = |body: Vec<u8>| respond(StatusCode::OK, "application/x-ndjson", body);
-    let from_file = || -> Result<std::path::PathBuf, Resp> {
+    let from_file = || -> Result<std::path::PathBuf, Box<Resp>> {
         let Some(dir) = &state.config.trace_dir else {
-            return Err(unknown(&Method::GET, id));
+            return Err(Box::new(unknown(&Method::GET, id)));
         };
         if state.config.trace_format != TraceFormat::Log {
-            return Err(error(Error::Conflict(format!(
+            return Err(Box::new(error(Error::Conflict(format!(
                 "session {id:?} is written with trace_format = full: its file holds full \
                  records, not the log; read GET /v1/sessions/{id}/trace"
-            ))));
+            )))));
         }
         Ok(dir.join(format!("{id}.jsonl")))
     };
@@ -750,7 +750,7 @@ async fn trace_log(state: &ControlState, id: &str) -> Resp {
     };
     let path = match path {
         Ok(p) => p,
-        Err(resp) => return resp,
+        Err(resp) => return *resp,
     };
     match tokio::fs::read(&path).await {
         Ok(text) => ndjson(text),

@@ -52,7 +52,7 @@ impl Values {
     fn seed(&mut self) -> u64 {
         if self.seed == 0 {
             use std::hash::{BuildHasher as _, RandomState};
-            self.seed = RandomState::new().hash_one(0x6c6f_67u64) | 1;
+            self.seed = RandomState::new().hash_one(0x006c_6f67_u64) | 1;
         }
         self.seed
     }

@@ -149,7 +149,7 @@ impl Wire {
     fn hash(&mut self, element: &[u8]) -> u128 {
         if self.seed == 0 {
             use std::hash::{BuildHasher as _, RandomState};
-            self.seed = RandomState::new().hash_one(0x77_6972_65u64) | 1;
+            self.seed = RandomState::new().hash_one(0x7769_7265_u64) | 1;
         }
         xxhash_rust::xxh3::xxh3_128_with_seed(element, self.seed)
     }

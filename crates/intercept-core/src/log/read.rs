@@ -9,6 +9,8 @@ use crate::record::CallRecord;
 
 use super::{LogEnd, SCHEMA};
 
+/// A call's prompt ids, completion ids and completion logprobs.
+type CallTokens = (Vec<u32>, Vec<u32>, Option<Vec<f64>>);
 /// What is wrong with a log (or with one of its lines).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -477,7 +479,7 @@ impl LogReader {
 
     /// A sampled node's call's prompt ids, completion ids and completion logprobs, from
     /// the token data of the nodes of its sequence (see `docs/training-capture.md`).
-    fn tokens_of(&self, node: usize) -> Option<(Vec<u32>, Vec<u32>, Option<Vec<f64>>)> {
+    fn tokens_of(&self, node: usize) -> Option<CallTokens> {
         let n = self.nodes.get(node)?;
         let ids = n.token_ids.as_ref()?;
         let split = n

@@ -170,7 +170,7 @@ fn a_torn_or_crashed_log_reads_up_to_its_last_whole_line() {
     assert!(torn.record(1).is_ok());
     // A log of another schema is refused, naming it.
     let other = b"{\"type\":\"header\",\"schema\":\"intercept.trace/9\",\"session\":\"s\"}\n";
-    let e = LogReader::from_bytes(other).err().expect("refused");
+    let e = LogReader::from_bytes(other).expect_err("refused");
     assert!(e.to_string().contains("intercept.trace/9"), "{e}");
 }
 
@@ -290,7 +290,11 @@ fn answer(dialect: DialectKind, seq: u64, t: &str, tool: bool) -> (Value, Vec<Va
             // The harness sends the answer back without the fields it does not keep.
             let mut back = message.clone();
             back["refusal"] = Value::Null;
-            let mut items = vec![if seq % 2 == 0 { message.clone() } else { back }];
+            let mut items = vec![if seq.is_multiple_of(2) {
+                message.clone()
+            } else {
+                back
+            }];
             if tool {
                 items.push(
                     json!({"role": "tool", "tool_call_id": id, "content": format!("out {t}")}),
@@ -362,7 +366,7 @@ fn session(ops: &[Op]) -> Vec<CallRecord> {
                 }
                 let (response, back) = answer(lin.dialect, seq, t, *tool);
                 let mut r = record(seq, lin.dialect, &req, Some(&response));
-                r.stream = seq % 3 == 0;
+                r.stream = seq.is_multiple_of(3);
                 r.finish_reason = Some("stop".into());
                 if *tokens > 0 {
                     // Prompt ids extend the path's (or, once in a while, do not).
