@@ -105,6 +105,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(at_exit, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("TESTING", cfg!(feature = "testing"))?;
+    errors::register(m)?;
     #[cfg(feature = "testing")]
     testing::register(m)?;
     Ok(())
