@@ -17,7 +17,6 @@
 //! | `crate-docs` | every member's library root (`src/lib.rs`) starts with a `//!` crate doc |
 //! | `code-map` | every `src/*.rs` file (but `lib.rs`) and module folder of a library crate under `crates/` is named in that crate's section of `docs/architecture.md` |
 //! | `timeless-docs` | `docs/*.md` and the READMEs never say "being built", "today", "comes later" or "for now": a page says what the code does |
-//! | `config-docs` | the settings table of `docs/configuration.md` is the one `cargo xtask config-docs` renders from `intercept serve`'s settings |
 
 use std::fmt;
 use std::fs;
@@ -75,7 +74,6 @@ pub fn check(root: &Path) -> Result<Vec<Violation>> {
     all.extend(no_placeholders(root)?);
     all.extend(code_map(root)?);
     all.extend(timeless_docs(root)?);
-    all.extend(config_docs(root)?);
     Ok(all)
 }
 
@@ -717,30 +715,6 @@ fn relative(root: &Path, path: &Path) -> String {
         .unwrap_or(path)
         .display()
         .to_string()
-}
-
-/// Rule `config-docs`: the settings table of `docs/configuration.md` is the one rendered
-/// from `intercept_cli::config::SETTINGS` (see [`crate::config_docs`]).
-pub fn config_docs(root: &Path) -> Result<Vec<Violation>> {
-    let path = crate::config_docs::page(root);
-    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let location = path
-        .strip_prefix(root)
-        .unwrap_or(&path)
-        .display()
-        .to_string();
-    let detail = match crate::config_docs::render(&text) {
-        Ok(rendered) if rendered == text => return Ok(Vec::new()),
-        Ok(_) => "the settings table differs from the settings of `intercept serve`; run \
-                  `cargo xtask config-docs`"
-            .to_owned(),
-        Err(e) => format!("{e:#}; put the settings table between its marker lines"),
-    };
-    Ok(vec![Violation {
-        rule: "config-docs",
-        location,
-        detail,
-    }])
 }
 
 #[cfg(test)]

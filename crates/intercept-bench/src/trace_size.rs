@@ -95,7 +95,11 @@ fn text(seed: usize, len: usize) -> String {
             .wrapping_mul(6_364_136_223_846_793_005)
             .wrapping_add(1_442_695_040_888_963_407);
         out.push_str(words[(i >> 33) % words.len()]);
-        out.push(if (i >> 20) % 9 == 0 { '\n' } else { ' ' });
+        out.push(if (i >> 20).is_multiple_of(9) {
+            '\n'
+        } else {
+            ' '
+        });
     }
     out
 }
