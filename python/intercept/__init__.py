@@ -28,6 +28,7 @@ from ._errors import (
     ClientDisconnectedError,
     ConflictError,
     EpisodeUnavailableError,
+    GoneError,
     HookFailedError,
     InterceptError,
     InternalError,
@@ -45,6 +46,7 @@ from ._errors import (
     UpstreamStatusError,
     UpstreamTimeoutError,
     UpstreamUnavailableError,
+    UpgradeRequiredError,
     error_class,
 )
 from ._hooks import CallInfo, Stop
@@ -100,6 +102,8 @@ __all__ = [
     "UnavailableError",
     "HookFailedError",
     "InternalError",
+    "UpgradeRequiredError",
+    "GoneError",
     "EpisodeUnavailableError",
 ]
 

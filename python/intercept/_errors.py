@@ -3,15 +3,23 @@
 Every exception carries `kind` (a stable snake_case name), `status` (the HTTP status the
 harness gets, or would get, for it), `message` (what happened and what to do), `blame`
 (`client`, `upstream`, `tunnel` or `internal`) and `retryable`.
+
+The kinds are the Rust core's (`intercept_core::ErrorKind`, exported by the native module
+as `ERROR_KINDS`): each class below is named after its kind (`invalid_request` is
+`InvalidRequestError`) and takes its kind, status, blame and doc from there. The classes
+are written out only so that imports and type checkers see them; a kind without a class
+here fails `tests/test_errors_records.py`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ._native import ERROR_KINDS
+
 
 class InterceptError(Exception):
-    """Base of every intercept error."""
+    ...
 
     default_kind: str = "internal"
     default_status: int = 500
@@ -47,156 +55,92 @@ def _rebuild(cls: type[InterceptError], message: str, kind: str, status: int, bl
     return cls(message, kind=kind, status=status, blame=blame, retryable=retryable)
 
 
-class UnauthorizedError(InterceptError):
-    """Missing or unknown secret."""
+# One class per kind of the Rust core, in its order; a class without a docstring takes its
+# kind's doc.
 
-    default_kind = "unauthorized"
-    default_status = 401
-    default_blame = "client"
+
+class UnauthorizedError(InterceptError):
+    ...
 
 
 class InvalidRequestError(InterceptError, ValueError):
     """A malformed request or setting (also a ValueError)."""
 
-    default_kind = "invalid_request"
-    default_status = 400
-    default_blame = "client"
-
 
 class PayloadTooLargeError(InterceptError):
-    """A request body over the configured cap."""
-
-    default_kind = "payload_too_large"
-    default_status = 413
-    default_blame = "client"
+    ...
 
 
 class NotFoundError(InterceptError):
-    """No such route."""
-
-    default_kind = "not_found"
-    default_status = 404
-    default_blame = "client"
+    ...
 
 
 class MethodNotAllowedError(InterceptError):
-    """The route exists, not for this method."""
-
-    default_kind = "method_not_allowed"
-    default_status = 405
-    default_blame = "client"
+    ...
 
 
 class RolloutConcludedError(InterceptError):
-    """The rollout was released; nothing more is accepted."""
-
-    default_kind = "rollout_concluded"
-    default_status = 409
-    default_blame = "client"
+    ...
 
 
 class RolloutStoppedError(InterceptError):
-    """The rollout stopped (a limit, a hook, a context-length error)."""
-
-    default_kind = "rollout_stopped"
-    default_status = 400
-    default_blame = "client"
+    ...
 
 
 class UpstreamStatusError(InterceptError):
     """The upstream answered with an error status (kept as `status`)."""
 
-    default_kind = "upstream_status"
-    default_status = 502
-    default_blame = "upstream"
-
 
 class UpstreamTimeoutError(InterceptError, TimeoutError):
     """The upstream did not answer in time (also a TimeoutError)."""
 
-    default_kind = "upstream_timeout"
-    default_status = 504
-    default_blame = "upstream"
-
 
 class UpstreamUnavailableError(InterceptError):
-    """The upstream could not be reached or dropped the connection."""
-
-    default_kind = "upstream_unavailable"
-    default_status = 503
-    default_blame = "upstream"
+    ...
 
 
 class UpstreamMalformedError(InterceptError):
-    """The upstream's answer is not what the dialect expects."""
-
-    default_kind = "upstream_malformed"
-    default_status = 502
-    default_blame = "upstream"
+    ...
 
 
 class ClientDisconnectedError(InterceptError):
-    """The harness went away before the call finished."""
-
-    default_kind = "client_disconnected"
-    default_status = 499
-    default_blame = "client"
+    ...
 
 
 class CallCancelledError(InterceptError):
-    """The call was cancelled (rollout released or server stopping)."""
-
-    default_kind = "cancelled"
-    default_status = 503
-    default_blame = "internal"
+    ...
 
 
 class TunnelError(InterceptError):
-    """A tunnel failed or is misconfigured."""
-
-    default_kind = "tunnel"
-    default_status = 502
-    default_blame = "tunnel"
+    ...
 
 
 class ConflictError(InterceptError):
-    """A conflict with existing state (e.g. a session acquired twice)."""
-
-    default_kind = "conflict"
-    default_status = 409
-    default_blame = "client"
+    ...
 
 
 class PausedError(InterceptError):
-    """Model calls are paused (weight sync)."""
-
-    default_kind = "paused"
-    default_status = 429
-    default_blame = "internal"
+    ...
 
 
 class UnavailableError(InterceptError):
-    """No capacity: a pool at its cap, or no server came up in time."""
-
-    default_kind = "unavailable"
-    default_status = 503
-    default_blame = "internal"
+    ...
 
 
 class HookFailedError(InterceptError):
-    """A session hook raised or returned something unusable."""
-
-    default_kind = "hook_failed"
-    default_status = 502
-    default_blame = "internal"
+    ...
 
 
 class InternalError(InterceptError):
-    """intercept failed internally."""
+    ...
 
-    default_kind = "internal"
-    default_status = 500
-    default_blame = "internal"
+
+class UpgradeRequiredError(InterceptError):
+    ...
+
+
+class GoneError(InterceptError):
+    ...
 
 
 class EpisodeUnavailableError(InterceptError, NotImplementedError):
@@ -207,30 +151,34 @@ class EpisodeUnavailableError(InterceptError, NotImplementedError):
     default_blame = "internal"
 
 
+def _class_name(kind: str) -> str:
+    """The class of a Rust error kind: `invalid_request` -> `InvalidRequestError`."""
+    # `cancelled` is not called `CancelledError`, the name of asyncio's.
+    if kind == "cancelled":
+        return "CallCancelledError"
+    return "".join(part.capitalize() for part in kind.split("_")) + "Error"
+
+
+def _bind_kinds() -> dict[str, type[InterceptError]]:
+    """Each Rust kind's class, given the kind's defaults (a kind with no class is left out)."""
+    by_kind: dict[str, type[InterceptError]] = {}
+    for kind, status, blame, doc in ERROR_KINDS:
+        cls = globals().get(_class_name(kind))
+        if not (isinstance(cls, type) and issubclass(cls, InterceptError)):
+            continue
+        cls.default_kind, cls.default_status, cls.default_blame = kind, status, blame
+        if cls.__doc__ is None:
+            cls.__doc__ = doc
+        by_kind[kind] = cls
+    return by_kind
+
+
+# Kinds of the Python package alone.
+_PYTHON_KINDS: tuple[type[InterceptError], ...] = (EpisodeUnavailableError,)
+
 _BY_KIND: dict[str, type[InterceptError]] = {
-    cls.default_kind: cls
-    for cls in (
-        UnauthorizedError,
-        InvalidRequestError,
-        PayloadTooLargeError,
-        NotFoundError,
-        MethodNotAllowedError,
-        RolloutConcludedError,
-        RolloutStoppedError,
-        UpstreamStatusError,
-        UpstreamTimeoutError,
-        UpstreamUnavailableError,
-        UpstreamMalformedError,
-        ClientDisconnectedError,
-        CallCancelledError,
-        TunnelError,
-        ConflictError,
-        PausedError,
-        UnavailableError,
-        HookFailedError,
-        InternalError,
-        EpisodeUnavailableError,
-    )
+    **_bind_kinds(),
+    **{cls.default_kind: cls for cls in _PYTHON_KINDS},
 }
 
 

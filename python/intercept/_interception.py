@@ -16,26 +16,6 @@ from .tunnels import Tunnel, tunnel_config
 
 __all__ = ["Server", "StaticPool", "ElasticPool", "Slot", "Interception"]
 
-SERVER_SETTINGS = (
-    "listen",
-    "body_limit",
-    "keepalive",
-    "shutdown_grace",
-    "first_byte_timeout",
-    "disconnect_grace",
-    "connect_timeout",
-    "upstream_timeout",
-    "inspect_memory",
-    "stream_buffer",
-    "released_secrets",
-    "released_memory",  # the former name of released_secrets
-    "upstream_idle_per_host",
-    "engine_retry_after",
-    "service_secrets",
-    "stream_heartbeat",
-    "models_timeout",
-)
-
 POOL_KNOBS = (
     "min_servers",
     "max_servers",
@@ -51,9 +31,8 @@ POOL_KNOBS = (
 
 
 def _settings(settings: dict[str, Any]) -> str:
-    unknown = [k for k in settings if k not in SERVER_SETTINGS]
-    if unknown:
-        raise InvalidRequestError(f"unknown server setting {unknown[0]!r}; known: {', '.join(SERVER_SETTINGS)}")
+    """Server settings for the native module, which reads them as `ServerConfig`'s fields
+    (an unknown name is refused there, with the known ones); None keeps a default."""
     clean = {k: v for k, v in settings.items() if v is not None}
     if "listen" in clean:
         clean["listen"] = str(clean["listen"])
@@ -238,12 +217,10 @@ class Server(Interception):
     """One server that multiplexes every rollout. Without a tunnel it binds
     `127.0.0.1` on an ephemeral port (or `listen`); with one, where the tunnel says.
 
-    Server settings (seconds for durations): `listen`, `body_limit`, `keepalive`,
-    `shutdown_grace`, `first_byte_timeout`, `disconnect_grace`, `connect_timeout`,
-    `upstream_timeout`, `inspect_memory`, `stream_buffer`, `released_secrets`
-    (formerly `released_memory`, still accepted),
-    `upstream_idle_per_host`, `engine_retry_after`, `stream_heartbeat` (`"event"`,
-    `"comment"` or `"off"`), `models_timeout` (see docs/configuration.md).
+    Server settings are the fields of the Rust `ServerConfig`, durations in seconds:
+    `listen`, `body_limit`, `keepalive`, `stream_heartbeat` (`"event"`, `"comment"` or
+    `"off"`), `upstream_timeout`, ... (see docs/configuration.md); an unknown one is an
+    `InvalidRequestError` that lists the known ones.
     """
 
     def __init__(self, *, tunnel: Tunnel | None = None, **settings: Any) -> None:

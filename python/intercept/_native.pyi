@@ -9,6 +9,8 @@ from typing import Any, Awaitable, Callable, Optional
 
 __version__: str
 TESTING: bool
+# Every error kind of the Rust core: (kind, HTTP status, blame, doc), in declaration order.
+ERROR_KINDS: list[tuple[str, int, str, str]]
 
 def cli_main(argv: list[str]) -> int:
     """Runs the `intercept` command line (program name first); its exit status."""

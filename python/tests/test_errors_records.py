@@ -62,6 +62,25 @@ async def test_runtime_errors_are_mapped(server, mock) -> None:
     assert intercept.error_class("something_new") is intercept.InterceptError
 
 
+def test_every_rust_error_kind_has_its_class_and_every_class_a_kind() -> None:
+    from intercept import _errors, _native
+
+    rust = {kind: (status, blame) for kind, status, blame, _ in _native.ERROR_KINDS}
+    for kind, (status, blame) in rust.items():
+        cls = intercept.error_class(kind)
+        assert cls is not intercept.InterceptError, f"error kind {kind!r} has no class: declare {_errors._class_name(kind)} in _errors.py"
+        assert (cls.default_kind, cls.default_status, cls.default_blame) == (kind, status, blame)
+        assert cls.__doc__, cls
+        assert cls.__name__ in intercept.__all__ and getattr(intercept, cls.__name__) is cls, cls
+    declared = {
+        c for c in vars(_errors).values() if isinstance(c, type) and issubclass(c, intercept.InterceptError) and c is not intercept.InterceptError
+    }
+    for cls in declared:
+        assert intercept.error_class(cls.default_kind) is cls, f"{cls.__name__} names no error kind"
+        assert cls.default_kind in rust or cls in _errors._PYTHON_KINDS, cls
+    assert intercept.GoneError.default_status == 410 and intercept.UpgradeRequiredError.default_status == 426
+
+
 async def test_failed_calls_record_errors_that_map_to_exceptions(server, mock) -> None:
     mock.push_error(500, "engine on fire")
     session = intercept.Session(id="f", model="m", upstream=mock.base_url)

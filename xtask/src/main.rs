@@ -22,7 +22,8 @@ enum Task {
     /// Check the layering and hygiene rules (listed in docs/architecture.md).
     Tidy,
     /// Rewrite the settings table of docs/configuration.md from the settings of
-    /// `intercept serve` (tidy fails while the committed table differs).
+    /// `intercept serve` (intercept-cli's `config_docs` test fails while the committed
+    /// table differs).
     ConfigDocs,
     /// Run the demo on the embedded mock model (release build); extra arguments go to
     /// `intercept demo`.

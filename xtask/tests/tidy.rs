@@ -63,8 +63,3 @@ fn docs_are_timeless() {
         tidy::timeless_docs(&xtask::workspace_root()),
     );
 }
-
-#[test]
-fn the_settings_table_is_generated() {
-    assert_holds("config-docs", tidy::config_docs(&xtask::workspace_root()));
-}

@@ -8,8 +8,6 @@
 //! - [`demo::run`]: simulated harnesses against an in-process sidecar on the mock model.
 //! - [`run::run`]: the whole command line as a function (what the binary and the Python
 //!   package's `intercept` entry point call).
-//! - [`alloc::MiMalloc`]: the global allocator of the binary and of the Python module
-//!   (mimalloc through its fastest entry points).
 //!
 //! ```no_run
 //! use intercept_cli::config::{ServeConfig, UpstreamSetting};
@@ -27,7 +25,6 @@
 //! # }
 //! ```
 
-pub mod alloc;
 pub mod cli;
 pub mod client;
 pub mod config;

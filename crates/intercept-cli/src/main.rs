@@ -5,9 +5,9 @@ use std::process::ExitCode;
 /// mimalloc: a streamed call allocates ~150 times (events, frames, the record); glibc's
 /// allocator spent ~13 % of the proxy's instructions on them, mimalloc about a third of
 /// that (docs/benchmarks.md), called through its fastest entry points
-/// ([`intercept_cli::alloc`]).
+/// ([`intercept_alloc`]).
 #[global_allocator]
-static ALLOCATOR: intercept_cli::alloc::MiMalloc = intercept_cli::alloc::MiMalloc;
+static ALLOCATOR: intercept_alloc::MiMalloc = intercept_alloc::MiMalloc;
 
 /// Transparent huge pages off for this process. With them, memory that grows (traces
 /// kept in memory) is faulted in 2 MiB at a time, each fault zeroing 2 MiB in the middle

@@ -22,8 +22,8 @@ use intercept_core::{
     Interception, NetworkPolicy, RolloutSession, Secret, ServerStatus, SessionStatus, SlotGuard,
     Totals, Upstream,
 };
+use intercept_mock::{MockConfig, MockUpstream};
 use intercept_server::ServerConfig;
-use intercept_test::{MockConfig, MockUpstream};
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;

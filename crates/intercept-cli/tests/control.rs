@@ -5,58 +5,14 @@
 
 mod common;
 
+use common::control::{error_of, Api};
+
 use http::{Method, StatusCode};
-use intercept_cli::client::{HttpClient, HttpResponse};
 use intercept_cli::config::{ServeConfig, UpstreamSetting};
 use intercept_cli::sidecar::Sidecar;
 use intercept_core::Secret;
 use intercept_trace::read_trace_file;
 use serde_json::{json, Value};
-
-struct Api {
-    client: HttpClient,
-    url: String,
-    token: String,
-}
-
-impl Api {
-    fn new(sidecar: &Sidecar) -> Self {
-        Api {
-            client: HttpClient::new(),
-            url: sidecar.control_url(),
-            token: sidecar.token().expose().to_owned(),
-        }
-    }
-
-    async fn req(&self, method: Method, path: &str, body: Option<Value>) -> HttpResponse {
-        self.client
-            .send(
-                method,
-                &format!("{}{path}", self.url),
-                Some(&self.token),
-                body.as_ref(),
-            )
-            .await
-            .unwrap()
-    }
-
-    async fn chat(&self, env: &Value, text: &str) -> HttpResponse {
-        common::try_chat(&self.client, env, text).await.unwrap()
-    }
-}
-
-/// Asserts the error shape and returns the message.
-fn error_of(resp: &HttpResponse, status: StatusCode, kind: &str) -> String {
-    assert_eq!(
-        resp.status,
-        status,
-        "{}",
-        String::from_utf8_lossy(&resp.body)
-    );
-    let body = resp.json().unwrap();
-    assert_eq!(body["error"]["type"], kind, "{body}");
-    body["error"]["message"].as_str().unwrap().to_owned()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_route_and_error() {

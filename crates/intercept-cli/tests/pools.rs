@@ -6,69 +6,16 @@
 
 mod common;
 
+use common::control::Api;
+
 use std::collections::HashSet;
 
 use futures_util::future::join_all;
 use http::{Method, StatusCode};
-use intercept_cli::client::{HttpClient, HttpResponse};
 use intercept_cli::config::{Layers, ServeConfig};
 use intercept_cli::sidecar::Sidecar;
 use intercept_tunnel::BoreServer;
 use serde_json::{json, Value};
-
-struct Api {
-    client: HttpClient,
-    url: String,
-    token: String,
-}
-
-impl Api {
-    fn new(sidecar: &Sidecar) -> Self {
-        Api {
-            client: HttpClient::new(),
-            url: sidecar.control_url(),
-            token: sidecar.token().expose().to_owned(),
-        }
-    }
-
-    async fn req(&self, method: Method, path: &str, body: Option<Value>) -> HttpResponse {
-        self.client
-            .send(
-                method,
-                &format!("{}{path}", self.url),
-                Some(&self.token),
-                body.as_ref(),
-            )
-            .await
-            .unwrap()
-    }
-
-    async fn json(&self, method: Method, path: &str) -> Value {
-        let resp = self.req(method, path, None).await;
-        assert_eq!(resp.status, StatusCode::OK, "{path}");
-        resp.json().unwrap()
-    }
-
-    async fn chat(&self, env: &Value, text: &str) -> HttpResponse {
-        self.try_chat(env, text).await.unwrap()
-    }
-
-    /// A chat call through a session's `env`; an error when its URL cannot be reached.
-    async fn try_chat(&self, env: &Value, text: &str) -> anyhow::Result<HttpResponse> {
-        common::try_chat(&self.client, env, text).await
-    }
-
-    async fn endpoint_lost(&self, id: &str) -> Value {
-        let status = self.json(Method::GET, &format!("/v1/sessions/{id}")).await;
-        status["endpoint_lost"].clone()
-    }
-
-    async fn metrics(&self) -> String {
-        let resp = self.req(Method::GET, "/metrics", None).await;
-        assert_eq!(resp.status, StatusCode::OK);
-        String::from_utf8(resp.body.to_vec()).unwrap()
-    }
-}
 
 fn config(flags: &[(&'static str, &str)]) -> ServeConfig {
     let flags: Vec<(&str, String)> = flags.iter().map(|(k, v)| (*k, v.to_string())).collect();

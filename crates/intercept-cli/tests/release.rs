@@ -6,83 +6,16 @@
 
 mod common;
 
+use common::control::{error_of, Api};
+
 use std::time::Duration;
 
 use http::{Method, StatusCode};
-use intercept_cli::client::{HttpClient, HttpResponse};
 use intercept_cli::config::{ServeConfig, UpstreamSetting};
 use intercept_cli::sidecar::Sidecar;
 use intercept_test::{MockUpstream, Reply};
 use intercept_trace::read_trace_file;
-use serde_json::{json, Value};
-
-#[derive(Clone)]
-struct Api {
-    client: HttpClient,
-    url: String,
-    token: String,
-}
-
-impl Api {
-    fn new(sidecar: &Sidecar) -> Self {
-        Api {
-            client: HttpClient::new(),
-            url: sidecar.control_url(),
-            token: sidecar.token().expose().to_owned(),
-        }
-    }
-
-    async fn req(&self, method: Method, path: &str, body: Option<Value>) -> HttpResponse {
-        self.client
-            .send(
-                method,
-                &format!("{}{path}", self.url),
-                Some(&self.token),
-                body.as_ref(),
-            )
-            .await
-            .unwrap()
-    }
-
-    async fn create(&self, body: Option<Value>) -> Value {
-        let resp = self.req(Method::POST, "/v1/sessions", body).await;
-        assert_eq!(
-            resp.status,
-            StatusCode::CREATED,
-            "{}",
-            String::from_utf8_lossy(&resp.body)
-        );
-        resp.json().unwrap()
-    }
-
-    async fn chat(&self, session: &Value, text: &str) -> HttpResponse {
-        let env = &session["env"];
-        common::try_chat(&self.client, env, text).await.unwrap()
-    }
-
-    async fn metric(&self, name: &str) -> u64 {
-        let text = self.req(Method::GET, "/metrics", None).await.body;
-        let text = String::from_utf8(text.to_vec()).unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} ")))
-            .unwrap_or_else(|| panic!("no {name} in {text}"))
-            .trim()
-            .parse()
-            .unwrap()
-    }
-}
-
-fn error_of(resp: &HttpResponse, status: StatusCode, kind: &str) -> String {
-    assert_eq!(
-        resp.status,
-        status,
-        "{}",
-        String::from_utf8_lossy(&resp.body)
-    );
-    let body = resp.json().unwrap();
-    assert_eq!(body["error"]["type"], kind, "{body}");
-    body["error"]["message"].as_str().unwrap().to_owned()
-}
+use serde_json::json;
 
 async fn mock_sidecar(config: ServeConfig) -> Sidecar {
     Sidecar::start(ServeConfig {
@@ -108,8 +41,14 @@ async fn two_runs_on_one_trace_dir_never_mix_rollouts() {
     let first_id = generated["id"].as_str().unwrap().to_owned();
     assert!(first_id.starts_with("session-"), "{first_id}");
     let explicit = api.create(Some(json!({"id": "rollout-x"}))).await;
-    assert_eq!(api.chat(&generated, "one").await.status, StatusCode::OK);
-    assert_eq!(api.chat(&explicit, "one").await.status, StatusCode::OK);
+    assert_eq!(
+        api.chat(&generated["env"], "one").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        api.chat(&explicit["env"], "one").await.status,
+        StatusCode::OK
+    );
     first.shutdown().await.unwrap();
 
     // Second run, same directory.
@@ -118,7 +57,10 @@ async fn two_runs_on_one_trace_dir_never_mix_rollouts() {
     let generated = api.create(None).await;
     let second_id = generated["id"].as_str().unwrap().to_owned();
     assert_ne!(second_id, first_id, "generated ids are unique across runs");
-    assert_eq!(api.chat(&generated, "two").await.status, StatusCode::OK);
+    assert_eq!(
+        api.chat(&generated["env"], "two").await.status,
+        StatusCode::OK
+    );
 
     // Re-creating the explicit id would append to the first run's file: refused.
     let msg = error_of(
@@ -178,7 +120,7 @@ async fn concurrent_deletes_both_answer_the_final_trace() {
     let caller = {
         let api = api.clone();
         let session = session.clone();
-        tokio::spawn(async move { api.chat(&session, "in flight").await })
+        tokio::spawn(async move { api.chat(&session["env"], "in flight").await })
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while mock.request_count() == 0 {
@@ -251,7 +193,7 @@ async fn released_traces_are_bounded_in_bytes_and_read_back_from_files() {
         let session = api.create(Some(json!({ "id": id }))).await;
         for _ in 0..2 {
             assert_eq!(
-                api.chat(&session, &big(SIZE, i)).await.status,
+                api.chat(&session["env"], &big(SIZE, i)).await.status,
                 StatusCode::OK
             );
         }
@@ -325,7 +267,7 @@ async fn released_traces_are_bounded_in_bytes_and_read_back_from_files() {
         let session = api.create(Some(json!({ "id": id }))).await;
         for _ in 0..2 {
             assert_eq!(
-                api.chat(&session, &big(SIZE, i)).await.status,
+                api.chat(&session["env"], &big(SIZE, i)).await.status,
                 StatusCode::OK
             );
         }
@@ -375,7 +317,7 @@ async fn delete_answers_the_final_trace_even_with_no_retention() {
     .await;
     let api = Api::new(&sidecar);
     let session = api.create(Some(json!({"id": "once"}))).await;
-    assert_eq!(api.chat(&session, "hi").await.status, StatusCode::OK);
+    assert_eq!(api.chat(&session["env"], "hi").await.status, StatusCode::OK);
     let answer = api.req(Method::DELETE, "/v1/sessions/once", None).await;
     assert_eq!(answer.status, StatusCode::OK);
     assert_eq!(answer.json().unwrap()["calls"].as_array().unwrap().len(), 1);
@@ -409,7 +351,7 @@ async fn a_delete_whose_client_hangs_up_leaves_a_whole_release() {
     let caller = {
         let api = api.clone();
         let session = session.clone();
-        tokio::spawn(async move { api.chat(&session, "in flight").await })
+        tokio::spawn(async move { api.chat(&session["env"], "in flight").await })
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while mock.request_count() == 0 {

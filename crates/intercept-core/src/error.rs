@@ -33,82 +33,100 @@ impl Blame {
     }
 }
 
-/// A stable, machine-readable name for each kind of [`Error`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// Missing or unknown secret.
-    Unauthorized,
-    /// The request is malformed or asks for something unsupported.
-    InvalidRequest,
-    /// The request body exceeds the configured cap.
-    PayloadTooLarge,
-    /// No such route.
-    NotFound,
-    /// The route exists but not for this method.
-    MethodNotAllowed,
-    /// The rollout was released; no further calls are accepted.
-    RolloutConcluded,
-    /// The rollout stopped (a limit, a hook, a context-length error).
-    RolloutStopped,
-    /// The upstream answered with an error status.
-    UpstreamStatus,
-    /// The upstream did not answer in time.
-    UpstreamTimeout,
-    /// The upstream could not be reached or dropped the connection.
-    UpstreamUnavailable,
-    /// The upstream answered with a body that is not what the dialect expects.
-    UpstreamMalformed,
-    /// The harness went away before the call finished.
-    ClientDisconnected,
-    /// The call was cancelled (rollout released or server shutting down).
-    Cancelled,
-    /// A tunnel failed.
-    Tunnel,
-    /// A conflict with existing state (e.g. a duplicate id).
-    Conflict,
-    /// Model calls are paused (weight sync): rejected at once, or held past the timeout.
-    Paused,
-    /// No capacity: a pool is at its cap, or no server came up in time.
-    Unavailable,
-    /// A session hook (request or response) failed with an error of its own.
-    HookFailed,
-    /// intercept failed internally.
-    Internal,
-    /// The client asked to upgrade to a transport the server does not speak (WebSocket).
-    UpgradeRequired,
-    /// What was asked for existed but is no longer held (a released session's trace).
-    Gone,
+/// Declares [`ErrorKind`] from one table: each kind's doc, variant, snake_case name,
+/// HTTP status and blame. `ErrorKind::ALL`, `as_str`, `status`, `blame` and `doc` are made
+/// from it, so the list of kinds is written once (the Python package builds its exception
+/// classes from `ALL`).
+macro_rules! error_kinds {
+    ($($(#[doc = $doc:literal])+ $kind:ident = $name:literal, $status:literal, $blame:ident;)+) => {
+        /// A stable, machine-readable name for each kind of [`Error`].
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        #[non_exhaustive]
+        pub enum ErrorKind {
+            $($(#[doc = $doc])+ $kind,)+
+        }
+
+        impl ErrorKind {
+            /// Every kind, in declaration order.
+            pub const ALL: &'static [ErrorKind] = &[$(ErrorKind::$kind),+];
+
+            /// The snake_case name used in call records and error bodies.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(ErrorKind::$kind => $name,)+
+                }
+            }
+
+            /// The HTTP status an error of this kind answers with. Two kinds vary per
+            /// error ([`Error::status`]): `upstream_status` keeps the upstream's own status
+            /// (502 here), and `paused` is 503 when the call was held (429 here).
+            pub fn status(self) -> u16 {
+                match self {
+                    $(ErrorKind::$kind => $status,)+
+                }
+            }
+
+            /// Who is to blame for an error of this kind.
+            pub fn blame(self) -> Blame {
+                match self {
+                    $(ErrorKind::$kind => Blame::$blame,)+
+                }
+            }
+
+            /// One line saying what this kind means (its doc).
+            pub fn doc(self) -> &'static str {
+                match self {
+                    $(ErrorKind::$kind => concat!($($doc),+).trim_ascii(),)+
+                }
+            }
+        }
+    };
 }
 
-impl ErrorKind {
-    /// The snake_case name used in call records and error bodies.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorKind::Unauthorized => "unauthorized",
-            ErrorKind::InvalidRequest => "invalid_request",
-            ErrorKind::PayloadTooLarge => "payload_too_large",
-            ErrorKind::NotFound => "not_found",
-            ErrorKind::MethodNotAllowed => "method_not_allowed",
-            ErrorKind::RolloutConcluded => "rollout_concluded",
-            ErrorKind::RolloutStopped => "rollout_stopped",
-            ErrorKind::UpstreamStatus => "upstream_status",
-            ErrorKind::UpstreamTimeout => "upstream_timeout",
-            ErrorKind::UpstreamUnavailable => "upstream_unavailable",
-            ErrorKind::UpstreamMalformed => "upstream_malformed",
-            ErrorKind::ClientDisconnected => "client_disconnected",
-            ErrorKind::Cancelled => "cancelled",
-            ErrorKind::Tunnel => "tunnel",
-            ErrorKind::Conflict => "conflict",
-            ErrorKind::Paused => "paused",
-            ErrorKind::Unavailable => "unavailable",
-            ErrorKind::HookFailed => "hook_failed",
-            ErrorKind::Internal => "internal",
-            ErrorKind::UpgradeRequired => "upgrade_required",
-            ErrorKind::Gone => "gone",
-        }
-    }
+error_kinds! {
+    /// Missing or unknown secret.
+    Unauthorized = "unauthorized", 401, Client;
+    /// The request is malformed or asks for something unsupported.
+    InvalidRequest = "invalid_request", 400, Client;
+    /// The request body exceeds the configured cap.
+    PayloadTooLarge = "payload_too_large", 413, Client;
+    /// No such route.
+    NotFound = "not_found", 404, Client;
+    /// The route exists but not for this method.
+    MethodNotAllowed = "method_not_allowed", 405, Client;
+    /// The rollout was released; no further calls are accepted.
+    RolloutConcluded = "rollout_concluded", 409, Client;
+    /// The rollout stopped (a limit, a hook, a context-length error).
+    RolloutStopped = "rollout_stopped", 400, Client;
+    /// The upstream answered with an error status.
+    UpstreamStatus = "upstream_status", 502, Upstream;
+    /// The upstream did not answer in time.
+    UpstreamTimeout = "upstream_timeout", 504, Upstream;
+    /// The upstream could not be reached or dropped the connection.
+    UpstreamUnavailable = "upstream_unavailable", 503, Upstream;
+    /// The upstream answered with a body that is not what the dialect expects.
+    UpstreamMalformed = "upstream_malformed", 502, Upstream;
+    /// The harness went away before the call finished.
+    ClientDisconnected = "client_disconnected", 499, Client;
+    /// The call was cancelled (rollout released or server shutting down).
+    Cancelled = "cancelled", 503, Internal;
+    /// A tunnel failed.
+    Tunnel = "tunnel", 502, Tunnel;
+    /// A conflict with existing state (e.g. a duplicate id).
+    Conflict = "conflict", 409, Client;
+    /// Model calls are paused (weight sync): rejected at once, or held past the timeout.
+    Paused = "paused", 429, Internal;
+    /// No capacity: a pool is at its cap, or no server came up in time.
+    Unavailable = "unavailable", 503, Internal;
+    /// A session hook (request or response) failed with an error of its own.
+    HookFailed = "hook_failed", 502, Internal;
+    /// intercept failed internally.
+    Internal = "internal", 500, Internal;
+    /// The client asked to upgrade to a transport the server does not speak (WebSocket).
+    UpgradeRequired = "upgrade_required", 426, Client;
+    /// What was asked for existed but is no longer held (a released session's trace).
+    Gone = "gone", 410, Client;
 }
 
 /// Every failure intercept reports.
@@ -298,54 +316,19 @@ impl Error {
         }
     }
 
-    /// The one HTTP status this error answers with.
+    /// The one HTTP status this error answers with: its kind's ([`ErrorKind::status`]),
+    /// except an upstream's own status and a held pause's 503.
     pub fn status(&self) -> u16 {
         match self {
-            Error::Unauthorized => 401,
-            Error::InvalidRequest(_) | Error::RolloutStopped(_) => 400,
-            Error::PayloadTooLarge { .. } => 413,
-            Error::NotFound { .. } => 404,
-            Error::MethodNotAllowed { .. } => 405,
-            Error::RolloutConcluded | Error::Conflict(_) => 409,
-            Error::Gone(_) => 410,
             Error::UpstreamStatus { status, .. } => *status,
-            Error::UpstreamTimeout(_) => 504,
-            Error::UpstreamUnavailable(_) | Error::Cancelled(_) => 503,
-            Error::UpstreamMalformed(_) | Error::Tunnel { .. } | Error::HookFailed(_) => 502,
-            Error::ClientDisconnected(_) => 499,
-            Error::Internal(_) => 500,
             Error::Paused { held: true, .. } => 503,
-            Error::Unavailable(_) => 503,
-            Error::Paused { held: false, .. } => 429,
-            Error::UpgradeRequired { .. } => 426,
+            other => other.kind().status(),
         }
     }
 
-    /// Who is to blame.
+    /// Who is to blame: its kind's ([`ErrorKind::blame`]).
     pub fn blame(&self) -> Blame {
-        match self {
-            Error::Unauthorized
-            | Error::InvalidRequest(_)
-            | Error::PayloadTooLarge { .. }
-            | Error::NotFound { .. }
-            | Error::MethodNotAllowed { .. }
-            | Error::RolloutConcluded
-            | Error::RolloutStopped(_)
-            | Error::ClientDisconnected(_)
-            | Error::Conflict(_)
-            | Error::Gone(_)
-            | Error::UpgradeRequired { .. } => Blame::Client,
-            Error::UpstreamStatus { .. }
-            | Error::UpstreamTimeout(_)
-            | Error::UpstreamUnavailable(_)
-            | Error::UpstreamMalformed(_) => Blame::Upstream,
-            Error::Tunnel { .. } => Blame::Tunnel,
-            Error::Cancelled(_)
-            | Error::HookFailed(_)
-            | Error::Internal(_)
-            | Error::Paused { .. }
-            | Error::Unavailable(_) => Blame::Internal,
-        }
+        self.kind().blame()
     }
 
     /// Whether the same request may succeed if tried again.
@@ -490,6 +473,96 @@ mod tests {
         ] {
             assert!(!e.is_final(), "{e}");
         }
+    }
+
+    #[test]
+    fn every_kind_is_listed_once_under_its_serde_name() {
+        let mut seen = std::collections::HashSet::new();
+        for &kind in ErrorKind::ALL {
+            assert!(seen.insert(kind), "{kind:?} twice");
+            assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
+            let doc = kind.doc();
+            assert!(doc.ends_with('.') && doc.trim() == doc, "{kind:?}: {doc:?}");
+        }
+        assert_eq!(
+            ErrorKind::InvalidRequest.doc(),
+            "The request is malformed or asks for something unsupported."
+        );
+    }
+
+    #[test]
+    fn each_error_has_its_status_and_blame() {
+        use Blame::*;
+        let s = || String::from("x");
+        let cases = [
+            (Error::Unauthorized, 401, Client),
+            (Error::invalid("x"), 400, Client),
+            (Error::PayloadTooLarge { limit: 1 }, 413, Client),
+            (
+                Error::NotFound {
+                    method: s(),
+                    path: s(),
+                },
+                404,
+                Client,
+            ),
+            (
+                Error::MethodNotAllowed {
+                    method: s(),
+                    path: s(),
+                },
+                405,
+                Client,
+            ),
+            (Error::RolloutConcluded, 409, Client),
+            (
+                Error::RolloutStopped(crate::StopReason::Limit("max_turns")),
+                400,
+                Client,
+            ),
+            (Error::upstream_status(418, s(), None), 418, Upstream),
+            (Error::UpstreamTimeout(s()), 504, Upstream),
+            (Error::UpstreamUnavailable(s()), 503, Upstream),
+            (Error::UpstreamMalformed(s()), 502, Upstream),
+            (Error::ClientDisconnected(s()), 499, Client),
+            (Error::Cancelled(s()), 503, Internal),
+            (
+                Error::Tunnel {
+                    message: s(),
+                    retryable: false,
+                },
+                502,
+                Tunnel,
+            ),
+            (Error::Conflict(s()), 409, Client),
+            (Error::Gone(s()), 410, Client),
+            (Error::HookFailed(s()), 502, Internal),
+            (Error::Internal(s()), 500, Internal),
+            (Error::Unavailable(s()), 503, Internal),
+            (Error::UpgradeRequired { path: s() }, 426, Client),
+            (
+                Error::Paused {
+                    retry_after_secs: 1,
+                    held: false,
+                },
+                429,
+                Internal,
+            ),
+            (
+                Error::Paused {
+                    retry_after_secs: 1,
+                    held: true,
+                },
+                503,
+                Internal,
+            ),
+        ];
+        let mut kinds = std::collections::HashSet::new();
+        for (e, status, blame) in cases {
+            assert_eq!((e.status(), e.blame()), (status, blame), "{e:?}");
+            kinds.insert(e.kind());
+        }
+        assert_eq!(kinds.len(), ErrorKind::ALL.len(), "an error of every kind");
     }
 
     #[test]

@@ -33,6 +33,7 @@ mod guard;
 mod member;
 mod pause;
 pub mod policy;
+mod server_settings;
 mod static_pool;
 
 pub use config::{
@@ -44,6 +45,7 @@ pub use elastic::{
     ElasticConfig, ElasticPool, ServerInfo, ServerPhase, SettingNames, STOP_TIMEOUT,
 };
 pub use member::{InterceptionServerFactory, PoolMember, ServerFactory, TunnelMaker, TunnelSource};
+pub use server_settings::server_config;
 pub use static_pool::StaticPool;
 
 /// How long [`StaticPool`]'s `servers()` waits for one endpoint's health probe before it

@@ -1,13 +1,25 @@
 //! Rust errors as Python exceptions: `intercept.InterceptError` and its subclass per
 //! error kind (defined in `intercept/_errors.py`), carrying kind, status and message.
+//! The module's `ERROR_KINDS` lists every [`ErrorKind`] with its status, blame and doc:
+//! `_errors.py` gives each class its kind's defaults from it.
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
-use intercept_core::Error;
+use intercept_core::{Error, ErrorKind};
 
 static FROM_NATIVE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// Adds `ERROR_KINDS`: a `(kind, status, blame, doc)` tuple per error kind, in the
+/// order Rust declares them.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let kinds: Vec<(&str, u16, &str, &str)> = ErrorKind::ALL
+        .iter()
+        .map(|k| (k.as_str(), k.status(), k.blame().as_str(), k.doc()))
+        .collect();
+    m.add("ERROR_KINDS", kinds)
+}
 
 /// The Python exception for `e` (takes the GIL briefly).
 pub(crate) fn to_py(e: &Error) -> PyErr {

@@ -2,50 +2,20 @@
 //! [`Interception`] built from its configuration, and the slots it hands out.
 
 use std::future::Future as _;
-use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use serde::Deserialize;
 
 use intercept_core::{Interception, PauseMode, SlotGuard};
-use intercept_pool::{make_interception_with, InterceptionConfig};
-use intercept_server::ServerConfig;
+use intercept_pool::{make_interception_with, server_config, InterceptionConfig};
 use intercept_tunnel::TunnelConfig;
 
 use crate::errors::{invalid, to_py};
 use crate::runtime;
 use crate::session::NativeSession;
-
-/// The server settings a Python caller may set (every other one keeps its default).
-/// Durations are seconds.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Settings {
-    listen: Option<SocketAddr>,
-    body_limit: Option<u64>,
-    keepalive: Option<f64>,
-    shutdown_grace: Option<f64>,
-    first_byte_timeout: Option<f64>,
-    disconnect_grace: Option<f64>,
-    connect_timeout: Option<f64>,
-    upstream_timeout: Option<f64>,
-    inspect_memory: Option<usize>,
-    stream_buffer: Option<usize>,
-    /// `ServerConfig::released_secrets`; `released_memory`, its former name, still works.
-    #[serde(alias = "released_memory")]
-    released_secrets: Option<usize>,
-    upstream_idle_per_host: Option<usize>,
-    engine_retry_after: Option<f64>,
-    /// `ServerConfig::service_secrets`: shared tool servers' secrets for `/state`.
-    service_secrets: Option<Vec<String>>,
-    /// `event`, `comment` or `off`.
-    stream_heartbeat: Option<String>,
-    models_timeout: Option<f64>,
-}
 
 fn secs(name: &str, v: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(v).map_err(|_| {
@@ -53,81 +23,6 @@ fn secs(name: &str, v: f64) -> PyResult<Duration> {
             "{name}: expected a non-negative number of seconds, got {v}"
         ))
     })
-}
-
-impl Settings {
-    fn server_config(self) -> PyResult<ServerConfig> {
-        let mut c = ServerConfig {
-            listen: self.listen,
-            ..ServerConfig::default()
-        };
-        if let Some(v) = self.body_limit {
-            c.body_limit = v;
-        }
-        let durations = [
-            ("keepalive", self.keepalive, &mut c.keepalive),
-            ("shutdown_grace", self.shutdown_grace, &mut c.shutdown_grace),
-            (
-                "first_byte_timeout",
-                self.first_byte_timeout,
-                &mut c.first_byte_timeout,
-            ),
-            (
-                "disconnect_grace",
-                self.disconnect_grace,
-                &mut c.disconnect_grace,
-            ),
-            (
-                "connect_timeout",
-                self.connect_timeout,
-                &mut c.connect_timeout,
-            ),
-            (
-                "engine_retry_after",
-                self.engine_retry_after,
-                &mut c.engine_retry_after,
-            ),
-            ("models_timeout", self.models_timeout, &mut c.models_timeout),
-        ];
-        for (name, value, slot) in durations {
-            if let Some(v) = value {
-                *slot = secs(name, v)?;
-            }
-        }
-        if c.keepalive.is_zero() {
-            return Err(invalid("keepalive: must be more than 0 seconds"));
-        }
-        if let Some(v) = self.upstream_timeout {
-            c.upstream_timeout = Some(secs("upstream_timeout", v)?);
-        }
-        if let Some(v) = self.inspect_memory {
-            c.inspect_memory = v;
-        }
-        if let Some(v) = self.stream_buffer {
-            if v == 0 {
-                return Err(invalid("stream_buffer: must be at least 1"));
-            }
-            c.stream_buffer = v;
-        }
-        if let Some(v) = self.released_secrets {
-            c.released_secrets = v;
-        }
-        if let Some(v) = self.upstream_idle_per_host {
-            c.upstream_idle_per_host = v;
-        }
-        if let Some(v) = &self.stream_heartbeat {
-            c.stream_heartbeat = v
-                .parse()
-                .map_err(|e: String| invalid(format!("stream_heartbeat: {e}")))?;
-        }
-        if let Some(v) = self.service_secrets {
-            if v.iter().any(String::is_empty) {
-                return Err(invalid("service_secrets: a secret must not be empty"));
-            }
-            c.service_secrets = v.into_iter().map(intercept_core::Secret::new).collect();
-        }
-        Ok(c)
-    }
 }
 
 /// One interception of any shape (see `python/intercept/_interception.py`).
@@ -163,14 +58,16 @@ fn pause_json(status: intercept_core::PauseStatus) -> String {
 #[pymethods]
 impl NativeInterception {
     /// `config_json`: an `InterceptionConfig` (`{"type": "server" | "static" |
-    /// "elastic", ...}`); `settings_json`: server settings (see [`Settings`]).
+    /// "elastic", ...}`); `settings_json`: server settings, an object of
+    /// `ServerConfig`'s fields (see [`intercept_pool::server_config`]).
     #[new]
     fn new(config_json: &str, requires_tunnel: bool, settings_json: &str) -> PyResult<Self> {
         let config: InterceptionConfig<TunnelConfig> =
             serde_json::from_str(config_json).map_err(|e| invalid(format!("interception: {e}")))?;
-        let settings: Settings = serde_json::from_str(settings_json)
-            .map_err(|e| invalid(format!("server settings: {e}")))?;
-        let server = settings.server_config()?;
+        let settings: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(settings_json)
+                .map_err(|e| invalid(format!("server settings: {e}")))?;
+        let server = server_config(&settings).map_err(invalid)?;
         let _rt = runtime().enter();
         let inner =
             make_interception_with(&config, requires_tunnel, server).map_err(|e| to_py(&e))?;

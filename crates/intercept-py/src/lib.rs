@@ -46,7 +46,7 @@ mod testing;
 /// The module's Rust allocations use mimalloc, as the `intercept` binary does (the
 /// Python interpreter keeps its own allocator).
 #[global_allocator]
-static ALLOCATOR: intercept_cli::alloc::MiMalloc = intercept_cli::alloc::MiMalloc;
+static ALLOCATOR: intercept_alloc::MiMalloc = intercept_alloc::MiMalloc;
 
 /// The tokio runtime every server of the process runs on (built on first use).
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
@@ -105,6 +105,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(at_exit, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("TESTING", cfg!(feature = "testing"))?;
+    errors::register(m)?;
     #[cfg(feature = "testing")]
     testing::register(m)?;
     Ok(())

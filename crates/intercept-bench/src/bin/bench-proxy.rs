@@ -24,7 +24,7 @@ use serde_json::json;
 
 /// The allocator of the `intercept` binary, which this program stands in for.
 #[global_allocator]
-static ALLOCATOR: intercept_cli::alloc::MiMalloc = intercept_cli::alloc::MiMalloc;
+static ALLOCATOR: intercept_alloc::MiMalloc = intercept_alloc::MiMalloc;
 
 /// What the registered sessions do with call records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -17,7 +17,7 @@ use serde_json::json;
 
 /// The allocator of the `intercept` binary, whose memory per session this measures.
 #[global_allocator]
-static ALLOCATOR: intercept_cli::alloc::MiMalloc = intercept_cli::alloc::MiMalloc;
+static ALLOCATOR: intercept_alloc::MiMalloc = intercept_alloc::MiMalloc;
 
 /// Which session type is registered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

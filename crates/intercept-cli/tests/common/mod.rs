@@ -1,7 +1,10 @@
 //! The built `intercept serve` binary as the tests run it: started with piped output,
-//! its ready line read, stopped with SIGTERM; and one chat call through a session.
+//! its ready line read, stopped with SIGTERM; one chat call through a session; and the
+//! control API of an in-process sidecar ([`control`]).
 
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
+
+pub mod control;
 
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;

@@ -1,5 +1,36 @@
+//! The mock model of intercept: the upstream of `intercept demo` and of the sidecar's
+//! `--upstream mock`, and the model server of the tests (re-exported by `intercept-test`).
 //! A scriptable mock of a model server (vLLM-like) that speaks three dialects, chosen by
 //! route: OpenAI Chat Completions, OpenAI Responses and Anthropic Messages.
+//!
+//! ```
+//! use intercept_mock::{MockUpstream, Reply};
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> std::io::Result<()> {
+//! let upstream = MockUpstream::start().await?;
+//! upstream.push(Reply::text("Hello!").with_finish_reason("length"));
+//!
+//! // Any HTTP client pointed at `upstream.base_url()` works; a raw request keeps this short.
+//! let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+//! let mut tcp = tokio::net::TcpStream::connect(upstream.addr()).await?;
+//! tcp.write_all(format!(
+//!     "POST /v1/chat/completions HTTP/1.1\r\nhost: mock\r\nconnection: close\r\n\
+//!      content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+//!     body.len(),
+//! ).as_bytes()).await?;
+//! let mut response = String::new();
+//! tcp.read_to_string(&mut response).await?;
+//! assert!(response.contains(r#""content":"Hello!""#));
+//! assert!(response.contains(r#""finish_reason":"length""#));
+//!
+//! // Without a scripted reply the mock echoes; every request is logged.
+//! assert_eq!(upstream.requests()[0].json().unwrap()["model"], "m");
+//! upstream.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! [`MockUpstream`] is a real HTTP server on `127.0.0.1` (HTTP/1.1 with keep-alive, and
 //! h2c) that answers `POST /v1/chat/completions`, `POST /v1/responses`,
@@ -134,7 +165,7 @@ pub const COUNT_TOKENS_PATH: &str = "/v1/messages/count_tokens";
 /// A running mock model server. See the [module docs](self) for what it answers.
 ///
 /// ```
-/// use intercept_test::{MockUpstream, Reply};
+/// use intercept_mock::{MockUpstream, Reply};
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> std::io::Result<()> {
 /// let upstream = MockUpstream::start().await?;

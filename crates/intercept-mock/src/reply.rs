@@ -34,7 +34,7 @@ pub const ANTHROPIC_CONTEXT_LENGTH_MESSAGE: &str = "prompt is too long: 5000 tok
 ///
 /// ```
 /// use std::time::Duration;
-/// use intercept_test::{Reply, ToolCall};
+/// use intercept_mock::{Reply, ToolCall};
 ///
 /// let truncated = Reply::text("Once upon a").with_finish_reason("length").with_usage(10, 3);
 /// let thinking = Reply::text("42").with_reasoning("6 times 7").with_chunks(2);

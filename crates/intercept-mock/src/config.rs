@@ -9,7 +9,7 @@ use std::time::Duration;
 ///
 /// ```
 /// use std::time::Duration;
-/// use intercept_test::MockConfig;
+/// use intercept_mock::MockConfig;
 ///
 /// let config = MockConfig { chunks: 8, chunk_delay: Duration::from_millis(5), ..MockConfig::default() };
 /// assert!(config.log_requests);

@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use intercept_test::{
+use intercept_mock::{
     MockConfig, MockUpstream, Reply, RequestBody, ToolCall, CONTEXT_LENGTH_MESSAGE,
 };
 use serde_json::{json, Value};

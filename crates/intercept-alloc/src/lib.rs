@@ -1,5 +1,7 @@
-//! [`MiMalloc`]: the global allocator of the `intercept` binary and of the Python module,
-//! mimalloc called the way its own `malloc` is fastest.
+//! The global allocator of intercept's processes: [`MiMalloc`], mimalloc called the way
+//! its own `malloc` is fastest, for the `intercept` binary, the Python module and the
+//! bench's proxy. Process-wide choices beyond the allocator (mimalloc's options,
+//! transparent huge pages) stay with the binary that owns the process.
 //!
 //! The `mimalloc` crate's allocator asks mimalloc for an *aligned* block at every
 //! allocation (`mi_malloc_aligned`). That call takes a slower path than `mi_malloc`:
@@ -13,7 +15,7 @@
 //!
 //! ```no_run
 //! #[global_allocator]
-//! static ALLOCATOR: intercept_cli::alloc::MiMalloc = intercept_cli::alloc::MiMalloc;
+//! static ALLOCATOR: intercept_alloc::MiMalloc = intercept_alloc::MiMalloc;
 //! ```
 
 use std::alloc::{GlobalAlloc, Layout};
@@ -24,7 +26,7 @@ use libmimalloc_sys as mi;
 /// The alignment of every block `mi_malloc` returns (a machine word).
 const MI_MIN_ALIGN: usize = std::mem::size_of::<usize>();
 
-/// mimalloc as the global allocator (see the [module](self)).
+/// mimalloc as the global allocator (see the [crate](crate)).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MiMalloc;
 

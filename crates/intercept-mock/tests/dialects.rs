@@ -10,7 +10,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use intercept_core::Dialect as _;
-use intercept_test::{
+use intercept_mock::{
     MockConfig, MockUpstream, Reply, ToolCall, ANTHROPIC_CONTEXT_LENGTH_MESSAGE,
     CONTEXT_LENGTH_MESSAGE, COUNT_TOKENS_PATH, MESSAGES_PATH, RESPONSES_PATH,
 };
