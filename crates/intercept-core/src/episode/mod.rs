@@ -63,9 +63,12 @@ use crate::dialect::DialectKind;
 use crate::record::CallRecord;
 use crate::session::Trace;
 
+mod canonical;
 mod message;
+mod read;
 
-pub use message::{Hash, Message, Part, Role, SampledChat, ToolCall};
+pub use message::{Hash, Message, Part, Role, ToolCall};
+pub use read::SampledChat;
 
 /// Why a sampled node starts a new token sequence instead of extending its path's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -301,7 +304,7 @@ pub(crate) fn appended<'a>(prev: &[u8], new: &'a [u8]) -> Option<&'a [u8]> {
 }
 
 /// A Chat response's first choice's message, read without building the rest: the usual
-/// shape as it stands, any other as a [`Value`] (see [`message::SampledChat`]).
+/// shape as it stands, any other as a [`Value`] (see [`read::SampledChat`]).
 #[derive(Deserialize)]
 struct ChatResponse {
     choices: Vec<ChatChoice>,
@@ -310,10 +313,10 @@ struct ChatResponse {
 #[derive(Deserialize)]
 struct ChatChoice {
     #[serde(default)]
-    message: Option<message::SampledChat>,
+    message: Option<read::SampledChat>,
 }
 
-/// The same, for a message [`message::SampledChat`] leaves to the general reader.
+/// The same, for a message [`read::SampledChat`] leaves to the general reader.
 #[derive(Deserialize)]
 struct ChatResponseValue {
     choices: Vec<ChatChoiceValue>,
@@ -419,10 +422,10 @@ impl EpisodeBuilder {
         if record.dialect == DialectKind::ChatCompletions {
             let response: ChatResponse = crate::body::from_json_bytes(bytes).ok()?;
             let msg = match response.choices.into_iter().next()?.message? {
-                message::SampledChat::Plain(msg) => msg,
-                message::SampledChat::Other => {
+                read::SampledChat::Plain(msg) => msg,
+                read::SampledChat::Other => {
                     let response: ChatResponseValue = serde_json::from_slice(bytes).ok()?;
-                    let mut msg = message::from_chat(response.choices.first()?.message.as_ref()?);
+                    let mut msg = read::from_chat(response.choices.first()?.message.as_ref()?);
                     msg.role = Role::Assistant;
                     msg
                 }
@@ -470,7 +473,7 @@ impl EpisodeBuilder {
                     continue;
                 }
                 let value: Value = serde_json::from_str(m.get()).ok()?;
-                let n = self.match_or_add(parent, message::from_chat(&value));
+                let n = self.match_or_add(parent, read::from_chat(&value));
                 self.by_raw.insert(rk, n);
                 parent = Some(n);
             }
@@ -491,12 +494,12 @@ impl EpisodeBuilder {
             DialectKind::ChatCompletions => None,
             DialectKind::Messages => {
                 let mut out = Vec::new();
-                if let Some(system) = parse("system").as_ref().and_then(message::anthropic_system) {
+                if let Some(system) = parse("system").as_ref().and_then(read::anthropic_system) {
                     out.push(system);
                 }
                 let messages = parse("messages")?;
                 for m in messages.as_array()? {
-                    message::from_anthropic(m, &mut out);
+                    read::from_anthropic(m, &mut out);
                 }
                 Some((None, out))
             }
@@ -513,14 +516,14 @@ impl EpisodeBuilder {
                     }
                 }
                 if let Some(input) = parse("input") {
-                    message::from_responses(&input, &mut out);
+                    read::from_responses(&input, &mut out);
                 }
                 Some((start, out))
             }
             DialectKind::Completions => {
                 let prompt = match parse("prompt")? {
                     Value::String(s) => s,
-                    other => message::canonical(&other),
+                    other => canonical::canonical(&other),
                 };
                 Some((None, vec![Message::text(Role::User, prompt)]))
             }
@@ -960,7 +963,7 @@ fn response_message(kind: DialectKind, response: &Value) -> Option<Message> {
         DialectKind::ChatCompletions => {
             let choice = response.get("choices")?.get(0)?;
             let m = choice.get("message")?;
-            let mut msg = message::from_chat(m);
+            let mut msg = read::from_chat(m);
             msg.role = Role::Assistant;
             Some(msg)
         }
@@ -973,12 +976,12 @@ fn response_message(kind: DialectKind, response: &Value) -> Option<Message> {
             let mut m = serde_json::Map::new();
             m.insert("role".into(), Value::String("assistant".into()));
             m.insert("content".into(), response.get("content")?.clone());
-            message::from_anthropic(&Value::Object(m), &mut out);
+            read::from_anthropic(&Value::Object(m), &mut out);
             out.into_iter().next()
         }
         DialectKind::Responses => {
             let mut out = Vec::new();
-            message::from_responses(response.get("output")?, &mut out);
+            read::from_responses(response.get("output")?, &mut out);
             let mut msg = Message::new(Role::Assistant);
             for m in out {
                 msg.content.extend(m.content);
