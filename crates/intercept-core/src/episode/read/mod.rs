@@ -1,6 +1,7 @@
-//! The dialect readers: Chat Completions messages (`chat.rs`, and `sampled.rs`, a Chat
-//! response's message read in the response's own pass), Anthropic Messages blocks
-//! (`messages.rs`) and Responses items (`responses.rs`), each into [`Message`]s.
+//! The dialect readers, each into [`Message`](crate::episode::Message)s: Chat Completions
+//! messages (`chat.rs`, and `sampled.rs`, a Chat response's message read in the
+//! response's own pass), Anthropic Messages blocks (`messages.rs`) and Responses items
+//! (`responses.rs`).
 
 mod chat;
 mod messages;

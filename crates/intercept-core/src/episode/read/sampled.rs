@@ -10,10 +10,11 @@ use serde::{Deserialize, Deserializer};
 use crate::episode::{Message, Role};
 
 /// A Chat response's message read in the same pass as the rest of the response, without
-/// building a [`Value`](serde_json::Value): `Plain` for the usual sampled turn (text or null content,
-/// optional reasoning, no tool calls), read exactly as `from_chat` reads it (with the
-/// role taken as `assistant`); `Other` for any other shape (tool calls, content parts, a
-/// member of an unexpected type), which the caller reads with `from_chat` instead.
+/// building a [`Value`](serde_json::Value): `Plain` for the usual sampled turn (text or
+/// null content, optional reasoning, no tool calls), read exactly as `from_chat` reads
+/// it (with the role taken as `assistant`); `Other` for any other shape (tool calls,
+/// content parts, a member of an unexpected type), which the caller reads with
+/// `from_chat` instead.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SampledChat {
     /// The message.
