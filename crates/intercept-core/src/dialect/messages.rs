@@ -13,7 +13,7 @@ use super::{
 use crate::body::{JsonBody, RawJson};
 use crate::error::{error_type_for_status, Error};
 use crate::record::Usage;
-use crate::session::Sampling;
+use crate::rollout::Sampling;
 use crate::sse::SseEvent;
 
 const SAMPLING_KEYS: &[&str] = &[

@@ -17,7 +17,7 @@ use crate::body::JsonBody;
 use crate::capture::{CaptureShape, HarnessAsked, TokenCollector};
 use crate::error::Error;
 use crate::record::Usage;
-use crate::session::Sampling;
+use crate::rollout::Sampling;
 
 use self::assemble::ChatAssembler;
 pub(super) use self::encode::assembled_completion;
