@@ -23,9 +23,9 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
 use crate::http_body::ResponseBody;
+use crate::preamble::{authenticate, read_body, Shared};
 use crate::registry::{Entry, InflightGuard};
 use crate::respond::{error_response, json_response};
-use crate::server::Shared;
 use crate::upstream::{read_all, ReadError, UpstreamBody};
 
 mod stream;
@@ -732,8 +732,7 @@ pub(crate) async fn aux_call(
     req: http::Request<Incoming>,
 ) -> Response<ResponseBody> {
     let fail = |e: Error| error_response(&*dialect, &e);
-    let (entry, _guard) = match crate::server::authenticate(&shared, dialect.secret(req.headers()))
-    {
+    let (entry, _guard) = match authenticate(&shared, dialect.secret(req.headers())) {
         Ok(a) => a,
         Err(e) => return fail(e),
     };
@@ -787,8 +786,7 @@ async fn aux_request(
     headers: &HeaderMap,
     body: Incoming,
 ) -> Result<http::Request<crate::http_body::SliceBody>, Error> {
-    let bytes =
-        crate::server::read_body(shared, body, Some(&entry.cancel), "the request body").await?;
+    let bytes = read_body(shared, body, Some(&entry.cancel), "the request body").await?;
     let mut body = JsonBody::parse(bytes)?;
     let session = &entry.session;
     body.set("model", session.model())?;
