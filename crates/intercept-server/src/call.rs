@@ -22,7 +22,7 @@ use intercept_core::{
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
-use crate::http_body::ResponseBody;
+use crate::detach::ResponseBody;
 use crate::preamble::{authenticate, read_body, Shared};
 use crate::registry::{Entry, InflightGuard};
 use crate::respond::{error_response, json_response};

@@ -69,7 +69,7 @@ mod spool;
 mod upstream;
 
 pub use config::{ServerConfig, StreamHeartbeat};
-pub use http_body::ResponseBody;
+pub use detach::ResponseBody;
 pub use preamble::Stats;
 pub use respond::{
     control_type, render, render_message, Shape, GENERATED_HEADER, SHOULD_RETRY_HEADER,

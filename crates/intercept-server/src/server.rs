@@ -25,7 +25,7 @@ use tracing::{debug, info, warn};
 
 use crate::call::Call;
 use crate::config::ServerConfig;
-use crate::http_body::ResponseBody;
+use crate::detach::ResponseBody;
 use crate::preamble::{authenticate, read_body, Shared, Stats};
 use crate::registry::{Entry, InflightGuard, Registry};
 use crate::respond::{error_response, flat_error, json_response, plain_error};

@@ -24,7 +24,7 @@ use super::{
     Reply, Sent, KEEPALIVE, READY_BATCH_LIMIT,
 };
 use crate::config::{ServerConfig, StreamHeartbeat};
-use crate::http_body::ResponseBody;
+use crate::detach::ResponseBody;
 use crate::spool::Spool;
 use crate::upstream::{Read, UpstreamBody};
 
