@@ -28,6 +28,7 @@ pub enum HookAction {
 /// When a tool hook runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ToolPhase {
     /// Before the harness uses the tool result (may short-circuit it).
     Before,
@@ -409,6 +410,7 @@ fn settings_of(config: &SessionConfig, capture_tokens: bool) -> serde_json::Valu
 /// The lifecycle status of a [`RolloutSession`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum SessionStatus {
     /// Accepting calls.
     Active,
@@ -416,6 +418,17 @@ pub enum SessionStatus {
     Stopped,
     /// The slot was released; the trace is sealed.
     Released,
+}
+
+impl SessionStatus {
+    /// Its name, as it is serialized: `active`, `stopped` or `released`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionStatus::Active => "active",
+            SessionStatus::Stopped => "stopped",
+            SessionStatus::Released => "released",
+        }
+    }
 }
 
 /// A finished or in-progress rollout trace.

@@ -89,6 +89,7 @@ pub struct Assembled {
 
 /// What to do with one upstream stream event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Relay {
     /// Send it to the harness now.
     Forward,

@@ -27,6 +27,7 @@ use super::canonical::canonical;
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Role {
     /// Instructions (Chat `system` / `developer`, Responses `instructions`, Anthropic
     /// `system`).
@@ -53,6 +54,7 @@ impl Role {
 /// A piece of a message's content.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Part {
     /// Text.
     Text {

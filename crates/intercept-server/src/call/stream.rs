@@ -543,6 +543,9 @@ impl<'c, 't> StreamRelay<'c, 't> {
                     self.withheld.push(ev);
                 }
                 (Relay::Drop, _) => {}
+                // A decision this server does not know (`Relay` is non-exhaustive): the
+                // event is not sent, as one to drop.
+                (_, _) => {}
             }
         }
     }

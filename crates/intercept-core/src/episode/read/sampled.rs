@@ -16,6 +16,7 @@ use crate::episode::{Message, Role};
 /// content parts, a member of an unexpected type), which the caller reads with
 /// `from_chat` instead.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum SampledChat {
     /// The message.
     Plain(Message),
