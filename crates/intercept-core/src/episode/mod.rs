@@ -303,30 +303,6 @@ pub(crate) fn appended<'a>(prev: &[u8], new: &'a [u8]) -> Option<&'a [u8]> {
     }
 }
 
-/// A Chat response's first choice's message, read without building the rest: the usual
-/// shape as it stands, any other as a [`Value`] (see [`read::SampledChat`]).
-#[derive(Deserialize)]
-struct ChatResponse {
-    choices: Vec<ChatChoice>,
-}
-
-#[derive(Deserialize)]
-struct ChatChoice {
-    #[serde(default)]
-    message: Option<read::SampledChat>,
-}
-
-/// The same, for a message [`read::SampledChat`] leaves to the general reader.
-#[derive(Deserialize)]
-struct ChatResponseValue {
-    choices: Vec<ChatChoiceValue>,
-}
-
-#[derive(Deserialize)]
-struct ChatChoiceValue {
-    message: Option<Value>,
-}
-
 impl EpisodeBuilder {
     /// An empty graph.
     pub fn new() -> Self {
@@ -420,11 +396,11 @@ impl EpisodeBuilder {
     fn sampled_of(&self, record: &CallRecord) -> Option<(Message, Option<Value>)> {
         let bytes = record.response.as_ref()?.bytes();
         if record.dialect == DialectKind::ChatCompletions {
-            let response: ChatResponse = crate::body::from_json_bytes(bytes).ok()?;
+            let response: read::ChatResponse = crate::body::from_json_bytes(bytes).ok()?;
             let msg = match response.choices.into_iter().next()?.message? {
                 read::SampledChat::Plain(msg) => msg,
                 read::SampledChat::Other => {
-                    let response: ChatResponseValue = serde_json::from_slice(bytes).ok()?;
+                    let response: read::ChatResponseValue = serde_json::from_slice(bytes).ok()?;
                     let mut msg = read::from_chat(response.choices.first()?.message.as_ref()?);
                     msg.role = Role::Assistant;
                     msg
@@ -433,7 +409,7 @@ impl EpisodeBuilder {
             return Some((msg, None));
         }
         let response: Value = serde_json::from_slice(bytes).ok()?;
-        let sampled = response_message(record.dialect, &response)?;
+        let sampled = read::response_message(record.dialect, &response)?;
         let keep = record.dialect == DialectKind::Responses;
         Some((sampled, keep.then_some(response)))
     }
@@ -955,53 +931,6 @@ fn message_bytes(m: &Message) -> usize {
             .iter()
             .map(|c| c.id.capacity() + c.name.capacity() + c.arguments.to_string().len())
             .sum::<usize>()
-}
-
-/// The assistant message of a response in its dialect.
-fn response_message(kind: DialectKind, response: &Value) -> Option<Message> {
-    match kind {
-        DialectKind::ChatCompletions => {
-            let choice = response.get("choices")?.get(0)?;
-            let m = choice.get("message")?;
-            let mut msg = read::from_chat(m);
-            msg.role = Role::Assistant;
-            Some(msg)
-        }
-        DialectKind::Completions => {
-            let text = response.get("choices")?.get(0)?.get("text")?.as_str()?;
-            Some(Message::text(Role::Assistant, text))
-        }
-        DialectKind::Messages => {
-            let mut out = Vec::new();
-            let mut m = serde_json::Map::new();
-            m.insert("role".into(), Value::String("assistant".into()));
-            m.insert("content".into(), response.get("content")?.clone());
-            read::from_anthropic(&Value::Object(m), &mut out);
-            out.into_iter().next()
-        }
-        DialectKind::Responses => {
-            let mut out = Vec::new();
-            read::from_responses(response.get("output")?, &mut out);
-            let mut msg = Message::new(Role::Assistant);
-            for m in out {
-                msg.content.extend(m.content);
-                msg.tool_calls.extend(m.tool_calls);
-                if let Some(r) = m.reasoning {
-                    msg.reasoning = Some(match msg.reasoning.take() {
-                        Some(have) => format!("{have}\n{r}"),
-                        None => r,
-                    });
-                }
-                if let Some(s) = m.state {
-                    msg.state = Some(match msg.state.take() {
-                        Some(have) => format!("{have}\n{s}"),
-                        None => s,
-                    });
-                }
-            }
-            Some(msg)
-        }
-    }
 }
 
 impl Trace {

@@ -1,7 +1,7 @@
-//! The dialect readers, each into [`Message`](crate::episode::Message)s: Chat Completions
-//! messages (`chat.rs`, and `sampled.rs`, a Chat response's message read in the
-//! response's own pass), Anthropic Messages blocks (`messages.rs`) and Responses items
-//! (`responses.rs`).
+//! The dialect readers, each into [`Message`]s: Chat Completions messages (`chat.rs`,
+//! and `sampled.rs`, a Chat response's message read in the response's own pass),
+//! Anthropic Messages blocks (`messages.rs`) and Responses items (`responses.rs`); and a
+//! response's assistant message in any dialect ([`response_message`]).
 
 mod chat;
 mod messages;
@@ -18,8 +18,10 @@ pub(crate) use self::chat::from_chat;
 pub(crate) use self::messages::{anthropic_system, from_anthropic};
 pub(crate) use self::responses::from_responses;
 pub use self::sampled::SampledChat;
+pub(super) use self::sampled::{ChatResponse, ChatResponseValue};
 use super::canonical::sorted;
-use super::message::{hex, Hash, Role};
+use super::message::{hex, Hash, Message, Role};
+use crate::dialect::DialectKind;
 
 /// Tool-call arguments: a JSON string is parsed (and its keys sorted); one that is not
 /// JSON stays a string; an object (Anthropic `input`) is sorted.
@@ -67,5 +69,52 @@ fn role_of(name: &str) -> Role {
         "assistant" | "model" => Role::Assistant,
         "tool" | "function" => Role::Tool,
         _ => Role::User,
+    }
+}
+
+/// The assistant message of a response in its dialect.
+pub(in crate::episode) fn response_message(kind: DialectKind, response: &Value) -> Option<Message> {
+    match kind {
+        DialectKind::ChatCompletions => {
+            let choice = response.get("choices")?.get(0)?;
+            let m = choice.get("message")?;
+            let mut msg = from_chat(m);
+            msg.role = Role::Assistant;
+            Some(msg)
+        }
+        DialectKind::Completions => {
+            let text = response.get("choices")?.get(0)?.get("text")?.as_str()?;
+            Some(Message::text(Role::Assistant, text))
+        }
+        DialectKind::Messages => {
+            let mut out = Vec::new();
+            let mut m = serde_json::Map::new();
+            m.insert("role".into(), Value::String("assistant".into()));
+            m.insert("content".into(), response.get("content")?.clone());
+            from_anthropic(&Value::Object(m), &mut out);
+            out.into_iter().next()
+        }
+        DialectKind::Responses => {
+            let mut out = Vec::new();
+            from_responses(response.get("output")?, &mut out);
+            let mut msg = Message::new(Role::Assistant);
+            for m in out {
+                msg.content.extend(m.content);
+                msg.tool_calls.extend(m.tool_calls);
+                if let Some(r) = m.reasoning {
+                    msg.reasoning = Some(match msg.reasoning.take() {
+                        Some(have) => format!("{have}\n{r}"),
+                        None => r,
+                    });
+                }
+                if let Some(s) = m.state {
+                    msg.state = Some(match msg.state.take() {
+                        Some(have) => format!("{have}\n{s}"),
+                        None => s,
+                    });
+                }
+            }
+            Some(msg)
+        }
     }
 }

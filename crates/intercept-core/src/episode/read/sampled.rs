@@ -1,20 +1,21 @@
 //! A Chat response's message read in the same pass as the rest of the response, by a
-//! serde visitor, without building a `Value`.
+//! serde visitor, without building a `Value`; and the Chat response read down to its
+//! first choice's message.
 
 use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
+use serde_json::Value;
 
 use crate::episode::{Message, Role};
 
 /// A Chat response's message read in the same pass as the rest of the response, without
-/// building a [`Value`](serde_json::Value): `Plain` for the usual sampled turn (text or
-/// null content, optional reasoning, no tool calls), read exactly as `from_chat` reads
-/// it (with the role taken as `assistant`); `Other` for any other shape (tool calls,
-/// content parts, a member of an unexpected type), which the caller reads with
-/// `from_chat` instead.
+/// building a [`Value`]: `Plain` for the usual sampled turn (text or null content,
+/// optional reasoning, no tool calls), read exactly as `from_chat` reads it (with the
+/// role taken as `assistant`); `Other` for any other shape (tool calls, content parts, a
+/// member of an unexpected type), which the caller reads with `from_chat` instead.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum SampledChat {
@@ -231,4 +232,28 @@ impl<'de> Deserialize<'de> for SampledChat {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         d.deserialize_any(SampledVisitor)
     }
+}
+
+/// A Chat response's first choice's message, read without building the rest: the usual
+/// shape as it stands, any other as a [`Value`] (see [`SampledChat`]).
+#[derive(Deserialize)]
+pub(in crate::episode) struct ChatResponse {
+    pub(in crate::episode) choices: Vec<ChatChoice>,
+}
+
+#[derive(Deserialize)]
+pub(in crate::episode) struct ChatChoice {
+    #[serde(default)]
+    pub(in crate::episode) message: Option<SampledChat>,
+}
+
+/// The same, for a message [`SampledChat`] leaves to the general reader.
+#[derive(Deserialize)]
+pub(in crate::episode) struct ChatResponseValue {
+    pub(in crate::episode) choices: Vec<ChatChoiceValue>,
+}
+
+#[derive(Deserialize)]
+pub(in crate::episode) struct ChatChoiceValue {
+    pub(in crate::episode) message: Option<Value>,
 }
