@@ -520,11 +520,7 @@ fn unknown(method: &Method, id: &str) -> Resp {
 }
 
 fn status_name(s: SessionStatus) -> &'static str {
-    match s {
-        SessionStatus::Active => "active",
-        SessionStatus::Stopped => "stopped",
-        SessionStatus::Released => "released",
-    }
+    s.as_str()
 }
 
 /// The live session, or what stays of it once released.

@@ -118,6 +118,7 @@ impl PauseMode {
 /// The name of a [`PauseMode`], as reported in a [`PauseStatus`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum PauseKind {
     /// See [`PauseMode::Hold`].
     Hold,

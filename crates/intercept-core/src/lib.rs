@@ -43,6 +43,7 @@ pub mod log;
 pub mod network;
 pub mod record;
 pub mod redact;
+mod rollout;
 pub mod routing;
 pub mod secret;
 pub mod session;

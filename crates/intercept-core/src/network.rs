@@ -44,6 +44,7 @@ pub const POLICY_CODE: &str = "provider_capability_unavailable";
 /// What to do with a request that asks for a capability the policy forbids.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum OnViolation {
     /// Remove the capability, append the notice, send the rest upstream.
     #[default]

@@ -33,6 +33,7 @@ impl Default for BindAddr {
 
 /// Whether an endpoint still carries traffic.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Health {
     /// Working.
     Healthy,

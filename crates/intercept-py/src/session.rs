@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 
 use intercept_core::{
     CallInfo, CallRecord, Error, HookAction, JsonBody, RolloutSession, Sampling, Session,
-    SessionConfig, SessionStatus, Upstream,
+    SessionConfig, Upstream,
 };
 
 use crate::errors::{invalid, to_py};
@@ -406,11 +406,7 @@ impl NativeSession {
 
     /// `active`, `stopped` or `released`.
     fn status(&self) -> &'static str {
-        match self.inner.inner.status() {
-            SessionStatus::Active => "active",
-            SessionStatus::Stopped => "stopped",
-            SessionStatus::Released => "released",
-        }
+        self.inner.inner.status().as_str()
     }
 
     /// Why the rollout stopped, if it did.

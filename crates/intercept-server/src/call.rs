@@ -22,10 +22,10 @@ use intercept_core::{
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
-use crate::http_body::ResponseBody;
+use crate::detach::ResponseBody;
+use crate::preamble::{authenticate, read_body, Shared};
 use crate::registry::{Entry, InflightGuard};
 use crate::respond::{error_response, json_response};
-use crate::server::Shared;
 use crate::upstream::{read_all, ReadError, UpstreamBody};
 
 mod stream;
@@ -732,10 +732,9 @@ pub(crate) async fn aux_call(
     req: http::Request<Incoming>,
 ) -> Response<ResponseBody> {
     let fail = |e: Error| error_response(&*dialect, &e);
-    let (entry, _guard) = match crate::server::authenticate(&shared, dialect.secret(req.headers()))
-    {
+    let (entry, _guard) = match authenticate(&shared, dialect.secret(req.headers())) {
         Ok(a) => a,
-        Err(e) => return crate::server::refuse_unread(req.into_body(), fail(e)).await,
+        Err(e) => return crate::preamble::refuse_unread(req.into_body(), fail(e)).await,
     };
     let (parts, body) = req.into_parts();
     let request = match aux_request(
@@ -752,7 +751,7 @@ pub(crate) async fn aux_call(
         Err(e) => {
             // The body may be partly read: this is the connection's last answer.
             let mut resp = fail(e);
-            crate::server::close_after(&mut resp);
+            crate::preamble::close_after(&mut resp);
             return resp;
         }
     };
@@ -792,8 +791,7 @@ async fn aux_request(
     headers: &HeaderMap,
     body: Incoming,
 ) -> Result<http::Request<crate::http_body::SliceBody>, Error> {
-    let bytes =
-        crate::server::read_body(shared, body, Some(&entry.cancel), "the request body").await?;
+    let bytes = read_body(shared, body, Some(&entry.cancel), "the request body").await?;
     let mut body = JsonBody::parse(bytes)?;
     let session = &entry.session;
     body.set("model", session.model())?;

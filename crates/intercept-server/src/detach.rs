@@ -8,19 +8,23 @@
 //! call is polled by the harness's connection task itself (the service future until the
 //! response head exists, then the response body), and only when that task drops it
 //! unfinished is the rest spawned on the server's [`TaskTracker`].
+//!
+//! Here are both pollers: [`answer`], which polls a call until its response head, and
+//! [`ResponseBody`], which polls it from then on while its stream is relayed.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use futures_util::FutureExt as _;
 use http::Response;
+use http_body::{Body, Frame, SizeHint};
 use tokio::runtime::Handle;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::task::TaskTracker;
-
-use crate::http_body::ResponseBody;
 
 type CallFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -129,6 +133,100 @@ impl std::fmt::Debug for Detachable {
         f.debug_struct("Detachable")
             .field("running", &self.call.is_some())
             .finish()
+    }
+}
+
+/// What the server answers with: a complete body, or a relayed stream.
+///
+/// A relayed stream is fed by its call; while the harness's connection polls the body,
+/// it also polls the call (see `detach`), so relaying a piece needs no wakeup of
+/// another task.
+#[derive(Debug)]
+pub struct ResponseBody(Kind, Option<crate::serve::Busy>);
+
+#[derive(Debug)]
+enum Kind {
+    Full(Option<Bytes>),
+    Channel {
+        rx: mpsc::Receiver<Bytes>,
+        /// The call feeding `rx`, when the body drives it.
+        call: Option<Detachable>,
+    },
+}
+
+impl ResponseBody {
+    pub(crate) fn full(bytes: impl Into<Bytes>) -> Self {
+        ResponseBody(Kind::Full(Some(bytes.into())), None)
+    }
+
+    /// A stream fed through `rx`; ends when the sender is dropped.
+    pub(crate) fn channel(rx: mpsc::Receiver<Bytes>) -> Self {
+        ResponseBody(Kind::Channel { rx, call: None }, None)
+    }
+
+    /// Whether the body is a relayed stream.
+    pub(crate) fn is_stream(&self) -> bool {
+        matches!(self.0, Kind::Channel { .. })
+    }
+
+    /// Keeps `busy` until the body is dropped (written out, or its connection gone).
+    pub(crate) fn hold(&mut self, busy: crate::serve::Busy) {
+        self.1 = Some(busy);
+    }
+
+    /// Hands `call` to the body, which polls it from now on; a complete body has no use
+    /// for it and lets it go on as a task.
+    pub(crate) fn drive(&mut self, call: Detachable) {
+        if let Kind::Channel { call: slot, .. } = &mut self.0 {
+            *slot = Some(call);
+        }
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match &mut self.get_mut().0 {
+            Kind::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            Kind::Channel { rx, call } => {
+                // Let the call work through what its upstream delivered first, so that
+                // what it relays is ready below.
+                if let Some(c) = call {
+                    if c.poll_call(cx).is_ready() {
+                        *call = None;
+                    }
+                }
+                rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.0, Kind::Full(None))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.0 {
+            Kind::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            Kind::Full(None) => SizeHint::with_exact(0),
+            Kind::Channel { .. } => SizeHint::default(),
+        }
+    }
+}
+
+impl Drop for ResponseBody {
+    fn drop(&mut self) {
+        // The harness is gone (or the stream ended): close the channel before the call
+        // goes on as a task, so it sees at once that nobody reads.
+        if let Kind::Channel { rx, call } = &mut self.0 {
+            rx.close();
+            drop(call.take());
+        }
     }
 }
 

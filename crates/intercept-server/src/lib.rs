@@ -59,6 +59,7 @@ mod h1pool;
 mod http_body;
 mod network;
 mod pause;
+mod preamble;
 mod registry;
 mod respond;
 mod retry;
@@ -68,11 +69,12 @@ mod spool;
 mod upstream;
 
 pub use config::{ServerConfig, StreamHeartbeat};
-pub use http_body::ResponseBody;
+pub use detach::ResponseBody;
+pub use preamble::Stats;
 pub use respond::{
     control_type, render, render_message, Shape, GENERATED_HEADER, SHOULD_RETRY_HEADER,
 };
 pub use serve::{
     serve_connections, Busy, Connection, ServeOptions, CANCEL_DRAIN, DEFAULT_MAX_CONNECTIONS,
 };
-pub use server::{InterceptionServer, Stats, STATE_ROUTE_HEADER};
+pub use server::{InterceptionServer, STATE_ROUTE_HEADER};

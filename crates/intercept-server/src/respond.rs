@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use intercept_core::{ChatDialect, Dialect, Error};
 
-use crate::http_body::ResponseBody;
+use crate::detach::ResponseBody;
 
 /// Header on every response the server generates itself (not relayed from the upstream
 /// unchanged); its value says who is to blame: `client`, `upstream`, `tunnel`, `internal`.

@@ -145,7 +145,7 @@ impl Answer {
     pub(crate) fn response(
         self,
         dialect: &dyn intercept_core::Dialect,
-    ) -> http::Response<crate::http_body::ResponseBody> {
+    ) -> http::Response<crate::detach::ResponseBody> {
         match self {
             Answer::Json { body, content_type } => {
                 let mut resp = crate::respond::json_response(http::StatusCode::OK, body);
@@ -161,7 +161,7 @@ impl Answer {
                 for ev in &events {
                     out.extend_from_slice(ev);
                 }
-                let mut resp = http::Response::new(crate::http_body::ResponseBody::full(out));
+                let mut resp = http::Response::new(crate::detach::ResponseBody::full(out));
                 let h = resp.headers_mut();
                 h.insert(
                     http::header::CONTENT_TYPE,

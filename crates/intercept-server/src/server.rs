@@ -3,7 +3,6 @@
 use std::convert::Infallible;
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -13,9 +12,9 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use intercept_core::interception::join_errors;
 use intercept_core::{
-    CallError, CallInfo, ChatDialect, CompletionsDialect, Dialect, Endpoint, Error, HookAction,
-    Interception, JsonBody, MessagesDialect, PauseMode, PauseStatus, ResponsesDialect, SecretStr,
-    Session, Slot, SlotGuard, SlotRelease,
+    CallInfo, ChatDialect, CompletionsDialect, Dialect, Endpoint, Error, HookAction, Interception,
+    JsonBody, MessagesDialect, PauseMode, PauseStatus, ResponsesDialect, SecretStr, Session, Slot,
+    SlotGuard, SlotRelease,
 };
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
@@ -26,62 +25,11 @@ use tracing::{debug, info, warn};
 
 use crate::call::Call;
 use crate::config::ServerConfig;
-use crate::http_body::ResponseBody;
+use crate::detach::ResponseBody;
+use crate::preamble::{authenticate, close_after, read_body, refuse_unread, Shared, Stats};
 use crate::registry::{Entry, InflightGuard, Registry};
 use crate::respond::{error_response, flat_error, json_response, plain_error};
-use crate::upstream::{read_all, ReadError, UpstreamClient};
-
-/// Counters of a server, readable at any time.
-#[derive(Debug, Default)]
-pub struct Stats {
-    calls: AtomicU64,
-    failed: AtomicU64,
-}
-
-impl Stats {
-    pub(crate) fn record(&self, error: &Option<CallError>) {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        if error.is_some() {
-            self.failed.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Calls recorded.
-    pub fn calls(&self) -> u64 {
-        self.calls.load(Ordering::Relaxed)
-    }
-
-    /// Calls recorded with an error.
-    pub fn failed(&self) -> u64 {
-        self.failed.load(Ordering::Relaxed)
-    }
-}
-
-/// State shared by the accept loop, handlers and call tasks.
-pub(crate) struct Shared {
-    pub(crate) config: ServerConfig,
-    pub(crate) registry: Registry,
-    pub(crate) upstream: UpstreamClient,
-    /// Call tasks and background seals.
-    pub(crate) tasks: TaskTracker,
-    /// Cancels every call (parent of each session's token).
-    pub(crate) calls_cancel: CancellationToken,
-    pub(crate) stats: Stats,
-    /// Admission of model calls (pause and resume).
-    pub(crate) gate: Arc<crate::pause::PauseGate>,
-    /// Engines marked down (session-sticky routing).
-    pub(crate) engines: crate::engines::EngineHealth,
-    dialects: Vec<Arc<dyn Dialect>>,
-}
-
-impl fmt::Debug for Shared {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Shared")
-            .field("config", &self.config)
-            .field("load", &self.registry.load())
-            .finish()
-    }
-}
+use crate::upstream::{read_all, UpstreamClient};
 
 #[derive(Debug)]
 struct Running {
@@ -468,7 +416,9 @@ async fn handle(
                 let resp = error_response(&*dialect, &e);
                 return refuse_unread(req.into_body(), resp).await;
             }
-            return model_call(shared, dialect, connection, req).await;
+            return model_call(shared, dialect, connection, req)
+                .await
+                .unwrap_or_else(|answer| answer);
         }
         if let Some((_, upstream_path)) = dialect
             .aux_routes()
@@ -753,97 +703,6 @@ fn with_session_model(mut listing: serde_json::Value, model: &str) -> serde_json
     listing
 }
 
-/// Authenticates a request by its model secret: the rollout's entry, entered (the
-/// in-flight guard keeps it unsealed until the request is done). An unknown secret is
-/// 401, a released rollout's 409.
-pub(crate) fn authenticate(
-    shared: &Shared,
-    secret: Option<&str>,
-) -> Result<(Arc<Entry>, InflightGuard), Error> {
-    let secret = SecretStr::new(secret.ok_or(Error::Unauthorized)?);
-    let Some(entry) = shared.registry.by_model(secret) else {
-        return Err(if shared.registry.was_released(secret) {
-            Error::RolloutConcluded
-        } else {
-            Error::Unauthorized
-        });
-    };
-    let guard = entry.enter().ok_or(Error::RolloutConcluded)?;
-    Ok((entry, guard))
-}
-
-/// How much of a refused request's unread body is read and dropped, and for how long, so
-/// that its connection stays usable ([`refuse_unread`]).
-const DRAIN_LIMIT: usize = 64 * 1024;
-const DRAIN_TIME: std::time::Duration = std::time::Duration::from_millis(200);
-
-/// Answers `resp` to a request whose `body` was not read (refused before it: no secret,
-/// a route that takes none). A connection must not carry the rest of a body into the
-/// next request, and closing it with unread bytes in its buffer loses the answer to a
-/// reset on some clients, or drops the connection under a client that reuses it: the
-/// body is read and dropped, at most [`DRAIN_LIMIT`] bytes within [`DRAIN_TIME`] (a
-/// peer that sends more, or dribbles, gets `Connection: close` instead).
-pub(crate) async fn refuse_unread(
-    body: Incoming,
-    mut resp: Response<ResponseBody>,
-) -> Response<ResponseBody> {
-    use http_body_util::BodyExt as _;
-    let drain = async {
-        let mut body = body;
-        let mut seen = 0usize;
-        while let Some(frame) = body.frame().await {
-            let Ok(frame) = frame else { return false };
-            if let Some(data) = frame.data_ref() {
-                seen += data.len();
-                if seen > DRAIN_LIMIT {
-                    return false;
-                }
-            }
-        }
-        true
-    };
-    let drained = tokio::time::timeout(DRAIN_TIME, drain)
-        .await
-        .unwrap_or(false);
-    if !drained {
-        close_after(&mut resp);
-    }
-    resp
-}
-
-/// Marks `resp` as the connection's last (`Connection: close`): its request's body was
-/// not read to its end.
-pub(crate) fn close_after(resp: &mut Response<ResponseBody>) {
-    resp.headers_mut().insert(
-        http::header::CONNECTION,
-        http::HeaderValue::from_static("close"),
-    );
-}
-
-/// Reads a request body up to the configured limit; `what` names it in the error. With
-/// `cancel`, the read ends with 409 when the rollout is released: a harness that stops
-/// sending its body holds nothing.
-pub(crate) async fn read_body(
-    shared: &Shared,
-    body: Incoming,
-    cancel: Option<&CancellationToken>,
-    what: &str,
-) -> Result<bytes::Bytes, Error> {
-    let limit = shared.config.body_limit;
-    let read = match cancel {
-        Some(cancel) => tokio::select! {
-            biased;
-            _ = cancel.cancelled() => return Err(Error::RolloutConcluded),
-            r = read_all(body, limit) => r,
-        },
-        None => read_all(body, limit).await,
-    };
-    read.map_err(|e| match e {
-        ReadError::TooLarge { .. } => Error::PayloadTooLarge { limit },
-        ReadError::Body(e) => Error::invalid(format!("could not read {what}: {e}")),
-    })
-}
-
 /// Admits a model call: the pause gate (wait for resume, or be refused), a retry's
 /// replay (non-streamed calls; before any refusal, so a retried call that was served
 /// gets its answer), the rollout's refusals (released, stopped, limits), then retry
@@ -951,38 +810,34 @@ async fn prepare(
 }
 
 /// A model call, as stages: authenticate, read and parse, admit, prepare; then the
-/// [`Call`] sends, relays and records (`call.rs`).
+/// [`Call`] sends, relays and records (`call.rs`). `Err` is an answer given without a
+/// call: a refusal, or a retry's replayed or joined answer.
 async fn model_call(
     shared: Arc<Shared>,
     dialect: Arc<dyn Dialect>,
     connection: crate::serve::Connection,
     req: Request<Incoming>,
-) -> Response<ResponseBody> {
+) -> Result<Response<ResponseBody>, Response<ResponseBody>> {
     let fail = |e: Error| error_response(&*dialect, &e);
     let (entry, guard) = match authenticate(&shared, dialect.secret(req.headers())) {
         Ok(a) => a,
-        Err(e) => return refuse_unread(req.into_body(), fail(e)).await,
+        Err(e) => return Err(refuse_unread(req.into_body(), fail(e)).await),
     };
     let session = entry.session.clone();
     let (mut parts, body) = req.into_parts();
-    let bytes = match read_body(&shared, body, Some(&entry.cancel), "the request body").await {
-        Ok(b) => b,
-        Err(e) => {
+    let bytes = read_body(&shared, body, Some(&entry.cancel), "the request body")
+        .await
+        .map_err(|e| {
             let mut resp = fail(e);
             close_after(&mut resp);
-            return resp;
-        }
-    };
-    let mut body = match JsonBody::parse(bytes) {
-        Ok(b) => b,
-        Err(e) => return fail(e),
-    };
+            resp
+        })?;
+    let mut body = JsonBody::parse(bytes).map_err(fail)?;
     let requested_model = body.str("model");
-    let prepared = match dialect.prepare(&mut body, session.model(), &session.sampling()) {
-        Ok(p) => p,
-        Err(e) => return fail(e),
-    };
-    let admitted = match admit(
+    let prepared = dialect
+        .prepare(&mut body, session.model(), &session.sampling())
+        .map_err(fail)?;
+    let admitted = admit(
         &shared,
         &*dialect,
         entry,
@@ -991,11 +846,7 @@ async fn model_call(
         &body,
         prepared.stream,
     )
-    .await
-    {
-        Ok(a) => a,
-        Err(answer) => return answer,
-    };
+    .await?;
     let seq = admitted.entry.next_seq();
     let info = CallInfo {
         dialect: dialect.kind(),
@@ -1003,10 +854,9 @@ async fn model_call(
         seq,
         headers: take_hook_headers(session.hook_headers(), &mut parts.headers),
     };
-    let (policy, capture) = match prepare(&*dialect, &*session, &info, &mut body).await {
-        Ok(p) => p,
-        Err(e) => return fail(e),
-    };
+    let (policy, capture) = prepare(&*dialect, &*session, &info, &mut body)
+        .await
+        .map_err(fail)?;
     debug!(session = session.id(), seq, stream = prepared.stream, path = %parts.uri.path(), "intercept");
     let call = Call::new(
         shared.clone(),
@@ -1029,10 +879,9 @@ async fn model_call(
     // head exists, then in the response body. Dropped unfinished (the harness went
     // away), it goes on as a task of the server's tracker, to its record.
     let call = crate::detach::Detachable::new(call.run(tx), &shared.tasks);
-    match crate::detach::answer(call, rx).await {
-        Some(resp) => resp,
-        None => fail(Error::Internal("the call ended without an answer".into())),
-    }
+    crate::detach::answer(call, rx)
+        .await
+        .ok_or_else(|| fail(Error::Internal("the call ended without an answer".into())))
 }
 
 /// Takes the headers a session consumes out of a request (they are not forwarded

@@ -12,7 +12,7 @@ use crate::body::JsonBody;
 use crate::capture::{CaptureShape, HarnessAsked, TokenCollector};
 use crate::error::Error;
 use crate::record::Usage;
-use crate::session::Sampling;
+use crate::rollout::Sampling;
 use crate::sse::SseEvent;
 
 /// Sampling keys recorded for a Completions call.

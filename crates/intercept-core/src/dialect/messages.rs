@@ -13,7 +13,7 @@ use super::{
 use crate::body::{JsonBody, RawJson};
 use crate::error::{error_type_for_status, Error};
 use crate::record::Usage;
-use crate::session::Sampling;
+use crate::rollout::Sampling;
 use crate::sse::SseEvent;
 
 const SAMPLING_KEYS: &[&str] = &[
@@ -320,84 +320,95 @@ impl MessagesAssembler {
                     },
                 );
             }
-            "content_block_delta" => {
-                let block = self.blocks.entry(index).or_default();
-                let Some(delta) = v.get("delta") else { return };
-                let append = |block: &mut Block, field: &str, text: &str| {
-                    let entry = block
-                        .value
-                        .entry(field.to_owned())
-                        .or_insert_with(|| json!(""));
-                    if let Value::String(s) = entry {
-                        s.push_str(text);
-                    }
-                };
-                match delta.get("type").and_then(Value::as_str) {
-                    Some("text_delta") => append(
-                        block,
-                        "text",
-                        delta.get("text").and_then(Value::as_str).unwrap_or(""),
-                    ),
-                    Some("thinking_delta") => append(
-                        block,
-                        "thinking",
-                        delta.get("thinking").and_then(Value::as_str).unwrap_or(""),
-                    ),
-                    Some("signature_delta") => append(
-                        block,
-                        "signature",
-                        delta.get("signature").and_then(Value::as_str).unwrap_or(""),
-                    ),
-                    Some("input_json_delta") => block.partial_json.push_str(
-                        delta
-                            .get("partial_json")
-                            .and_then(Value::as_str)
-                            .unwrap_or(""),
-                    ),
-                    _ => {}
-                }
-            }
-            "message_delta" => {
-                let message = self.message.get_or_insert_with(Map::new);
-                if let Some(Value::Object(delta)) = v.get("delta") {
-                    for (k, val) in delta {
-                        if !val.is_null() || !message.contains_key(k) {
-                            message.insert(k.clone(), val.clone());
-                        }
-                    }
-                }
-                if let Some(Value::Object(usage)) = v.get("usage") {
-                    let entry = message.entry("usage").or_insert_with(|| json!({}));
-                    if let Value::Object(existing) = entry {
-                        for (k, val) in usage {
-                            if !val.is_null() {
-                                existing.insert(k.clone(), val.clone());
-                            }
-                        }
-                    }
-                }
-            }
+            "content_block_delta" => self.absorb_block_delta(index, &v),
+            "message_delta" => self.absorb_message_delta(&v),
             "message_stop" => self.stopped = true,
-            "error" => {
-                let err = v.get("error");
-                let ty = err
-                    .and_then(|e| e.get("type"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("api_error");
-                let status = match ty {
-                    "overloaded_error" => 529,
-                    "rate_limit_error" => 429,
-                    "invalid_request_error" => 400,
-                    _ => 502,
-                };
-                let message = err
-                    .and_then(|e| e.get("message"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("upstream error event");
-                self.upstream_error = Some((status, message.to_owned()));
-            }
+            "error" => self.absorb_error(&v),
             _ => {}
         }
+    }
+
+    /// A `content_block_delta`: text, thinking, a signature or a piece of a tool call's
+    /// JSON input, appended to block `index`.
+    fn absorb_block_delta(&mut self, index: u64, v: &Map<String, Value>) {
+        let block = self.blocks.entry(index).or_default();
+        let Some(delta) = v.get("delta") else { return };
+        let append = |block: &mut Block, field: &str, text: &str| {
+            let entry = block
+                .value
+                .entry(field.to_owned())
+                .or_insert_with(|| json!(""));
+            if let Value::String(s) = entry {
+                s.push_str(text);
+            }
+        };
+        match delta.get("type").and_then(Value::as_str) {
+            Some("text_delta") => append(
+                block,
+                "text",
+                delta.get("text").and_then(Value::as_str).unwrap_or(""),
+            ),
+            Some("thinking_delta") => append(
+                block,
+                "thinking",
+                delta.get("thinking").and_then(Value::as_str).unwrap_or(""),
+            ),
+            Some("signature_delta") => append(
+                block,
+                "signature",
+                delta.get("signature").and_then(Value::as_str).unwrap_or(""),
+            ),
+            Some("input_json_delta") => block.partial_json.push_str(
+                delta
+                    .get("partial_json")
+                    .and_then(Value::as_str)
+                    .unwrap_or(""),
+            ),
+            _ => {}
+        }
+    }
+
+    /// A `message_delta`: the message's members (a `null` one only where the message has
+    /// none), and its usage.
+    fn absorb_message_delta(&mut self, v: &Map<String, Value>) {
+        let message = self.message.get_or_insert_with(Map::new);
+        if let Some(Value::Object(delta)) = v.get("delta") {
+            for (k, val) in delta {
+                if !val.is_null() || !message.contains_key(k) {
+                    message.insert(k.clone(), val.clone());
+                }
+            }
+        }
+        if let Some(Value::Object(usage)) = v.get("usage") {
+            let entry = message.entry("usage").or_insert_with(|| json!({}));
+            if let Value::Object(existing) = entry {
+                for (k, val) in usage {
+                    if !val.is_null() {
+                        existing.insert(k.clone(), val.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    /// An `error` event: its status (by its type) and message, for `finish`.
+    fn absorb_error(&mut self, v: &Map<String, Value>) {
+        let err = v.get("error");
+        let ty = err
+            .and_then(|e| e.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("api_error");
+        let status = match ty {
+            "overloaded_error" => 529,
+            "rate_limit_error" => 429,
+            "invalid_request_error" => 400,
+            _ => 502,
+        };
+        let message = err
+            .and_then(|e| e.get("message"))
+            .and_then(Value::as_str)
+            .unwrap_or("upstream error event");
+        self.upstream_error = Some((status, message.to_owned()));
     }
 }
 

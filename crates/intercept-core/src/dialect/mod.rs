@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::body::JsonBody;
 use crate::error::{error_type_for_status, Error};
 use crate::record::Usage;
-use crate::session::Sampling;
+use crate::rollout::Sampling;
 use crate::sse::SseEvent;
 
 mod chat;
@@ -89,6 +89,7 @@ pub struct Assembled {
 
 /// What to do with one upstream stream event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Relay {
     /// Send it to the harness now.
     Forward,

@@ -9,7 +9,7 @@ use super::{
 use crate::body::{JsonBody, RawJson};
 use crate::error::Error;
 use crate::record::Usage;
-use crate::session::{Sampling, StopReason};
+use crate::rollout::{Sampling, StopReason};
 use crate::sse::SseEvent;
 
 const SAMPLING_KEYS: &[&str] = &[

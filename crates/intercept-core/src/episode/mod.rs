@@ -63,9 +63,12 @@ use crate::dialect::DialectKind;
 use crate::record::CallRecord;
 use crate::session::Trace;
 
+mod canonical;
 mod message;
+mod read;
 
-pub use message::{Hash, Message, Part, Role, SampledChat, ToolCall};
+pub use message::{Hash, Message, Part, Role, ToolCall};
+pub use read::SampledChat;
 
 /// Why a sampled node starts a new token sequence instead of extending its path's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -300,30 +303,6 @@ pub(crate) fn appended<'a>(prev: &[u8], new: &'a [u8]) -> Option<&'a [u8]> {
     }
 }
 
-/// A Chat response's first choice's message, read without building the rest: the usual
-/// shape as it stands, any other as a [`Value`] (see [`message::SampledChat`]).
-#[derive(Deserialize)]
-struct ChatResponse {
-    choices: Vec<ChatChoice>,
-}
-
-#[derive(Deserialize)]
-struct ChatChoice {
-    #[serde(default)]
-    message: Option<message::SampledChat>,
-}
-
-/// The same, for a message [`message::SampledChat`] leaves to the general reader.
-#[derive(Deserialize)]
-struct ChatResponseValue {
-    choices: Vec<ChatChoiceValue>,
-}
-
-#[derive(Deserialize)]
-struct ChatChoiceValue {
-    message: Option<Value>,
-}
-
 impl EpisodeBuilder {
     /// An empty graph.
     pub fn new() -> Self {
@@ -417,12 +396,12 @@ impl EpisodeBuilder {
     fn sampled_of(&self, record: &CallRecord) -> Option<(Message, Option<Value>)> {
         let bytes = record.response.as_ref()?.bytes();
         if record.dialect == DialectKind::ChatCompletions {
-            let response: ChatResponse = crate::body::from_json_bytes(bytes).ok()?;
+            let response: read::ChatResponse = crate::body::from_json_bytes(bytes).ok()?;
             let msg = match response.choices.into_iter().next()?.message? {
-                message::SampledChat::Plain(msg) => msg,
-                message::SampledChat::Other => {
-                    let response: ChatResponseValue = serde_json::from_slice(bytes).ok()?;
-                    let mut msg = message::from_chat(response.choices.first()?.message.as_ref()?);
+                read::SampledChat::Plain(msg) => msg,
+                read::SampledChat::Other => {
+                    let response: read::ChatResponseValue = serde_json::from_slice(bytes).ok()?;
+                    let mut msg = read::from_chat(response.choices.first()?.message.as_ref()?);
                     msg.role = Role::Assistant;
                     msg
                 }
@@ -430,7 +409,7 @@ impl EpisodeBuilder {
             return Some((msg, None));
         }
         let response: Value = serde_json::from_slice(bytes).ok()?;
-        let sampled = response_message(record.dialect, &response)?;
+        let sampled = read::response_message(record.dialect, &response)?;
         let keep = record.dialect == DialectKind::Responses;
         Some((sampled, keep.then_some(response)))
     }
@@ -470,7 +449,7 @@ impl EpisodeBuilder {
                     continue;
                 }
                 let value: Value = serde_json::from_str(m.get()).ok()?;
-                let n = self.match_or_add(parent, message::from_chat(&value));
+                let n = self.match_or_add(parent, read::from_chat(&value));
                 self.by_raw.insert(rk, n);
                 parent = Some(n);
             }
@@ -491,12 +470,12 @@ impl EpisodeBuilder {
             DialectKind::ChatCompletions => None,
             DialectKind::Messages => {
                 let mut out = Vec::new();
-                if let Some(system) = parse("system").as_ref().and_then(message::anthropic_system) {
+                if let Some(system) = parse("system").as_ref().and_then(read::anthropic_system) {
                     out.push(system);
                 }
                 let messages = parse("messages")?;
                 for m in messages.as_array()? {
-                    message::from_anthropic(m, &mut out);
+                    read::from_anthropic(m, &mut out);
                 }
                 Some((None, out))
             }
@@ -513,14 +492,14 @@ impl EpisodeBuilder {
                     }
                 }
                 if let Some(input) = parse("input") {
-                    message::from_responses(&input, &mut out);
+                    read::from_responses(&input, &mut out);
                 }
                 Some((start, out))
             }
             DialectKind::Completions => {
                 let prompt = match parse("prompt")? {
                     Value::String(s) => s,
-                    other => message::canonical(&other),
+                    other => canonical::canonical(&other),
                 };
                 Some((None, vec![Message::text(Role::User, prompt)]))
             }
@@ -952,53 +931,6 @@ fn message_bytes(m: &Message) -> usize {
             .iter()
             .map(|c| c.id.capacity() + c.name.capacity() + c.arguments.to_string().len())
             .sum::<usize>()
-}
-
-/// The assistant message of a response in its dialect.
-fn response_message(kind: DialectKind, response: &Value) -> Option<Message> {
-    match kind {
-        DialectKind::ChatCompletions => {
-            let choice = response.get("choices")?.get(0)?;
-            let m = choice.get("message")?;
-            let mut msg = message::from_chat(m);
-            msg.role = Role::Assistant;
-            Some(msg)
-        }
-        DialectKind::Completions => {
-            let text = response.get("choices")?.get(0)?.get("text")?.as_str()?;
-            Some(Message::text(Role::Assistant, text))
-        }
-        DialectKind::Messages => {
-            let mut out = Vec::new();
-            let mut m = serde_json::Map::new();
-            m.insert("role".into(), Value::String("assistant".into()));
-            m.insert("content".into(), response.get("content")?.clone());
-            message::from_anthropic(&Value::Object(m), &mut out);
-            out.into_iter().next()
-        }
-        DialectKind::Responses => {
-            let mut out = Vec::new();
-            message::from_responses(response.get("output")?, &mut out);
-            let mut msg = Message::new(Role::Assistant);
-            for m in out {
-                msg.content.extend(m.content);
-                msg.tool_calls.extend(m.tool_calls);
-                if let Some(r) = m.reasoning {
-                    msg.reasoning = Some(match msg.reasoning.take() {
-                        Some(have) => format!("{have}\n{r}"),
-                        None => r,
-                    });
-                }
-                if let Some(s) = m.state {
-                    msg.state = Some(match msg.state.take() {
-                        Some(have) => format!("{have}\n{s}"),
-                        None => s,
-                    });
-                }
-            }
-            Some(msg)
-        }
-    }
 }
 
 impl Trace {

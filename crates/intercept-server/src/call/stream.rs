@@ -24,7 +24,7 @@ use super::{
     Reply, Sent, KEEPALIVE, READY_BATCH_LIMIT,
 };
 use crate::config::{ServerConfig, StreamHeartbeat};
-use crate::http_body::ResponseBody;
+use crate::detach::ResponseBody;
 use crate::spool::Spool;
 use crate::upstream::{Read, UpstreamBody};
 
@@ -543,6 +543,9 @@ impl<'c, 't> StreamRelay<'c, 't> {
                     self.withheld.push(ev);
                 }
                 (Relay::Drop, _) => {}
+                // A decision this server does not know (`Relay` is non-exhaustive): the
+                // event is not sent, as one to drop.
+                (_, _) => {}
             }
         }
     }
