@@ -55,3 +55,25 @@ pub mod trace_size;
 pub mod write_cost;
 
 pub use session::CountingSession;
+
+/// A multi-threaded runtime with `threads` workers (default: one per CPU the process may
+/// run on), for the bench programs' `--threads`.
+pub fn runtime(threads: Option<usize>) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        rt.worker_threads(n.max(1));
+    }
+    rt.enable_all().build()
+}
+
+/// The bearer secrets of a load generator: the JSON array of strings in `file`, or `one`.
+pub fn read_secrets(file: Option<&std::path::Path>, one: &str) -> anyhow::Result<Vec<String>> {
+    use anyhow::Context as _;
+    match file {
+        Some(path) => serde_json::from_slice(
+            &std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?,
+        )
+        .with_context(|| format!("{} is not a JSON array of strings", path.display())),
+        None => Ok(vec![one.to_owned()]),
+    }
+}

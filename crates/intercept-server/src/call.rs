@@ -28,7 +28,7 @@ use crate::registry::{Entry, InflightGuard};
 use crate::respond::{error_response, json_response};
 use crate::upstream::{read_all, ReadError, UpstreamBody};
 
-mod stream;
+pub(crate) mod stream;
 
 /// The keepalive written while an upstream stream is silent: a bare comment line
 /// without the blank line that would close an event.
@@ -797,13 +797,7 @@ async fn aux_request(
     body.set("model", session.model())?;
     crate::network::mediate(dialect, session.network(), session.id(), &mut body)?;
     let upstream = session.upstream();
-    let engines = upstream.engines();
-    let engine =
-        intercept_core::routing::pick(session.id(), engines, |i| shared.engines.is_up(&engines[i]))
-            .unwrap_or(0);
-    let base_url = engines
-        .get(engine)
-        .map_or(upstream.base_url.as_str(), String::as_str);
+    let base_url = crate::preamble::engine_base_url(shared, &**session);
     shared.upstream.request(
         dialect,
         upstream,

@@ -91,6 +91,22 @@ pub(crate) fn authenticate(
     Ok((entry, guard))
 }
 
+/// The base URL of the engine a session's call goes to: its pinned engine while that one
+/// is up, else the next one up (the session's own `base_url` when none is).
+pub(crate) fn engine_base_url<'a>(
+    shared: &Shared,
+    session: &'a dyn intercept_core::Session,
+) -> &'a str {
+    let upstream = session.upstream();
+    let engines = upstream.engines();
+    let engine =
+        intercept_core::routing::pick(session.id(), engines, |i| shared.engines.is_up(&engines[i]))
+            .unwrap_or(0);
+    engines
+        .get(engine)
+        .map_or(upstream.base_url.as_str(), String::as_str)
+}
+
 /// How much of a refused request's unread body is read and dropped, and for how long, so
 /// that its connection stays usable ([`refuse_unread`]).
 const DRAIN_LIMIT: usize = 64 * 1024;

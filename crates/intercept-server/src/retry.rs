@@ -52,17 +52,7 @@ impl Fingerprint {
         if bytes.len() <= COMPARE_LIMIT {
             return Fingerprint::Body(bytes.clone());
         }
-        let len = bytes.len();
-        let digest = if len <= INLINE_HASH_LIMIT {
-            hash(bytes)
-        } else {
-            let owned = bytes.clone();
-            match tokio::task::spawn_blocking(move || hash(&owned)).await {
-                Ok(d) => d,
-                Err(_) => hash(bytes),
-            }
-        };
-        Fingerprint::Digest { len, digest }
+        Fingerprint::digest(bytes).await
     }
 
     /// The digest of a body, whatever its size (kept for as long as an idempotency key
@@ -161,17 +151,7 @@ impl Answer {
                 for ev in &events {
                     out.extend_from_slice(ev);
                 }
-                let mut resp = http::Response::new(crate::detach::ResponseBody::full(out));
-                let h = resp.headers_mut();
-                h.insert(
-                    http::header::CONTENT_TYPE,
-                    HeaderValue::from_static("text/event-stream"),
-                );
-                h.insert(
-                    http::header::CACHE_CONTROL,
-                    HeaderValue::from_static("no-cache"),
-                );
-                resp
+                crate::call::stream::event_stream(crate::detach::ResponseBody::full(out))
             }
         }
     }

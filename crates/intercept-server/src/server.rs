@@ -643,13 +643,7 @@ async fn upstream_models(
 ) -> Result<serde_json::Value, Error> {
     let session = &entry.session;
     let upstream = session.upstream();
-    let engines = upstream.engines();
-    let engine =
-        intercept_core::routing::pick(session.id(), engines, |i| shared.engines.is_up(&engines[i]))
-            .unwrap_or(0);
-    let base_url = engines
-        .get(engine)
-        .map_or(upstream.base_url.as_str(), String::as_str);
+    let base_url = crate::preamble::engine_base_url(shared, &**session);
     let dialect: &dyn Dialect = if anthropic {
         &MessagesDialect
     } else {

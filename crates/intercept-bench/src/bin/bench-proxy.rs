@@ -66,11 +66,7 @@ struct Args {
 fn main() -> Result<()> {
     intercept_bench::no_transparent_huge_pages();
     let args = Args::parse();
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = args.threads {
-        rt.worker_threads(n.max(1));
-    }
-    rt.enable_all().build()?.block_on(run(args))
+    intercept_bench::runtime(args.threads)?.block_on(run(args))
 }
 
 async fn run(args: Args) -> Result<()> {

@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use clap::Parser;
 use intercept_bench::{bodies, load};
 
@@ -64,21 +64,11 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = args.threads {
-        rt.worker_threads(n.max(1));
-    }
-    rt.enable_all().build()?.block_on(run(args))
+    intercept_bench::runtime(args.threads)?.block_on(run(args))
 }
 
 async fn run(args: Args) -> Result<()> {
-    let secrets: Vec<String> = match &args.secrets_file {
-        Some(path) => serde_json::from_slice(
-            &std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?,
-        )
-        .with_context(|| format!("{} is not a JSON array of strings", path.display()))?,
-        None => vec![args.secret.clone()],
-    };
+    let secrets = intercept_bench::read_secrets(args.secrets_file.as_deref(), &args.secret)?;
     let body = bodies::chat_request(args.stream, args.body_bytes);
     let config = load::LoadConfig {
         stream: args.stream,

@@ -259,7 +259,13 @@ impl Head {
 
 /// The head of a relayed event stream.
 fn sse_head(rx: mpsc::Receiver<Bytes>) -> Response<ResponseBody> {
-    let mut head = Response::new(ResponseBody::channel(rx));
+    event_stream(ResponseBody::channel(rx))
+}
+
+/// An event stream's answer: `body` with the headers of one (`text/event-stream`, not
+/// cached).
+pub(crate) fn event_stream(body: ResponseBody) -> Response<ResponseBody> {
+    let mut head = Response::new(body);
     let h = head.headers_mut();
     h.insert(
         http::header::CONTENT_TYPE,

@@ -626,6 +626,18 @@ impl Target {
     fn to_json(&self) -> Value {
         json!({"group": self.group.name(), "target": self.name, "goal": self.goal, "measured": self.measured, "met": self.met})
     }
+    /// One line of the report: met, MISSED or n/a, then the figures.
+    fn print(&self) {
+        let mark = match self.met {
+            Some(true) => "met",
+            Some(false) => "MISSED",
+            None => "n/a",
+        };
+        println!(
+            "  [{mark:>6}] {:<48} goal {:<22} measured {}",
+            self.name, self.goal, self.measured
+        );
+    }
 }
 
 /// Finds the bench programs (beside this one: `<target-dir>/release/`) and describes
@@ -942,17 +954,10 @@ fn run(options: &BenchOptions) -> Result<()> {
                 ", on bench-proxy"
             }
         );
-        for t in targets.iter().filter(|t| t.group == group) {
-            let mark = match t.met {
-                Some(true) => "met",
-                Some(false) => "MISSED",
-                None => "n/a",
-            };
-            println!(
-                "  [{mark:>6}] {:<48} goal {:<22} measured {}",
-                t.name, t.goal, t.measured
-            );
-        }
+        targets
+            .iter()
+            .filter(|t| t.group == group)
+            .for_each(Target::print);
     }
     let floor_report = floor.map(|f| floor::report(&f, &rows));
     if let Some((lines, _)) = &floor_report {
@@ -992,17 +997,7 @@ fn agentic_alone(env: &Env, nginx_on_path: bool, machine: Value) -> Result<()> {
     let mut upstream = env.upstream(&["--chunks", "16"])?;
     let case = agentic::run(env, &mut upstream, nginx_on_path)?;
     println!("\ntargets (agentic, on intercept serve --trace-dir):");
-    for t in &case.targets {
-        let mark = match t.met {
-            Some(true) => "met",
-            Some(false) => "MISSED",
-            None => "n/a",
-        };
-        println!(
-            "  [{mark:>6}] {:<48} goal {:<22} measured {}",
-            t.name, t.goal, t.measured
-        );
-    }
+    case.targets.iter().for_each(Target::print);
     let results = json!({
         "machine": machine,
         "rounds": env.rounds,
