@@ -32,6 +32,10 @@
 //! # }
 //! ```
 
+// Measuring programs: they time real work on the process's clock, in and out of
+// runtimes.
+#![allow(clippy::disallowed_types)]
+
 pub mod bodies;
 pub mod control;
 

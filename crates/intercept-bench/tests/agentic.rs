@@ -2,6 +2,10 @@
 //! recorded, each rollout one unbranched conversation in its session's graph, and the
 //! per-turn CPU figures filled.
 
+// Measuring programs: they time real work on the process's clock, in and out of
+// runtimes.
+#![allow(clippy::disallowed_types)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

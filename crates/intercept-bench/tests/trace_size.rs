@@ -1,6 +1,10 @@
 //! The log's size on agent-shaped traffic through a real server: linear in what the
 //! rollout adds, against the full format's quadratic growth.
 
+// Measuring programs: they time real work on the process's clock, in and out of
+// runtimes.
+#![allow(clippy::disallowed_types)]
+
 use intercept_bench::trace_size::{measure, Case};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

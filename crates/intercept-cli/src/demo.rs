@@ -9,7 +9,9 @@
 
 use std::fmt;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use anyhow::{anyhow, bail, Context as _};
 use http::{Method, StatusCode};

@@ -165,7 +165,7 @@ async fn every_route_and_error() {
     let file = dir.path().join("rollout-b.jsonl");
     // Appended by the writer within its flush interval (10 ms) of the call's end, before
     // any release.
-    let waited = std::time::Instant::now();
+    let waited = tokio::time::Instant::now();
     while read_trace_file(&file).unwrap().records.is_empty() {
         assert!(
             waited.elapsed() < std::time::Duration::from_secs(10),

@@ -8,7 +8,9 @@
 mod common;
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use http::{Method, StatusCode};
 use intercept_cli::client::HttpClient;

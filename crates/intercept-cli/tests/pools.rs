@@ -304,7 +304,7 @@ async fn a_full_elastic_pool_answers_503_naming_the_sidecar_settings() {
         .req(Method::POST, "/v1/sessions", Some(json!({"id": "seated"})))
         .await;
     assert_eq!(first.status, StatusCode::CREATED);
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let second = api
         .req(Method::POST, "/v1/sessions", Some(json!({"id": "waits"})))
         .await;

@@ -3,7 +3,9 @@
 // Clippy only exempts `#[test]` functions, not the helpers of an integration test.
 #![allow(clippy::unwrap_used)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode, Version};

@@ -16,8 +16,8 @@ use intercept_pool::{
 };
 use intercept_server::ServerConfig;
 use intercept_tunnel::{bore, BoreServer, BoreTunnel};
-use std::time::Instant;
 use support::{session, Watched};
+use tokio::time::Instant;
 
 /// The bound with the default settings: the heartbeat timeout, then (the pool woken at
 /// once) one repair attempt of the endpoint's own and one of the pool's, each bounded by

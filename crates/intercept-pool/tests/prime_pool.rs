@@ -13,7 +13,9 @@
 mod support;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use async_trait::async_trait;
 use intercept_core::{BindAddr, Endpoint, Error, Interception, Tunnel};

@@ -11,7 +11,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -52,12 +52,17 @@ pub(crate) fn with_python<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> Optio
 /// most `limit`.
 pub(crate) fn close_gate(py: Python<'_>, limit: Duration) {
     EXITING.store(true, Ordering::SeqCst);
-    py.detach(|| {
-        let deadline = Instant::now() + limit;
-        while INSIDE.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    });
+    py.detach(|| wait_outside(limit));
+}
+
+/// Waits until no server thread is inside the gate, at most `limit`: on Python's exiting
+/// thread, outside any runtime, so on the process's clock.
+#[allow(clippy::disallowed_types)]
+fn wait_outside(limit: Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    while INSIDE.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// Aborts the tokio task when its asyncio future is cancelled.

@@ -26,12 +26,16 @@
 //! report it, and a log without its end line reads as incomplete. Re-opening a file
 //! whose last line is torn first ends that line, so lines appended later stay whole.
 
+// The writer is a thread of its own, outside any runtime: it keeps the process's clock.
+#![allow(clippy::disallowed_types)]
+
 use std::fs::{File, OpenOptions};
 use std::io::{IoSlice, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use std::time::Instant;
 
 use intercept_core::{CallRecord, RecordSink, RolloutSession};
 use parking_lot::{Condvar, Mutex};

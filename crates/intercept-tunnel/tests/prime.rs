@@ -679,7 +679,7 @@ async fn a_sigkilled_process_leaves_no_frpc_behind() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let frpc = loop {
         if let Ok(text) = std::fs::read_to_string(&out) {
             break text.trim().parse::<u32>().unwrap();
@@ -688,7 +688,7 @@ async fn a_sigkilled_process_leaves_no_frpc_behind() {
             panic!("the child process ended ({status}) before starting frpc");
         }
         assert!(
-            std::time::Instant::now() < deadline,
+            tokio::time::Instant::now() < deadline,
             "the child never started frpc"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;

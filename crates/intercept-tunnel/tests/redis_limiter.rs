@@ -12,7 +12,9 @@ mod common;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use intercept_test::redis::RedisServer;
 use intercept_tunnel::{

@@ -7,6 +7,10 @@
 //!          --sessions 16 --turns 40 --duration 10 [--cpu-pid PID]...
 //! ```
 
+// Measuring programs: they time real work on the process's clock, in and out of
+// runtimes.
+#![allow(clippy::disallowed_types)]
+
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -11,6 +11,10 @@
 //! `--record episode` counts like `count` and also builds each session's episode graph,
 //! so that `episode` against `count` is the graph's cost alone.
 
+// Measuring programs: they time real work on the process's clock, in and out of
+// runtimes.
+#![allow(clippy::disallowed_types)]
+
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;

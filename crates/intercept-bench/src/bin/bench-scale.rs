@@ -5,6 +5,10 @@
 //! The resident size counts everything a caller keeps per session: the server's registry
 //! entry, the session object and the `SlotGuard` the caller holds.
 
+// Measuring programs: they time real work on the process's clock, in and out of
+// runtimes.
+#![allow(clippy::disallowed_types)]
+
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -3,6 +3,10 @@
 //! `intercept_bench::trace_size`). Prints one table and, with `--json`, one JSON object
 //! per case.
 
+// Measuring programs: they time real work on the process's clock, in and out of
+// runtimes.
+#![allow(clippy::disallowed_types)]
+
 use clap::Parser;
 use intercept_bench::trace_size::{measure, Case};
 

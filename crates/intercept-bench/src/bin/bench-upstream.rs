@@ -3,6 +3,10 @@
 //! then answers `stats` on stdin with `{"requests", "connections", "open_connections"}`
 //! and stops on `quit` or at the end of stdin.
 
+// Measuring programs: they time real work on the process's clock, in and out of
+// runtimes.
+#![allow(clippy::disallowed_types)]
+
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 

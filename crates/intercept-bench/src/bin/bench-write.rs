@@ -6,6 +6,10 @@
 //! "files", "lines_per_write", "user_us_per_line", "system_us_per_line",
 //! "wall_us_per_line", "hints"}`.
 
+// Measuring programs: they time real work on the process's clock, in and out of
+// runtimes.
+#![allow(clippy::disallowed_types)]
+
 use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};

@@ -7,6 +7,10 @@
 //!         [--interval 1]
 //! ```
 
+// Measuring programs: they time real work on the process's clock, in and out of
+// runtimes.
+#![allow(clippy::disallowed_types)]
+
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -7,6 +7,10 @@
 //! "tick_busy_total_us", "bad_requests"}` (the two maxima are since the previous
 //! `stats`) and stops on `quit` or at the end of stdin.
 
+// Measuring programs: they time real work on the process's clock, in and out of
+// runtimes.
+#![allow(clippy::disallowed_types)]
+
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 

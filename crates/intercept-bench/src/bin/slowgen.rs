@@ -11,6 +11,10 @@
 //! wave per `wave` line on stdin (printing its report), answers `stats` with
 //! `{"connections"}`, and stops on `quit` or at the end of stdin.
 
+// Measuring programs: they time real work on the process's clock, in and out of
+// runtimes.
+#![allow(clippy::disallowed_types)]
+
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -5,7 +5,9 @@
 //! event, a rewritten stream, the spooled stream, or an error event.
 
 use std::pin::Pin;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Response};

@@ -41,6 +41,10 @@
 //! `cargo xtask bench --micro` (the criterion micro-benchmarks) and `--pool` (the pool
 //! seating measurement) are cargo commands that xtask runs itself.
 
+// Measuring programs: they time real work on the process's clock, in and out of
+// runtimes.
+#![allow(clippy::disallowed_types)]
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
