@@ -11,12 +11,12 @@ use std::time::SystemTime;
 
 use tokio::time::Instant;
 
+use crate::redact::Redactor;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use hyper::body::Incoming;
 use intercept_core::capture::{CapturedTokens, TokenCollector};
 use intercept_core::record::epoch_seconds;
-use intercept_core::redact::Redactor;
 use intercept_core::{
     CallError, CallInfo, CallRecord, Dialect, Error, HookAction, JsonBody, Prepared, RawJson,
     Session, StopReason, Summary, TokenCapture,
@@ -411,13 +411,11 @@ impl Call {
         let bit = |i: usize| 1u64.checked_shl(i as u32).unwrap_or(0);
         loop {
             let choice = if multi {
-                intercept_core::routing::pick(session, engines, |i| {
+                crate::routing::pick(session, engines, |i| {
                     tried & bit(i) == 0 && health.is_up(&engines[i])
                 })
                 // Every engine left is marked down: try the best of them anyway.
-                .or_else(|| {
-                    intercept_core::routing::pick(session, engines, |i| tried & bit(i) == 0)
-                })
+                .or_else(|| crate::routing::pick(session, engines, |i| tried & bit(i) == 0))
             } else {
                 (tried == 0).then_some(0)
             };

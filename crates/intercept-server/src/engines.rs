@@ -2,7 +2,7 @@
 //!
 //! An engine that refuses connections (or whose connection breaks) is marked down for a
 //! while; sessions pinned to it go to the next engine in their rendezvous order
-//! ([`intercept_core::routing`]) until the mark expires. The next call after that tries
+//! ([`crate::routing`]) until the mark expires. The next call after that tries
 //! the engine again (passive recovery): success clears the mark, failure renews it for
 //! twice as long (up to 32x the base).
 

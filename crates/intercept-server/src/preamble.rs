@@ -99,9 +99,8 @@ pub(crate) fn engine_base_url<'a>(
 ) -> &'a str {
     let upstream = session.upstream();
     let engines = upstream.engines();
-    let engine =
-        intercept_core::routing::pick(session.id(), engines, |i| shared.engines.is_up(&engines[i]))
-            .unwrap_or(0);
+    let engine = crate::routing::pick(session.id(), engines, |i| shared.engines.is_up(&engines[i]))
+        .unwrap_or(0);
     engines
         .get(engine)
         .map_or(upstream.base_url.as_str(), String::as_str)

@@ -620,8 +620,7 @@ async fn models(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Respons
     let body = match listed {
         Ok(listing) => with_session_model(listing, session.model()),
         Err(e) => {
-            let redactor =
-                intercept_core::redact::Redactor::new(session.upstream().api_key.as_deref());
+            let redactor = crate::redact::Redactor::new(session.upstream().api_key.as_deref());
             warn!(session = session.id(), error = ?redactor.str(&e.to_string()), "the upstream's model listing is unavailable; listing the session's model alone");
             serde_json::json!({"object": "list", "data": [model_entry(session.model())]})
         }
@@ -664,7 +663,7 @@ async fn upstream_models(
             None,
         ));
     }
-    let redacted = intercept_core::redact::Redactor::new(upstream.api_key.as_deref()).bytes(body);
+    let redacted = crate::redact::Redactor::new(upstream.api_key.as_deref()).bytes(body);
     match serde_json::from_slice::<serde_json::Value>(&redacted) {
         Ok(v) if v.get("data").is_some_and(serde_json::Value::is_array) => Ok(v),
         _ => Err(Error::UpstreamMalformed(

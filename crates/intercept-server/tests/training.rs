@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use common::fake_engine::{answer_text, ids_of, logprob_of, EngineConfig, FakeEngine};
 use common::*;
-use intercept_core::routing::preference;
 use intercept_core::{
     Interception, PauseKind, PauseMode, RolloutSession, SessionConfig, TokenCapture, Upstream,
 };
+use intercept_server::routing::preference;
 use intercept_server::{InterceptionServer, ServerConfig, GENERATED_HEADER};
 use serde_json::{json, Value};
 

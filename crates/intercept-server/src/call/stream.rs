@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::redact::Redactor;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Response};
 use intercept_core::capture::TokenCollector;
 use intercept_core::dialect::Heartbeat;
-use intercept_core::redact::Redactor;
 use intercept_core::sse::{SseEvent, SseSplitter};
 use intercept_core::{Assembled, Error, RawJson, Relay, StreamAssembler};
 use tokio::sync::mpsc;

@@ -8,7 +8,7 @@
 //! so on: its *preference order* ([`preference`]).
 //!
 //! ```
-//! use intercept_core::routing::{pick, preference};
+//! use intercept_server::routing::{pick, preference};
 //!
 //! let engines = ["http://a:8000/v1", "http://b:8000/v1", "http://c:8000/v1"];
 //! let order = preference("rollout-7", &engines);
@@ -79,6 +79,17 @@ pub fn preference<S: AsRef<str>>(session: &str, engines: &[S]) -> Vec<usize> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_session_fails_over_to_its_second_engine() {
+        let engines = ["http://a:8000/v1", "http://b:8000/v1", "http://c:8000/v1"];
+        let order = preference("rollout-7", &engines);
+        assert_eq!(pick("rollout-7", &engines, |_| true), Some(order[0]));
+        assert_eq!(
+            pick("rollout-7", &engines, |i| i != order[0]),
+            Some(order[1])
+        );
+    }
 
     fn engines(n: usize) -> Vec<String> {
         (0..n)

@@ -13,14 +13,14 @@ use bytes::Bytes;
 use memchr::memmem::Finder;
 
 /// What stands in for the key.
-pub const REDACTED: &str = "<redacted>";
+pub(crate) const REDACTED: &str = "<redacted>";
 
 /// Keys shorter than this many bytes are not redacted (see the module docs).
-pub const MIN_REDACTED_KEY_LEN: usize = 8;
+pub(crate) const MIN_REDACTED_KEY_LEN: usize = 8;
 
 /// Replaces one secret (the upstream's API key) in text; a no-op without a key.
 #[derive(Clone, Default)]
-pub struct Redactor {
+pub(crate) struct Redactor {
     finder: Option<Finder<'static>>,
 }
 
@@ -35,7 +35,7 @@ impl std::fmt::Debug for Redactor {
 impl Redactor {
     /// A redactor for `key`; inactive without one or for a key shorter than
     /// [`MIN_REDACTED_KEY_LEN`].
-    pub fn new(key: Option<&str>) -> Self {
+    pub(crate) fn new(key: Option<&str>) -> Self {
         let finder = key
             .filter(|k| k.len() >= MIN_REDACTED_KEY_LEN)
             .map(|k| Finder::new(k.as_bytes()).into_owned());
@@ -43,7 +43,7 @@ impl Redactor {
     }
 
     /// Whether there is a key to redact.
-    pub fn is_active(&self) -> bool {
+    pub(crate) fn is_active(&self) -> bool {
         self.finder.is_some()
     }
 
@@ -64,7 +64,7 @@ impl Redactor {
     }
 
     /// `bytes` with the key replaced; the same buffer (no copy) when it does not occur.
-    pub fn bytes(&self, bytes: Bytes) -> Bytes {
+    pub(crate) fn bytes(&self, bytes: Bytes) -> Bytes {
         match self.finder.as_ref().and_then(|f| Self::replace(f, &bytes)) {
             Some(out) => Bytes::from(out),
             None => bytes,
@@ -72,7 +72,7 @@ impl Redactor {
     }
 
     /// `text` with the key replaced.
-    pub fn str<'a>(&self, text: &'a str) -> Cow<'a, str> {
+    pub(crate) fn str<'a>(&self, text: &'a str) -> Cow<'a, str> {
         match self
             .finder
             .as_ref()
@@ -86,15 +86,15 @@ impl Redactor {
     }
 
     /// `text` with the key replaced, in place.
-    pub fn string(&self, text: &mut String) {
+    pub(crate) fn string(&self, text: &mut String) {
         if let Cow::Owned(s) = self.str(text) {
             *text = s;
         }
     }
 
     /// The error with the key replaced in every text it carries from the upstream.
-    pub fn error(&self, error: crate::Error) -> crate::Error {
-        use crate::Error as E;
+    pub(crate) fn error(&self, error: intercept_core::Error) -> intercept_core::Error {
+        use intercept_core::Error as E;
         if !self.is_active() {
             return error;
         }
@@ -142,7 +142,7 @@ mod tests {
             b"{\"error\":\"bad key Bearer <redacted>\",\"again\":\"<redacted><redacted>\"}"
         );
         assert_eq!(r.str("nothing here"), "nothing here");
-        let e = r.error(crate::Error::upstream_status(
+        let e = r.error(intercept_core::Error::upstream_status(
             401,
             format!("invalid {KEY}"),
             Some(KEY.into()),
