@@ -234,24 +234,18 @@ pub trait Session: Send + Sync + fmt::Debug + 'static {
     /// Receives every finished call.
     fn record(&self, record: CallRecord);
 
-    /// Why the rollout stopped, if it did.
-    fn stop_condition(&self) -> Option<String> {
+    /// Why the rollout stopped, if it did. `None` by default.
+    fn stop_reason(&self) -> Option<StopReason> {
         None
     }
 
-    /// Stops the rollout (the first condition wins). The default ignores it.
-    fn stop(&self, _reason: &str) {}
-
-    /// Why the rollout stopped, typed. The default is [`Session::stop_condition`] as a
-    /// [`StopReason::Custom`].
-    fn stop_reason(&self) -> Option<StopReason> {
-        self.stop_condition().map(StopReason::Custom)
-    }
-
     /// Stops the rollout for `reason` (the first condition wins); the server stops
-    /// rollouts through this. The default is [`Session::stop`] with the reason's text.
-    fn stop_with(&self, reason: StopReason) {
-        self.stop(reason.as_str())
+    /// rollouts through this. The default ignores it.
+    fn stop_with(&self, _reason: StopReason) {}
+
+    /// [`Session::stop_reason`] as the text the records and the wire carry.
+    fn stop_condition(&self) -> Option<String> {
+        self.stop_reason().map(|r| r.as_str().to_owned())
     }
 
     /// The rollout's shared state document (`GET /state`).
@@ -540,6 +534,12 @@ pub struct RolloutSession {
 }
 
 impl RolloutSession {
+    /// Stops the rollout with a condition of the caller's own
+    /// ([`StopReason::Custom`]); the first condition wins.
+    pub fn stop(&self, reason: &str) {
+        self.stop_with(StopReason::Custom(reason.to_owned()));
+    }
+
     /// A new, active session.
     pub fn new(config: SessionConfig) -> Self {
         let log = crate::log::LogWriter::new(&config.id);
@@ -760,18 +760,6 @@ impl Session for RolloutSession {
         for sink in &self.sinks {
             sink.on_record(&record);
         }
-    }
-
-    fn stop_condition(&self) -> Option<String> {
-        self.inner
-            .lock()
-            .stop
-            .as_ref()
-            .map(|r| r.as_str().to_owned())
-    }
-
-    fn stop(&self, reason: &str) {
-        self.stop_with(StopReason::Custom(reason.to_owned()));
     }
 
     fn stop_reason(&self) -> Option<StopReason> {

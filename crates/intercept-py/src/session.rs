@@ -157,14 +157,6 @@ impl Session for PySession {
         self.inner.record(record);
     }
 
-    fn stop_condition(&self) -> Option<String> {
-        self.inner.stop_condition()
-    }
-
-    fn stop(&self, reason: &str) {
-        self.inner.stop(reason);
-    }
-
     fn stop_reason(&self) -> Option<intercept_core::StopReason> {
         self.inner.stop_reason()
     }

@@ -66,11 +66,11 @@ impl Session for Hooked {
     fn record(&self, record: CallRecord) {
         self.inner.record(record)
     }
-    fn stop_condition(&self) -> Option<String> {
-        self.inner.stop_condition()
+    fn stop_reason(&self) -> Option<intercept_core::StopReason> {
+        self.inner.stop_reason()
     }
-    fn stop(&self, reason: &str) {
-        self.inner.stop(reason)
+    fn stop_with(&self, reason: intercept_core::StopReason) {
+        self.inner.stop_with(reason)
     }
     fn on_release(&self) {
         self.inner.on_release()
