@@ -122,8 +122,20 @@ pub trait StreamAssembler: Send + fmt::Debug {
     }
 }
 
-/// One wire format.
-pub trait Dialect: Send + Sync + fmt::Debug + 'static {
+/// Keeps [`Dialect`] implemented only here: the server serves these four wire formats
+/// (its routes, error shapes, stream relays and heartbeats are theirs), so a dialect
+/// made elsewhere would have nowhere to plug in.
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::ChatDialect {}
+    impl Sealed for super::CompletionsDialect {}
+    impl Sealed for super::ResponsesDialect {}
+    impl Sealed for super::MessagesDialect {}
+}
+
+/// One wire format. Sealed: implemented by [`ChatDialect`], [`CompletionsDialect`],
+/// [`ResponsesDialect`] and [`MessagesDialect`] only.
+pub trait Dialect: sealed::Sealed + Send + Sync + fmt::Debug + 'static {
     /// Which one.
     fn kind(&self) -> DialectKind;
 
