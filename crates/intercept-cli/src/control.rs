@@ -26,7 +26,7 @@ use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::Incoming;
 use intercept_core::{
     Error, Limits, NetworkPolicy, RecordSink, RolloutSession, Sampling, Session, SessionConfig,
-    SessionStatus, SlotGuard, Upstream,
+    SessionStatus, Slot, SlotGuard, Upstream,
 };
 use serde_json::{json, Map, Value};
 use tracing::{info, warn};
@@ -35,7 +35,7 @@ use intercept_server::{render, render_message, Shape};
 
 use crate::config::check_base_url;
 use crate::sidecar::{ControlState, Held, Last};
-use intercept_trace::{JsonlSink, TraceFormat};
+use intercept_trace::{JsonlSink, QueuedSink, TraceFormat};
 
 /// Largest control request body accepted (16 MiB).
 pub const BODY_LIMIT: usize = 16 << 20;
@@ -347,80 +347,127 @@ fn parse_upstream(
 }
 
 async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
+    try_create(state, req).await.unwrap_or_else(|resp| *resp)
+}
+
+/// `POST /v1/sessions` as its stages: read the request, fill in the sidecar's defaults,
+/// open the trace file, build the session, register it and take a slot, answer; `Err`
+/// is the answer of the stage that refused (boxed, as large).
+async fn try_create(state: &Arc<ControlState>, req: Request<Incoming>) -> Result<Resp, Box<Resp>> {
+    let mut request = read_create(state, req).await?;
+    let (id, model, upstream) = resolve_create(state, &mut request)?;
+    let sink = open_trace(state, &id)?;
+    let session = build_session(state, id.clone(), model, upstream, request, sink.as_ref());
+    let slot = register(state, &id, session, sink).await?;
+    Ok(created(state, &id, &slot))
+}
+
+/// Refuses while shutting down, reads the body (up to [`BODY_LIMIT`]) and parses it.
+async fn read_create(
+    state: &ControlState,
+    req: Request<Incoming>,
+) -> Result<CreateRequest, Box<Resp>> {
     if !state.accepting.load(Ordering::SeqCst) {
-        return error(Error::Unavailable(
+        return Err(Box::new(error(Error::Unavailable(
             "the sidecar is shutting down; no new sessions".into(),
-        ));
+        ))));
     }
     let body = match Limited::new(req.into_body(), BODY_LIMIT).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return worded(
+            return Err(Box::new(worded(
                 Error::PayloadTooLarge {
                     limit: BODY_LIMIT as u64,
                 },
                 format!("the body exceeds {BODY_LIMIT} bytes"),
-            )
+            )))
         }
-        Err(e) => return bad(format!("could not read the body: {e}")),
+        Err(e) => return Err(Box::new(bad(format!("could not read the body: {e}")))),
     };
-    let request = match parse_create(&body, &state.config.key_envs_allowed()) {
-        Ok(r) => r,
-        Err(message) => return bad(message),
+    parse_create(&body, &state.config.key_envs_allowed()).map_err(|message| Box::new(bad(message)))
+}
+
+/// The session's id, model and upstream: the request's, else the sidecar's defaults (a
+/// generated id).
+fn resolve_create(
+    state: &ControlState,
+    request: &mut CreateRequest,
+) -> Result<(String, String, Upstream), Box<Resp>> {
+    let Some(model) = request.model.take().or_else(|| state.default_model.clone()) else {
+        return Err(Box::new(bad(
+            "model: required (the sidecar has no default model; start it with --model)",
+        )));
     };
-    let Some(model) = request.model.or_else(|| state.default_model.clone()) else {
-        return bad("model: required (the sidecar has no default model; start it with --model)");
-    };
-    let Some(upstream) = request.upstream.or_else(|| state.default_upstream.clone()) else {
-        return bad(
+    let Some(upstream) = request
+        .upstream
+        .take()
+        .or_else(|| state.default_upstream.clone())
+    else {
+        return Err(Box::new(bad(
             "upstream: required (the sidecar has no default upstream; start it with --upstream)",
-        );
+        )));
     };
-    let id = match request.id {
+    let id = match request.id.take() {
         Some(id) => id,
         None => match generate_id(state) {
             Some(id) => id,
             None => {
-                return error(Error::Unavailable(
+                return Err(Box::new(error(Error::Unavailable(
                     "could not generate a free session id; retry, or give an explicit id".into(),
-                ))
+                ))))
             }
         },
     };
-    let sink = match &state.config.trace_dir {
-        Some(dir) => {
-            if state.sessions.lock().contains_key(&id) {
-                return duplicate(&id);
-            }
-            let path = dir.join(format!("{id}.jsonl"));
-            match JsonlSink::create_new(&path) {
-                Ok(s) => {
-                    let s = s.with_format(state.config.trace_format);
-                    state.writer.as_ref().map(|w| Arc::new(w.sink(s)))
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    return error(Error::Conflict(format!(
-                        "the trace file {} already exists (a rollout of an earlier run, or \
-                             of a session released and forgotten, has this id); a session never \
-                             appends to another rollout's file: choose another id, or move the \
-                             file away",
-                        path.display()
-                    )))
-                }
-                Err(e) => {
-                    warn!(session = %id, path = %path.display(), error = %e, "cannot create the trace file");
-                    return error(Error::Unavailable(format!(
-                        "cannot create the trace file {} of session {id:?}: {e}; retry once \
-                             the sidecar has resources again (open files, disk space)",
-                        path.display()
-                    )));
-                }
-            }
-        }
-        None => None,
+    Ok((id, model, upstream))
+}
+
+/// Creates the session's trace file `<trace_dir>/<id>.jsonl` (never an existing one) and
+/// its queued sink; `None` without a trace directory.
+fn open_trace(state: &ControlState, id: &str) -> Result<Option<Arc<QueuedSink>>, Box<Resp>> {
+    let Some(dir) = &state.config.trace_dir else {
+        return Ok(None);
     };
+    if state.sessions.lock().contains_key(id) {
+        return Err(Box::new(duplicate(id)));
+    }
+    let path = dir.join(format!("{id}.jsonl"));
+    match JsonlSink::create_new(&path) {
+        Ok(s) => {
+            let s = s.with_format(state.config.trace_format);
+            Ok(state.writer.as_ref().map(|w| Arc::new(w.sink(s))))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            Err(Box::new(error(Error::Conflict(format!(
+                "the trace file {} already exists (a rollout of an earlier run, or \
+                     of a session released and forgotten, has this id); a session never \
+                     appends to another rollout's file: choose another id, or move the \
+                     file away",
+                path.display()
+            )))))
+        }
+        Err(e) => {
+            warn!(session = %id, path = %path.display(), error = %e, "cannot create the trace file");
+            Err(Box::new(error(Error::Unavailable(format!(
+                "cannot create the trace file {} of session {id:?}: {e}; retry once \
+                     the sidecar has resources again (open files, disk space)",
+                path.display()
+            )))))
+        }
+    }
+}
+
+/// Builds the session from the request, recording to the metrics and, with one, to
+/// `sink`.
+fn build_session(
+    state: &ControlState,
+    id: String,
+    model: String,
+    upstream: Upstream,
+    request: CreateRequest,
+    sink: Option<&Arc<QueuedSink>>,
+) -> Arc<RolloutSession> {
     let mut session = RolloutSession::new(
-        SessionConfig::new(id.clone(), model, upstream)
+        SessionConfig::new(id, model, upstream)
             .with_sampling(request.sampling)
             .with_limits(request.limits)
             .with_task(request.task)
@@ -434,16 +481,26 @@ async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
     // With a trace file, the file is the trace: no second copy in memory.
     .with_calls_in_memory(sink.is_none())
     .with_sink(state.metrics.clone() as Arc<dyn RecordSink>);
-    if let Some(sink) = &sink {
+    if let Some(sink) = sink {
         session = session.with_sink(sink.clone() as Arc<dyn RecordSink>);
     }
-    let session = Arc::new(session);
+    Arc::new(session)
+}
+
+/// Registers the session under `id` (unless taken), acquires its slot and keeps the
+/// guard; unregisters it when the slot cannot be had or the sidecar shut down meanwhile.
+async fn register(
+    state: &ControlState,
+    id: &str,
+    session: Arc<RolloutSession>,
+    sink: Option<Arc<QueuedSink>>,
+) -> Result<Slot, Box<Resp>> {
     {
         let mut sessions = state.sessions.lock();
-        if sessions.contains_key(&id) {
-            return duplicate(&id);
+        if sessions.contains_key(id) {
+            return Err(Box::new(duplicate(id)));
         }
-        sessions.insert(id.clone(), Held::new(session.clone(), sink));
+        sessions.insert(id.to_owned(), Held::new(session.clone(), sink));
     }
     let guard = match state
         .server
@@ -452,27 +509,32 @@ async fn create(state: &Arc<ControlState>, req: Request<Incoming>) -> Resp {
     {
         Ok(g) => g,
         Err(e) => {
-            state.sessions.lock().remove(&id);
+            state.sessions.lock().remove(id);
             warn!(session = %id, error = %e, "could not acquire a slot");
-            return error(Error::Unavailable(format!("could not acquire a slot: {e}")));
+            return Err(Box::new(error(Error::Unavailable(format!(
+                "could not acquire a slot: {e}"
+            )))));
         }
     };
     let slot = guard.slot().clone();
-    {
-        let mut sessions = state.sessions.lock();
-        match sessions.get_mut(&id) {
-            Some(held) if !held.released => held.guard = Some(guard),
-            // Shut down while acquiring: the guard drops here and frees the slot.
-            _ => {
-                if let Some(held) = sessions.remove(&id) {
-                    held.done.token.cancel();
-                }
-                return error(Error::Unavailable(
-                    "the sidecar is shutting down; no new sessions".into(),
-                ));
+    let mut sessions = state.sessions.lock();
+    match sessions.get_mut(id) {
+        Some(held) if !held.released => held.guard = Some(guard),
+        // Shut down while acquiring: the guard drops here and frees the slot.
+        _ => {
+            if let Some(held) = sessions.remove(id) {
+                held.done.token.cancel();
             }
+            return Err(Box::new(error(Error::Unavailable(
+                "the sidecar is shutting down; no new sessions".into(),
+            ))));
         }
     }
+    Ok(slot)
+}
+
+/// Counts and logs the created session and answers `201` with its slot and harness env.
+fn created(state: &ControlState, id: &str, slot: &Slot) -> Resp {
     state.metrics.session_created();
     info!(session = %id, "session created");
     let env: Map<String, Value> = slot

@@ -105,12 +105,45 @@ impl Metrics {
     /// Prometheus text exposition (format 0.0.4).
     pub fn render(&self, gauges: Gauges) -> String {
         let mut out = String::new();
-        let calls = self.calls.lock();
+        self.calls.lock().render(&mut out);
+        self.render_session_counters(&mut out);
+        render_trace(&mut out, gauges);
+        render_tunnels(&mut out, gauges);
+        render_gauges(&mut out, gauges);
+        out
+    }
+
+    /// Writes the upstream error and session created/released counters.
+    fn render_session_counters(&self, out: &mut String) {
+        write_counter(
+            out,
+            "intercept_upstream_errors_total",
+            "Calls that failed because of the upstream (error status, timeout, unreachable, malformed).",
+            self.upstream_errors.load(Ordering::Relaxed),
+        );
+        write_counter(
+            out,
+            "intercept_sessions_created_total",
+            "Sessions created through the control API.",
+            self.sessions_created.load(Ordering::Relaxed),
+        );
+        write_counter(
+            out,
+            "intercept_sessions_released_total",
+            "Sessions released through the control API.",
+            self.sessions_released.load(Ordering::Relaxed),
+        );
+    }
+}
+
+impl Calls {
+    /// Writes the call counters (by label, mediated) and the latency and TTFB histograms.
+    fn render(&self, out: &mut String) {
         out.push_str(
             "# HELP intercept_calls_total Model calls recorded, by dialect and HTTP status.\n\
              # TYPE intercept_calls_total counter\n",
         );
-        for ((dialect, status), n) in &calls.by_label {
+        for ((dialect, status), n) in &self.by_label {
             let _ = writeln!(
                 out,
                 "intercept_calls_total{{dialect=\"{dialect}\",status=\"{status}\"}} {n}"
@@ -121,118 +154,114 @@ impl Metrics {
              policy removed provider-side capabilities, by dialect.\n\
              # TYPE intercept_mediated_calls_total counter\n",
         );
-        for (dialect, n) in &calls.mediated {
+        for (dialect, n) in &self.mediated {
             let _ = writeln!(
                 out,
                 "intercept_mediated_calls_total{{dialect=\"{dialect}\"}} {n}"
             );
         }
-        calls.latency.render(
-            &mut out,
+        self.latency.render(
+            out,
             "intercept_call_duration_seconds",
             "Duration of model calls, from request to record.",
         );
-        calls.ttfb.render(
-            &mut out,
+        self.ttfb.render(
+            out,
             "intercept_time_to_first_byte_seconds",
             "Time to the first upstream body byte of model calls.",
         );
-        drop(calls);
-        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-            );
-        };
-        let gauge = |out: &mut String, name: &str, help: &str, v: usize| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-        };
-        counter(
-            &mut out,
-            "intercept_upstream_errors_total",
-            "Calls that failed because of the upstream (error status, timeout, unreachable, malformed).",
-            self.upstream_errors.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            "intercept_sessions_created_total",
-            "Sessions created through the control API.",
-            self.sessions_created.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            "intercept_sessions_released_total",
-            "Sessions released through the control API.",
-            self.sessions_released.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            "intercept_trace_lines_lost_total",
-            "Trace lines (call records) the trace writer could not append to their file (each failure is also logged).",
-            gauges.trace_lines_lost,
-        );
-        gauge(
-            &mut out,
-            "intercept_trace_queue_bytes",
-            "Bytes of trace lines handed to the trace writer and not yet written (bounded by trace_queue_bytes).",
-            gauges.trace_queue_bytes,
-        );
-        counter(
-            &mut out,
-            "intercept_tunnel_starts_total",
-            "Tunnels started.",
-            gauges.tunnel_starts,
-        );
-        counter(
-            &mut out,
-            "intercept_tunnel_failures_total",
-            "Tunnel starts that failed.",
-            gauges.tunnel_failures,
-        );
-        counter(
-            &mut out,
-            "intercept_tunnel_limiter_unavailable_total",
-            "Tunnel rate limiter calls refused because its Redis could not be reached or did not answer in time (the limiter fails closed).",
-            gauges.limiter_unavailable,
-        );
-        gauge(
-            &mut out,
-            "intercept_active_sessions",
-            "Sessions holding a slot.",
-            gauges.active_sessions,
-        );
-        gauge(
-            &mut out,
-            "intercept_inflight_calls",
-            "Model calls in flight.",
-            gauges.inflight_calls,
-        );
-        gauge(
-            &mut out,
-            "intercept_servers",
-            "Interception servers running.",
-            gauges.servers,
-        );
-        gauge(
-            &mut out,
-            "intercept_sessions_endpoint_lost",
-            "Sessions holding a slot whose URL is no longer served (their tunnel moved to a new URL).",
-            gauges.endpoint_lost_sessions,
-        );
-        gauge(
-            &mut out,
-            "intercept_released_sessions",
-            "Released sessions still remembered (their ids answer stragglers 409, their status and trace stay readable).",
-            gauges.released_sessions,
-        );
-        gauge(
-            &mut out,
-            "intercept_released_trace_bytes",
-            "Bytes of released sessions' traces and episodes held in memory (without a trace directory).",
-            gauges.released_trace_bytes,
-        );
-        out
     }
+}
+
+/// Writes one counter (`HELP`, `TYPE` and its value).
+fn write_counter(out: &mut String, name: &str, help: &str, v: u64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+    );
+}
+
+/// Writes one gauge (`HELP`, `TYPE` and its value).
+fn write_gauge(out: &mut String, name: &str, help: &str, v: usize) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+}
+
+/// Writes the trace writer's lost-lines counter and queue gauge.
+fn render_trace(out: &mut String, gauges: Gauges) {
+    write_counter(
+        out,
+        "intercept_trace_lines_lost_total",
+        "Trace lines (call records) the trace writer could not append to their file (each failure is also logged).",
+        gauges.trace_lines_lost,
+    );
+    write_gauge(
+        out,
+        "intercept_trace_queue_bytes",
+        "Bytes of trace lines handed to the trace writer and not yet written (bounded by trace_queue_bytes).",
+        gauges.trace_queue_bytes,
+    );
+}
+
+/// Writes the tunnel counters: starts, failures and limiter refusals.
+fn render_tunnels(out: &mut String, gauges: Gauges) {
+    write_counter(
+        out,
+        "intercept_tunnel_starts_total",
+        "Tunnels started.",
+        gauges.tunnel_starts,
+    );
+    write_counter(
+        out,
+        "intercept_tunnel_failures_total",
+        "Tunnel starts that failed.",
+        gauges.tunnel_failures,
+    );
+    write_counter(
+        out,
+        "intercept_tunnel_limiter_unavailable_total",
+        "Tunnel rate limiter calls refused because its Redis could not be reached or did not answer in time (the limiter fails closed).",
+        gauges.limiter_unavailable,
+    );
+}
+
+/// Writes the gauges of sessions, calls, servers and released sessions.
+fn render_gauges(out: &mut String, gauges: Gauges) {
+    write_gauge(
+        out,
+        "intercept_active_sessions",
+        "Sessions holding a slot.",
+        gauges.active_sessions,
+    );
+    write_gauge(
+        out,
+        "intercept_inflight_calls",
+        "Model calls in flight.",
+        gauges.inflight_calls,
+    );
+    write_gauge(
+        out,
+        "intercept_servers",
+        "Interception servers running.",
+        gauges.servers,
+    );
+    write_gauge(
+        out,
+        "intercept_sessions_endpoint_lost",
+        "Sessions holding a slot whose URL is no longer served (their tunnel moved to a new URL).",
+        gauges.endpoint_lost_sessions,
+    );
+    write_gauge(
+        out,
+        "intercept_released_sessions",
+        "Released sessions still remembered (their ids answer stragglers 409, their status and trace stay readable).",
+        gauges.released_sessions,
+    );
+    write_gauge(
+        out,
+        "intercept_released_trace_bytes",
+        "Bytes of released sessions' traces and episodes held in memory (without a trace directory).",
+        gauges.released_trace_bytes,
+    );
 }
 
 impl RecordSink for Metrics {

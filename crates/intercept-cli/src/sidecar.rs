@@ -328,92 +328,16 @@ impl Sidecar {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create the trace directory {}", dir.display()))?;
         }
-        let api_key = match &config.upstream_api_key_env {
-            Some(var) => Some(std::env::var(var).with_context(|| {
-                format!("the environment variable {var} named by upstream_api_key_env is not set")
-            })?),
-            None => None,
-        };
-        let (mock, default_upstream, default_model) = match &config.upstream {
-            Some(UpstreamSetting::Mock) => {
-                let mock = MockUpstream::start_with(MockConfig {
-                    log_requests: false,
-                    ..MockConfig::default()
-                })
-                .await
-                .context("cannot start the embedded mock model")?;
-                let upstream = Upstream::new(mock.base_url());
-                let model = config.model.clone().unwrap_or_else(|| MOCK_MODEL.into());
-                (Some(mock), Some(upstream), Some(model))
-            }
-            Some(UpstreamSetting::Url(url)) => {
-                let mut upstream = Upstream::new(url.clone());
-                upstream.api_key = api_key;
-                (None, Some(upstream), config.model.clone())
-            }
-            None => (None, None, config.model.clone()),
-        };
-        let bore_secret = match &config.bore_secret_env {
-            Some(var) => Some(std::env::var(var).with_context(|| {
-                format!("the environment variable {var} named by bore_secret_env is not set")
-            })?),
-            None => None,
-        };
+        let api_key = env_secret(
+            config.upstream_api_key_env.as_deref(),
+            "upstream_api_key_env",
+        )?;
+        let (mock, default_upstream, default_model) = start_upstream(&config, api_key).await?;
         let tunnels = Arc::new(TunnelCounters::default());
-        let spec = CountedTunnels {
-            config: config.tunnel_config(bore_secret)?,
-            counters: tunnels.clone(),
-        };
-        let server = intercept_pool::make_interception_with(
-            &config.interception_config(spec),
-            config.tunnel != TunnelSetting::None,
-            ServerConfig {
-                shutdown_grace: config.shutdown_grace,
-                upstream_write_idle: config.upstream_write_idle,
-                upstream_read_idle: config.upstream_read_idle,
-                stream_heartbeat: config.stream_heartbeat,
-                models_timeout: config.models_timeout,
-                header_read_timeout: config.header_read_timeout,
-                max_response_bytes: config.max_response_bytes,
-                max_connections: config.max_connections,
-                ..ServerConfig::default()
-            },
-        )
-        .with_context(|| {
-            format!(
-                "cannot create the interception (interception = {}, tunnel = {})",
-                config.interception.as_str(),
-                config.tunnel.as_str()
-            )
-        })?;
-        server.start().await.with_context(|| {
-            format!(
-                "cannot start the interception (interception = {}, tunnel = {})",
-                config.interception.as_str(),
-                config.tunnel.as_str()
-            )
-        })?;
-        let listener = match TcpListener::bind(config.control).await {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = server.stop().await;
-                return Err(e).with_context(|| {
-                    format!("cannot listen on {} for the control API", config.control)
-                });
-            }
-        };
+        let server = start_interception(&config, tunnels.clone()).await?;
+        let listener = bind_control(&config, &server).await?;
         let control_addr = listener.local_addr()?;
-        let writer = match &config.trace_dir {
-            Some(_) => Some(
-                TraceWriter::start(intercept_trace::WriterConfig {
-                    max_queued_bytes: usize::try_from(config.trace_queue_bytes)
-                        .unwrap_or(usize::MAX),
-                    flush_interval: config.trace_flush,
-                })
-                .context("cannot start the trace writer")?,
-            ),
-            None => None,
-        };
+        let writer = start_writer(&config)?;
         let token = config
             .control_token
             .clone()
@@ -537,6 +461,117 @@ impl Sidecar {
         info!("sidecar down");
         stopped.context("the interception did not stop cleanly")
     }
+}
+
+/// Reads the secret in the environment variable `var` named by the setting `setting`
+/// (`None` without one); an error when it is not set.
+fn env_secret(var: Option<&str>, setting: &str) -> anyhow::Result<Option<String>> {
+    match var {
+        Some(var) => Some(std::env::var(var).with_context(|| {
+            format!("the environment variable {var} named by {setting} is not set")
+        }))
+        .transpose(),
+        None => Ok(None),
+    }
+}
+
+/// Starts the embedded mock model when the upstream is `mock`; answers it with the
+/// default upstream and model of sessions.
+async fn start_upstream(
+    config: &ServeConfig,
+    api_key: Option<String>,
+) -> anyhow::Result<(Option<MockUpstream>, Option<Upstream>, Option<String>)> {
+    match &config.upstream {
+        Some(UpstreamSetting::Mock) => {
+            let mock = MockUpstream::start_with(MockConfig {
+                log_requests: false,
+                ..MockConfig::default()
+            })
+            .await
+            .context("cannot start the embedded mock model")?;
+            let upstream = Upstream::new(mock.base_url());
+            let model = config.model.clone().unwrap_or_else(|| MOCK_MODEL.into());
+            Ok((Some(mock), Some(upstream), Some(model)))
+        }
+        Some(UpstreamSetting::Url(url)) => {
+            let mut upstream = Upstream::new(url.clone());
+            upstream.api_key = api_key;
+            Ok((None, Some(upstream), config.model.clone()))
+        }
+        None => Ok((None, None, config.model.clone())),
+    }
+}
+
+/// Builds the interception (its tunnel counted in `tunnels`) and starts it.
+async fn start_interception(
+    config: &ServeConfig,
+    tunnels: Arc<TunnelCounters>,
+) -> anyhow::Result<Arc<dyn Interception>> {
+    let bore_secret = env_secret(config.bore_secret_env.as_deref(), "bore_secret_env")?;
+    let spec = CountedTunnels {
+        config: config.tunnel_config(bore_secret)?,
+        counters: tunnels,
+    };
+    let server = intercept_pool::make_interception_with(
+        &config.interception_config(spec),
+        config.tunnel != TunnelSetting::None,
+        ServerConfig {
+            shutdown_grace: config.shutdown_grace,
+            upstream_write_idle: config.upstream_write_idle,
+            upstream_read_idle: config.upstream_read_idle,
+            stream_heartbeat: config.stream_heartbeat,
+            models_timeout: config.models_timeout,
+            header_read_timeout: config.header_read_timeout,
+            max_response_bytes: config.max_response_bytes,
+            max_connections: config.max_connections,
+            ..ServerConfig::default()
+        },
+    )
+    .with_context(|| {
+        format!(
+            "cannot create the interception (interception = {}, tunnel = {})",
+            config.interception.as_str(),
+            config.tunnel.as_str()
+        )
+    })?;
+    server.start().await.with_context(|| {
+        format!(
+            "cannot start the interception (interception = {}, tunnel = {})",
+            config.interception.as_str(),
+            config.tunnel.as_str()
+        )
+    })?;
+    Ok(server)
+}
+
+/// Listens on the control API's address; stops `server` when it cannot.
+async fn bind_control(
+    config: &ServeConfig,
+    server: &Arc<dyn Interception>,
+) -> anyhow::Result<TcpListener> {
+    match TcpListener::bind(config.control).await {
+        Ok(l) => Ok(l),
+        Err(e) => {
+            let _ = server.stop().await;
+            Err(e)
+                .with_context(|| format!("cannot listen on {} for the control API", config.control))
+        }
+    }
+}
+
+/// Starts the trace writer (only with a trace directory).
+fn start_writer(config: &ServeConfig) -> anyhow::Result<Option<Arc<TraceWriter>>> {
+    let writer = match &config.trace_dir {
+        Some(_) => Some(
+            TraceWriter::start(intercept_trace::WriterConfig {
+                max_queued_bytes: usize::try_from(config.trace_queue_bytes).unwrap_or(usize::MAX),
+                flush_interval: config.trace_flush,
+            })
+            .context("cannot start the trace writer")?,
+        ),
+        None => None,
+    };
+    Ok(writer)
 }
 
 /// 8 random hex digits (from the operating system's generator, through
