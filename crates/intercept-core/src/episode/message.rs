@@ -16,7 +16,6 @@
 //!
 //! The readers of each dialect are in `read/`; canonical JSON is in `canonical.rs`.
 
-use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -117,9 +116,11 @@ pub type Hash = [u8; 16];
 
 /// Lowercase hex.
 pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
-        let _ = write!(s, "{b:02x}");
+        s.push(char::from(DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(DIGITS[usize::from(b & 0x0f)]));
     }
     s
 }
@@ -273,5 +274,17 @@ impl Message {
             && self.content == other.content
             && self.tool_calls == other.tool_calls
             && self.tool_call_id == other.tool_call_id
+    }
+}
+
+#[cfg(test)]
+mod hex_tests {
+    use super::{hex, unhex};
+
+    #[test]
+    fn hex_is_lowercase_two_digits_a_byte_and_unhex_reads_it_back() {
+        assert_eq!(hex(&[0x00, 0x0f, 0xab, 0xff]), "000fabff");
+        let hash: [u8; 16] = std::array::from_fn(|i| (i as u8).wrapping_mul(37));
+        assert_eq!(unhex(&hex(&hash)), Some(hash));
     }
 }
