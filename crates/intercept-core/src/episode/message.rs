@@ -16,7 +16,6 @@
 //!
 //! The readers of each dialect are in `read/`; canonical JSON is in `canonical.rs`.
 
-
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use xxhash_rust::xxh3::xxh3_128;
