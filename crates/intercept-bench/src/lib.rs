@@ -70,6 +70,33 @@ pub fn runtime(threads: Option<usize>) -> std::io::Result<tokio::runtime::Runtim
     rt.enable_all().build()
 }
 
+/// What every load generator is pointed at: the URL, the secrets and its runtime.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TargetArgs {
+    /// Full URL of the chat completions route.
+    #[arg(long)]
+    pub url: String,
+    /// JSON array of bearer secrets.
+    #[arg(long)]
+    pub secrets_file: Option<std::path::PathBuf>,
+    /// One bearer secret (when there is no secrets file).
+    #[arg(long, default_value = "bench")]
+    pub secret: String,
+    /// Per-request timeout in seconds.
+    #[arg(long, default_value_t = 60.0)]
+    pub timeout: f64,
+    /// Runtime worker threads (default: one per CPU the process may run on).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+impl TargetArgs {
+    /// The secrets ([`read_secrets`]).
+    pub fn secrets(&self) -> anyhow::Result<Vec<String>> {
+        read_secrets(self.secrets_file.as_deref(), &self.secret)
+    }
+}
+
 /// The bearer secrets of a load generator: the JSON array of strings in `file`, or `one`.
 pub fn read_secrets(file: Option<&std::path::Path>, one: &str) -> anyhow::Result<Vec<String>> {
     use anyhow::Context as _;

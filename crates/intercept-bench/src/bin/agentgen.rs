@@ -11,7 +11,6 @@
 // runtimes.
 #![allow(clippy::disallowed_types)]
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -21,15 +20,8 @@ use intercept_bench::agentic::{self, AgenticConfig};
 /// Agent-shaped load generator.
 #[derive(Debug, Parser)]
 struct Args {
-    /// Full URL of the chat completions route.
-    #[arg(long)]
-    url: String,
-    /// JSON array of bearer secrets (rollout i uses secret i).
-    #[arg(long)]
-    secrets_file: Option<PathBuf>,
-    /// One bearer secret (when there is no secrets file).
-    #[arg(long, default_value = "bench")]
-    secret: String,
+    #[command(flatten)]
+    target: intercept_bench::TargetArgs,
     /// The number of the first rollout (the secret and the content it uses).
     #[arg(long, default_value_t = 0)]
     first_rollout: usize,
@@ -49,21 +41,15 @@ struct Args {
     /// several).
     #[arg(long)]
     cpu_pid: Vec<u32>,
-    /// Per-call timeout in seconds.
-    #[arg(long, default_value_t = 60.0)]
-    timeout: f64,
-    /// Runtime worker threads (default: one per CPU the process may run on).
-    #[arg(long)]
-    threads: Option<usize>,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    intercept_bench::runtime(args.threads)?.block_on(run(args))
+    intercept_bench::runtime(args.target.threads)?.block_on(run(args))
 }
 
 async fn run(args: Args) -> Result<()> {
-    let secrets = intercept_bench::read_secrets(args.secrets_file.as_deref(), &args.secret)?;
+    let secrets = args.target.secrets()?;
     let config = AgenticConfig {
         first_rollout: args.first_rollout,
         sessions: args.sessions,
@@ -71,8 +57,8 @@ async fn run(args: Args) -> Result<()> {
         duration: Duration::from_secs_f64(args.duration),
         max_waves: args.waves,
         cpu_pids: args.cpu_pid,
-        timeout: Duration::from_secs_f64(args.timeout),
-        ..AgenticConfig::new(args.url.parse()?, secrets)
+        timeout: Duration::from_secs_f64(args.target.timeout),
+        ..AgenticConfig::new(args.target.url.parse()?, secrets)
     };
     let report = agentic::run(&config).await?;
     println!("{}", serde_json::to_string(&report)?);

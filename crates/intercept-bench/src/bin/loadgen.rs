@@ -11,7 +11,6 @@
 // runtimes.
 #![allow(clippy::disallowed_types)]
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -21,15 +20,8 @@ use intercept_bench::{bodies, load};
 /// Load generator for chat completions.
 #[derive(Debug, Parser)]
 struct Args {
-    /// Full URL of the chat completions route.
-    #[arg(long)]
-    url: String,
-    /// JSON array of bearer secrets (used round robin).
-    #[arg(long)]
-    secrets_file: Option<PathBuf>,
-    /// One bearer secret (when there is no secrets file).
-    #[arg(long, default_value = "bench")]
-    secret: String,
+    #[command(flatten)]
+    target: intercept_bench::TargetArgs,
     /// Connections.
     #[arg(long, default_value_t = 16)]
     connections: usize,
@@ -54,25 +46,19 @@ struct Args {
     /// Request body size in bytes.
     #[arg(long, default_value_t = 2048)]
     body_bytes: usize,
-    /// Per-request timeout in seconds.
-    #[arg(long, default_value_t = 60.0)]
-    timeout: f64,
     /// Also count the successful requests completed in each interval of this many
     /// seconds of the measured window (`intervals` in the report; 0: none).
     #[arg(long, default_value_t = 0.0)]
     interval: f64,
-    /// Runtime worker threads (default: one per CPU the process may run on).
-    #[arg(long)]
-    threads: Option<usize>,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    intercept_bench::runtime(args.threads)?.block_on(run(args))
+    intercept_bench::runtime(args.target.threads)?.block_on(run(args))
 }
 
 async fn run(args: Args) -> Result<()> {
-    let secrets = intercept_bench::read_secrets(args.secrets_file.as_deref(), &args.secret)?;
+    let secrets = args.target.secrets()?;
     let body = bodies::chat_request(args.stream, args.body_bytes);
     let config = load::LoadConfig {
         stream: args.stream,
@@ -82,9 +68,9 @@ async fn run(args: Args) -> Result<()> {
         requests: args.requests,
         duration: Duration::from_secs_f64(args.duration),
         warmup: Duration::from_secs_f64(args.warmup),
-        timeout: Duration::from_secs_f64(args.timeout),
+        timeout: Duration::from_secs_f64(args.target.timeout),
         interval: (args.interval > 0.0).then(|| Duration::from_secs_f64(args.interval)),
-        ..load::LoadConfig::new(args.url.parse()?, secrets, body.into())
+        ..load::LoadConfig::new(args.target.url.parse()?, secrets, body.into())
     };
     let report = load::run(&config).await?;
     println!("{}", serde_json::to_string(&report)?);
