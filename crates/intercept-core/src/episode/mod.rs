@@ -838,8 +838,7 @@ impl EpisodeBuilder {
             }
         }
         out.extend_from_slice(b",\"message\":");
-        let message = serde_json::to_vec(&n.message).map_err(|_| crate::log::encode::Invalid)?;
-        enc.value(&message, 0, out, 2)?;
+        crate::log::lines::message(enc, &n.message, out, 2)?;
         out.extend_from_slice(b"}\n");
         Ok(())
     }

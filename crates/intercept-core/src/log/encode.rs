@@ -85,7 +85,8 @@ pub(crate) struct Encoder<'a> {
     pub(crate) defs: &'a mut Vec<u8>,
 }
 
-fn ws(b: &[u8], mut i: usize) -> usize {
+/// The index of the first byte at or after `i` that is not JSON whitespace.
+pub(crate) fn ws(b: &[u8], mut i: usize) -> usize {
     while i < b.len() && matches!(b[i], b' ' | b'\n' | b'\r' | b'\t') {
         i += 1;
     }
@@ -93,8 +94,17 @@ fn ws(b: &[u8], mut i: usize) -> usize {
 }
 
 /// The index just after the string that starts at `i` (at its quote).
-fn string_end(b: &[u8], i: usize) -> Result<usize> {
+pub(crate) fn string_end(b: &[u8], i: usize) -> Result<usize> {
     let mut at = i + 1;
+    // Keys and short values end within a few bytes: read those directly.
+    let near = (at + 16).min(b.len());
+    while at < near {
+        match b[at] {
+            b'"' => return Ok(at + 1),
+            b'\\' => at += 2,
+            _ => at += 1,
+        }
+    }
     loop {
         let rel = memchr::memchr2(b'"', b'\\', b.get(at..).ok_or(Invalid)?).ok_or(Invalid)?;
         at += rel;
@@ -148,44 +158,46 @@ pub(crate) fn skip_value(b: &[u8], i: usize) -> Result<usize> {
     }
 }
 
-/// The decoded text of a key (or any string token, quotes included).
-fn key_text(token: &[u8]) -> Result<std::borrow::Cow<'_, str>> {
+/// Whether a key's string token (quotes included) decodes to one of the [`MARKERS`].
+pub(crate) fn is_marker_key(token: &str) -> Result<bool> {
     let inner = &token[1..token.len() - 1];
-    if memchr::memchr(b'\\', inner).is_none() {
-        return std::str::from_utf8(inner)
-            .map(std::borrow::Cow::Borrowed)
-            .map_err(|_| Invalid);
+    // Every marker starts with `$`, spelled as it stands or escaped (`\u0024`).
+    match inner.as_bytes().first() {
+        Some(b'$') if !inner.contains('\\') => Ok(MARKERS.contains(&inner)),
+        Some(b'$' | b'\\') => {
+            let key: String = serde_json::from_str(token).map_err(|_| Invalid)?;
+            Ok(MARKERS.contains(&key.as_str()))
+        }
+        _ => Ok(false),
     }
-    serde_json::from_slice::<String>(token)
-        .map(std::borrow::Cow::Owned)
-        .map_err(|_| Invalid)
 }
 
 impl Encoder<'_> {
-    /// Writes the value starting at or after `i` into `out`; returns the index after it.
+    /// Writes the value starting at or after `i` of `s` into `out`; returns the index
+    /// after it. `s` is text, so no string in it needs checking again.
     pub(crate) fn value(
         &mut self,
-        b: &[u8],
+        s: &str,
         i: usize,
         out: &mut Vec<u8>,
         depth: usize,
     ) -> Result<usize> {
+        let b = s.as_bytes();
         let i = ws(b, i);
         match b.get(i).ok_or(Invalid)? {
             b'"' => {
                 let end = string_end(b, i)?;
-                self.string(&b[i..end], out)?;
+                self.string(&s[i..end], out);
                 Ok(end)
             }
             b'{' | b'[' if depth >= MAX_DEPTH => {
                 let end = skip_value(b, i)?;
-                let text = std::str::from_utf8(&b[i..end]).map_err(|_| Invalid)?;
                 out.extend_from_slice(b"{\"$j\":");
-                json_text::write_str(out, text);
+                json_text::write_str(out, &s[i..end]);
                 out.push(b'}');
                 Ok(end)
             }
-            b'{' => self.object(b, i, out, depth),
+            b'{' => self.object(s, i, out, depth),
             b'[' => {
                 out.push(b'[');
                 let mut at = ws(b, i + 1);
@@ -194,7 +206,7 @@ impl Encoder<'_> {
                     return Ok(at + 1);
                 }
                 loop {
-                    at = self.value(b, at, out, depth + 1)?;
+                    at = self.value(s, at, out, depth + 1)?;
                     at = ws(b, at);
                     match b.get(at).ok_or(Invalid)? {
                         b',' => {
@@ -217,17 +229,20 @@ impl Encoder<'_> {
         }
     }
 
-    fn object(&mut self, b: &[u8], i: usize, out: &mut Vec<u8>, depth: usize) -> Result<usize> {
+    fn object(&mut self, s: &str, i: usize, out: &mut Vec<u8>, depth: usize) -> Result<usize> {
+        let b = s.as_bytes();
         let mut at = ws(b, i + 1);
         if b.get(at) == Some(&b'}') {
             out.extend_from_slice(b"{}");
             return Ok(at + 1);
         }
+        if b.get(at) != Some(&b'"') {
+            return Err(Invalid);
+        }
         // One member keyed like a marker: escaped.
         let escaped = {
             let key_end = string_end(b, at)?;
-            let key = key_text(&b[at..key_end])?;
-            MARKERS.contains(&&*key) && {
+            is_marker_key(&s[at..key_end])? && {
                 let colon = ws(b, key_end);
                 let value_end = skip_value(b, colon + 1)?;
                 b.get(ws(b, value_end)) == Some(&b'}')
@@ -242,14 +257,13 @@ impl Encoder<'_> {
                 return Err(Invalid);
             }
             let key_end = string_end(b, at)?;
-            std::str::from_utf8(&b[at..key_end]).map_err(|_| Invalid)?;
             out.extend_from_slice(&b[at..key_end]);
             at = ws(b, key_end);
             if b.get(at) != Some(&b':') {
                 return Err(Invalid);
             }
             out.push(b':');
-            at = self.value(b, at + 1, out, depth + 1 + usize::from(escaped))?;
+            at = self.value(s, at + 1, out, depth + 1 + usize::from(escaped))?;
             at = ws(b, at);
             match b.get(at).ok_or(Invalid)? {
                 b',' => {
@@ -269,65 +283,82 @@ impl Encoder<'_> {
     }
 
     /// A string token (quotes included): as it stands when short, else by reference.
-    fn string(&mut self, token: &[u8], out: &mut Vec<u8>) -> Result<()> {
-        let inner = &token[1..token.len() - 1];
+    fn string(&mut self, token: &str, out: &mut Vec<u8>) {
+        let inner = &token.as_bytes()[1..token.len() - 1];
         if inner.len() < MIN_STRING {
-            std::str::from_utf8(inner).map_err(|_| Invalid)?;
-            out.extend_from_slice(token);
-            return Ok(());
+            out.extend_from_slice(token.as_bytes());
+            return;
         }
         // Escapes that writers spell differently (`\u00e9` for `é`, `\/`) are brought to
         // serde_json's spelling, so that the same text is one value.
-        let canonical;
-        let text: &[u8] = if memchr::memmem::find(inner, b"\\u").is_some()
-            || memchr::memmem::find(inner, b"\\/").is_some()
-        {
-            let s: String = serde_json::from_slice(token).map_err(|_| Invalid)?;
-            let mut c = Vec::with_capacity(token.len());
-            json_text::write_str(&mut c, &s);
-            canonical = c;
-            &canonical[1..canonical.len() - 1]
-        } else {
-            std::str::from_utf8(inner).map_err(|_| Invalid)?;
-            inner
-        };
-        let id = match self.values.find(TAG_STRING, text) {
+        let respelled = memchr::memchr_iter(b'\\', inner)
+            .any(|at| matches!(inner.get(at + 1), Some(b'u' | b'/')));
+        if respelled {
+            if let Ok(text) = serde_json::from_str::<String>(token) {
+                return self.text(&text, out);
+            }
+            // A lone surrogate escape: not text serde_json can hold; kept as it stands.
+        }
+        self.inner(inner, out);
+    }
+
+    /// A string (decoded text): as [`Encoder::string`] writes its JSON token.
+    pub(crate) fn text(&mut self, text: &str, out: &mut Vec<u8>) {
+        let start = out.len();
+        json_text::write_str(out, text);
+        if out.len() - start - 2 < MIN_STRING {
+            return;
+        }
+        let id = self.intern(&out[start + 1..out.len() - 1]);
+        out.truncate(start);
+        reference(out, id);
+    }
+
+    /// A long string's JSON text (between its quotes, in serde_json's spelling), by
+    /// reference.
+    fn inner(&mut self, inner: &[u8], out: &mut Vec<u8>) {
+        let id = self.intern(inner);
+        reference(out, id);
+    }
+
+    /// The id of the value holding this string's JSON text, its line written if new.
+    fn intern(&mut self, inner: &[u8]) -> u32 {
+        match self.values.find(TAG_STRING, inner) {
             Ok(id) => id,
             Err(key) => {
                 let id = self.values.insert(key);
                 self.define(id, |defs| {
                     defs.push(b'"');
-                    defs.extend_from_slice(text);
+                    defs.extend_from_slice(inner);
                     defs.push(b'"');
                 });
                 id
             }
-        };
-        reference(out, id);
-        Ok(())
+        }
     }
 
     /// A member's value: a large object or array written once as a whole, anything else
     /// as [`Encoder::value`] writes it.
-    pub(crate) fn member(&mut self, raw: &[u8], out: &mut Vec<u8>, depth: usize) -> Result<()> {
-        let start = ws(raw, 0);
-        let large = raw.len() >= MIN_MEMBER && matches!(raw.get(start), Some(b'{' | b'['));
+    pub(crate) fn member(&mut self, raw: &str, out: &mut Vec<u8>, depth: usize) -> Result<()> {
+        let b = raw.as_bytes();
+        let start = ws(b, 0);
+        let large = raw.len() >= MIN_MEMBER && matches!(b.get(start), Some(b'{' | b'['));
         if !large {
             let end = self.value(raw, start, out, depth)?;
-            return if ws(raw, end) == raw.len() {
+            return if ws(b, end) == raw.len() {
                 Ok(())
             } else {
                 Err(Invalid)
             };
         }
-        let id = match self.values.find(TAG_MEMBER, raw) {
+        let id = match self.values.find(TAG_MEMBER, b) {
             Ok(id) => id,
             Err(key) => {
                 // The value line's own text: its strings by reference too, written
                 // before it.
                 let mut text = Vec::with_capacity(raw.len());
                 let end = self.value(raw, start, &mut text, 2)?;
-                if ws(raw, end) != raw.len() {
+                if ws(b, end) != raw.len() {
                     return Err(Invalid);
                 }
                 let id = self.values.insert(key);
@@ -361,7 +392,8 @@ fn reference(out: &mut Vec<u8>, id: u32) {
 
 /// The elements of a JSON array's text, each as its raw text (whitespace around it
 /// left out); `None` when the text is not an array.
-pub(crate) fn elements(raw: &[u8]) -> Option<Vec<&[u8]>> {
+pub(crate) fn elements(text: &str) -> Option<Vec<&str>> {
+    let raw = text.as_bytes();
     let mut at = ws(raw, 0);
     if raw.get(at) != Some(&b'[') {
         return None;
@@ -374,7 +406,7 @@ pub(crate) fn elements(raw: &[u8]) -> Option<Vec<&[u8]>> {
     loop {
         let start = ws(raw, at);
         let end = skip_value(raw, start).ok()?;
-        out.push(&raw[start..end]);
+        out.push(&text[start..end]);
         at = ws(raw, end);
         match raw.get(at)? {
             b',' => at += 1,
@@ -396,7 +428,7 @@ mod tests {
             values: &mut values,
             defs: &mut defs,
         };
-        e.value(text.as_bytes(), 0, &mut out, 0).expect("valid");
+        e.value(text, 0, &mut out, 0).expect("valid");
         (
             String::from_utf8(out).expect("utf-8"),
             String::from_utf8(defs).expect("utf-8"),
@@ -449,11 +481,11 @@ mod tests {
     #[test]
     fn elements_of_an_array() {
         assert_eq!(
-            elements(b" [ 1 , {\"a\": [2]} ,\"x\" ] "),
-            Some(vec![&b"1"[..], b"{\"a\": [2]}", b"\"x\""])
+            elements(" [ 1 , {\"a\": [2]} ,\"x\" ] "),
+            Some(vec!["1", "{\"a\": [2]}", "\"x\""])
         );
-        assert_eq!(elements(b"[]"), Some(vec![]));
-        assert_eq!(elements(b"{}"), None);
-        assert_eq!(elements(b"[1,]"), None);
+        assert_eq!(elements("[]"), Some(vec![]));
+        assert_eq!(elements("{}"), None);
+        assert_eq!(elements("[1,]"), None);
     }
 }

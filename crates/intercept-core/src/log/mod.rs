@@ -61,10 +61,11 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::episode::{Episode, EpisodeBuilder, EpisodeSummary};
-use crate::record::{CallError, CallRecord, TokenCapture, Usage};
+use crate::record::{CallError, CallRecord};
 use crate::DialectKind;
 
 pub(crate) mod encode;
+pub(crate) mod lines;
 mod read;
 
 pub use encode::{MAX_DEPTH, MIN_MEMBER, MIN_STRING};
@@ -236,7 +237,11 @@ impl LogWriter {
         record.node = node;
         let mut defs = Vec::new();
         // New nodes.
-        let mut nodes = Vec::new();
+        let mut nodes = Vec::with_capacity(if self.nodes_written < self.episode.len() {
+            512
+        } else {
+            0
+        });
         while self.nodes_written < self.episode.len() {
             let id = self.nodes_written;
             self.nodes_written += 1;
@@ -250,51 +255,58 @@ impl LogWriter {
                 .write_node_line(id, &mut enc, &mut nodes)
                 .is_err()
             {
-                // A message serde wrote is valid JSON: this does not happen; the node is
-                // left out rather than written torn.
+                // A message's data is valid JSON: this does not happen; the node is left
+                // out rather than written torn.
                 nodes.truncate(at);
             }
         }
-        // The call: its bodies first (a body that cannot be written changes its error).
+        // The call line.
         let tokens_on_node = node.and_then(|n| self.episode.node_tokens(n as usize));
         let prompt = node.and_then(|n| self.episode.node_parent(n as usize));
         let mut enc = encode::Encoder {
             values: &mut self.values,
             defs: &mut defs,
         };
-        let mut request = Vec::with_capacity(256);
+        let body_len =
+            record.request.source().len() + record.response.as_ref().map_or(0, |r| r.bytes().len());
+        let mut call = Vec::with_capacity(512 + body_len.min(8192));
+        lines::call_meta(record, prompt, tokens_on_node, None, &mut call);
+        let head = call.len();
         let mut failed = None;
-        if self.wire.request(record, &mut enc, &mut request).is_err() {
+        call.extend_from_slice(b",\"request\":");
+        let at = call.len();
+        if self.wire.request(record, &mut enc, &mut call).is_err() {
             // The request was read as UTF-8 JSON when it arrived: not expected.
-            request.clear();
-            request.extend_from_slice(b"{}");
+            call.truncate(at);
+            call.extend_from_slice(b"{}");
             failed = Some("the request");
         }
-        let mut answer = Vec::with_capacity(256);
+        call.extend_from_slice(b",\"response\":");
+        let at = call.len();
         match &record.response {
-            None => answer.extend_from_slice(b"null"),
+            None => call.extend_from_slice(b"null"),
             Some(r) => {
-                if response(r.bytes(), &mut enc, &mut answer).is_err() {
-                    answer.clear();
-                    answer.extend_from_slice(b"null");
+                if response(r.bytes(), &mut enc, &mut call).is_err() {
+                    call.truncate(at);
+                    call.extend_from_slice(b"null");
                     failed = failed.or(Some("the response"));
                 }
             }
         }
-        let error = failed.map(|what| CallError {
-            kind: crate::ErrorKind::Internal,
-            message: format!(
-                "the record of this call could not be serialised: {what} is not UTF-8 JSON"
-            ),
-            status: record.status,
-        });
-        let mut call = Vec::with_capacity(512 + request.len() + answer.len());
-        call_meta(record, prompt, tokens_on_node, error.as_ref(), &mut call);
-        call.extend_from_slice(b",\"request\":");
-        call.extend_from_slice(&request);
-        call.extend_from_slice(b",\"response\":");
-        call.extend_from_slice(&answer);
         call.extend_from_slice(b"}\n");
+        if let Some(what) = failed {
+            // A body that cannot be written changes the call's error.
+            let error = CallError {
+                kind: crate::ErrorKind::Internal,
+                message: format!(
+                    "the record of this call could not be serialised: {what} is not UTF-8 JSON"
+                ),
+                status: record.status,
+            };
+            let mut meta = Vec::with_capacity(head + 128);
+            lines::call_meta(record, prompt, tokens_on_node, Some(&error), &mut meta);
+            call.splice(..head, meta);
+        }
         self.bytes.values += defs.len() as u64;
         self.bytes.nodes += nodes.len() as u64;
         self.bytes.calls += call.len() as u64;
@@ -351,6 +363,7 @@ impl Wire {
                 let raw = record.request.raw_bytes(key).unwrap_or_default();
                 self.array(record.seq, raw, enc, out)?;
             } else {
+                let raw = std::str::from_utf8(raw).map_err(|_| encode::Invalid)?;
                 enc.member(raw, out, 3)?;
             }
         }
@@ -368,31 +381,31 @@ impl Wire {
         out: &mut Vec<u8>,
     ) -> Result<(), encode::Invalid> {
         let wire = self;
-        let continued = wire
-            .last
-            .as_ref()
-            .filter(|l| !l.path.is_empty())
-            .and_then(|l| {
-                let tail = crate::episode::appended(&l.raw, &raw)?;
-                Some((l.seq, l.path.clone(), tail))
-            });
-        let (base, mut path, added): (Option<u64>, Vec<u32>, Vec<u8>) = match continued {
+        // A conversation that extends the last one byte for byte: only its tail is read.
+        let last = wire.last.take();
+        let continued = last.filter(|l| !l.path.is_empty()).and_then(|l| {
+            let tail = crate::episode::appended(&l.raw, &raw)?;
+            Some((l.seq, l.path, tail))
+        });
+        let (base, mut path, added): (Option<u64>, Vec<u32>, String) = match continued {
             Some((seq, path, tail)) => {
-                let mut array = Vec::with_capacity(tail.len() + 1);
-                array.push(b'[');
+                let tail = std::str::from_utf8(tail).map_err(|_| encode::Invalid)?;
+                let mut array = String::with_capacity(tail.len() + 1);
+                array.push('[');
                 if tail.is_empty() {
-                    array.push(b']');
+                    array.push(']');
                 } else {
-                    array.extend_from_slice(tail);
+                    array.push_str(tail);
                 }
                 (Some(seq), path, array)
             }
             None => {
-                let elements = encode::elements(&raw).ok_or(encode::Invalid)?;
+                let text = std::str::from_utf8(&raw).map_err(|_| encode::Invalid)?;
+                let elements = encode::elements(text).ok_or(encode::Invalid)?;
                 let mut path = Vec::new();
                 let mut parent = None;
                 for e in &elements {
-                    match wire.step(parent, e, seq, false) {
+                    match wire.step(parent, e.as_bytes(), seq, false) {
                         Some(n) => {
                             path.push(n);
                             parent = Some(n);
@@ -401,15 +414,15 @@ impl Wire {
                     }
                 }
                 let base = path.last().map(|&n| wire.owner[n as usize]);
-                let mut rest = Vec::with_capacity(raw.len());
-                rest.push(b'[');
+                let mut rest = String::with_capacity(raw.len());
+                rest.push('[');
                 for (i, e) in elements[path.len()..].iter().enumerate() {
                     if i > 0 {
-                        rest.push(b',');
+                        rest.push(',');
                     }
-                    rest.extend_from_slice(e);
+                    rest.push_str(e);
                 }
-                rest.push(b']');
+                rest.push(']');
                 (base, path, rest)
             }
         };
@@ -428,7 +441,7 @@ impl Wire {
                 out.push(b',');
             }
             enc.value(e, 0, out, 6)?;
-            let n = wire.step(path.last().copied(), e, seq, true);
+            let n = wire.step(path.last().copied(), e.as_bytes(), seq, true);
             path.extend(n);
         }
         out.extend_from_slice(b"]}}");
@@ -438,50 +451,66 @@ impl Wire {
 }
 
 /// A response: an object's large members written once as a whole, everything else as
-/// the encoder writes it.
+/// the encoder writes it, in one pass over its text.
 fn response(
     raw: &[u8],
     enc: &mut encode::Encoder<'_>,
     out: &mut Vec<u8>,
 ) -> Result<(), encode::Invalid> {
-    std::str::from_utf8(raw).map_err(|_| encode::Invalid)?;
-    let members = object_members(raw);
-    match members {
-        Some(members) => {
-            out.push(b'{');
-            let escaped = members.len() == 1 && {
-                let key = serde_json::from_slice::<String>(members[0].0).unwrap_or_default();
-                encode::MARKERS.contains(&key.as_str())
-            };
-            if escaped {
-                out.extend_from_slice(b"\"$e\":{");
-            }
-            for (i, (key, value)) in members.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                out.extend_from_slice(key);
-                out.push(b':');
-                let depth = 3 + usize::from(escaped);
-                if ANSWERS.contains(key) {
-                    // The answer itself is new with every call: its long strings are
-                    // values (the episode's node and the next request share them), the
-                    // rest stands in the line.
-                    let end = enc.value(value, 0, out, depth)?;
-                    if end != value.len() {
-                        return Err(encode::Invalid);
-                    }
-                } else {
-                    enc.member(value, out, depth)?;
-                }
-            }
-            if escaped {
-                out.push(b'}');
-            }
-            out.push(b'}');
-            Ok(())
+    use encode::{skip_value, string_end, ws, Invalid};
+    let text = std::str::from_utf8(raw).map_err(|_| Invalid)?;
+    let b = raw;
+    let start = ws(b, 0);
+    if b.get(start) != Some(&b'{') {
+        return enc.member(text, out, 2);
+    }
+    let mut at = ws(b, start + 1);
+    if b.get(at) == Some(&b'}') {
+        out.extend_from_slice(b"{}");
+        return Ok(());
+    }
+    // An object whose first key is a marker's may be marker-shaped (one member): the
+    // encoder escapes it as a whole.
+    if b.get(at) == Some(&b'"') && encode::is_marker_key(&text[at..string_end(b, at)?])? {
+        let end = skip_value(b, start)?;
+        return enc.value(&text[..end], start, out, 2).map(drop);
+    }
+    out.push(b'{');
+    loop {
+        if b.get(at) != Some(&b'"') {
+            return Err(Invalid);
         }
-        None => enc.member(raw, out, 2),
+        let key_end = string_end(b, at)?;
+        let key = &b[at..key_end];
+        out.extend_from_slice(key);
+        at = ws(b, key_end);
+        if b.get(at) != Some(&b':') {
+            return Err(Invalid);
+        }
+        out.push(b':');
+        at = ws(b, at + 1);
+        if ANSWERS.contains(&key) {
+            // The answer itself is new with every call: its long strings are values
+            // (the episode's node and the next request share them), the rest stands in
+            // the line.
+            at = enc.value(text, at, out, 3)?;
+        } else {
+            let end = skip_value(b, at)?;
+            enc.member(&text[at..end], out, 3)?;
+            at = end;
+        }
+        at = ws(b, at);
+        match b.get(at).ok_or(Invalid)? {
+            b',' => {
+                out.push(b',');
+                at = ws(b, at + 1);
+            }
+            b'}' => {
+                out.push(b'}');
+                return Ok(());
+            }
+            _ => return Err(Invalid),
+        }
     }
 }
 
@@ -489,156 +518,11 @@ fn response(
 /// Responses `output`, Messages `content`), as their keys' JSON text.
 const ANSWERS: [&[u8]; 3] = [b"\"choices\"", b"\"output\"", b"\"content\""];
 
-/// An object's members (each key's string token, quotes included, and its value's
-/// text); `None` when the text is not an object.
-fn object_members(raw: &[u8]) -> Option<Vec<(&[u8], &[u8])>> {
-    let ws = |mut i: usize| {
-        while i < raw.len() && raw[i].is_ascii_whitespace() {
-            i += 1;
-        }
-        i
-    };
-    let mut at = ws(0);
-    if raw.get(at) != Some(&b'{') {
-        return None;
-    }
-    let mut out = Vec::new();
-    at = ws(at + 1);
-    if raw.get(at) == Some(&b'}') {
-        return Some(out);
-    }
-    loop {
-        let key_end = encode::skip_value(raw, at).ok()?;
-        if raw.get(at) != Some(&b'"') {
-            return None;
-        }
-        let key = &raw[at..key_end];
-        at = ws(key_end);
-        if raw.get(at) != Some(&b':') {
-            return None;
-        }
-        let start = ws(at + 1);
-        let end = encode::skip_value(raw, start).ok()?;
-        out.push((key, &raw[start..end]));
-        at = ws(end);
-        match raw.get(at)? {
-            b',' => at = ws(at + 1),
-            b'}' => return Some(out),
-            _ => return None,
-        }
-    }
-}
-
 /// Which token data a sampled node holds.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct NodeTokens {
     /// Its completion's logprobs.
     pub(crate) logprobs: bool,
-}
-
-/// Writes a call line's fields before its bodies, without the closing brace.
-fn call_meta(
-    record: &CallRecord,
-    prompt: Option<u32>,
-    tokens_on_node: Option<NodeTokens>,
-    error: Option<&CallError>,
-    call: &mut Vec<u8>,
-) {
-    let on_node = tokens_on_node.is_some();
-    let logprobs_on_node = tokens_on_node.is_some_and(|t| t.logprobs);
-    let meta = CallMeta {
-        kind: "call",
-        seq: record.seq,
-        dialect: record.dialect,
-        endpoint: &record.endpoint,
-        model: &record.model,
-        requested_model: record.requested_model.as_deref(),
-        stream: record.stream,
-        sampling: &record.sampling,
-        finish_reason: record.finish_reason.as_deref(),
-        usage: &record.usage,
-        status: record.status,
-        started_at: record.started_at,
-        ended_at: record.ended_at,
-        ttfb_ms: record.ttfb_ms,
-        client_disconnected: record.client_disconnected,
-        error: error.or(record.error.as_ref()),
-        epoch: record.epoch,
-        engine: record.engine.as_deref(),
-        token_capture: record.token_capture,
-        prompt_token_ids: record.prompt_token_ids.as_deref().filter(|_| !on_node),
-        completion_token_ids: record.completion_token_ids.as_deref().filter(|_| !on_node),
-        completion_logprobs: record
-            .completion_logprobs
-            .as_deref()
-            .filter(|_| !logprobs_on_node),
-        node: record.node,
-        prompt,
-        policy: record.policy.as_ref(),
-        truncated: record.truncated,
-    };
-    // Plain data: serialising it cannot fail (a float that is not finite is `null`).
-    if serde_json::to_writer(&mut *call, &meta).is_err() {
-        call.clear();
-        call.extend_from_slice(b"{\"type\":\"call\"}");
-    }
-    call.pop(); // the closing brace
-}
-
-/// A call line's fields before its bodies.
-#[derive(Serialize)]
-struct CallMeta<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    seq: u64,
-    dialect: DialectKind,
-    endpoint: &'a str,
-    model: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    requested_model: Option<&'a str>,
-    stream: bool,
-    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
-    sampling: &'a serde_json::Map<String, serde_json::Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    finish_reason: Option<&'a str>,
-    usage: &'a Usage,
-    status: u16,
-    started_at: f64,
-    ended_at: f64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ttfb_ms: Option<f64>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    client_disconnected: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<&'a CallError>,
-    #[serde(skip_serializing_if = "is_zero")]
-    epoch: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    engine: Option<&'a str>,
-    #[serde(skip_serializing_if = "is_off")]
-    token_capture: TokenCapture,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    prompt_token_ids: Option<&'a [u32]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    completion_token_ids: Option<&'a [u32]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    completion_logprobs: Option<&'a [f64]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    node: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    prompt: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    policy: Option<&'a crate::network::PolicyEvent>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    truncated: bool,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
-}
-
-fn is_off(c: &TokenCapture) -> bool {
-    *c == TokenCapture::Off
 }
 
 /// A line of plain data, with its newline.

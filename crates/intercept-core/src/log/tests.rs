@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::{JsonBody, RawJson};
+use crate::{JsonBody, RawJson, TokenCapture, Usage};
 
 /// A record of `dialect` with this request and response.
 pub(crate) fn record(
@@ -147,6 +147,40 @@ fn marker_shaped_values_failed_calls_and_deep_values_come_back() {
     let response = json!({"$v": 0});
     let odd = record(1, DialectKind::ChatCompletions, &request, Some(&response));
     round_trip(vec![failed, odd]);
+}
+
+#[test]
+fn a_response_that_is_not_text_becomes_a_null_with_an_error_and_the_log_stays_whole() {
+    // JSON (what `RawJson` holds) whose strings are not UTF-8: the one thing a recorded
+    // body can still fail on; at the top, in a member, in the answer, in a marker.
+    let request = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let bodies: [&[u8]; 4] = [
+        b"\"\xff\"",
+        b"{\"id\": \"\xfe\", \"choices\": []}",
+        b"{\"id\": \"x\", \"choices\": [{\"message\": {\"content\": \"\xc3\"}}]}",
+        b"{\"$v\": [\"\xff\"]}",
+    ];
+    let mut log = LogWriter::new("s");
+    let mut text = log.header(json!({}));
+    for (seq, body) in bodies.iter().enumerate() {
+        let mut r = record(seq as u64, DialectKind::ChatCompletions, &request, None);
+        r.response = Some(RawJson::new(bytes::Bytes::copy_from_slice(body)));
+        log.record(&mut r, &mut text);
+    }
+    // Every line is JSON, and each call says what went wrong.
+    for line in text.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+        serde_json::from_slice::<Value>(line).expect("a JSON line");
+    }
+    let read = LogReader::from_bytes(&text).expect("log");
+    assert!(read.skipped().is_empty(), "{:?}", read.skipped());
+    for seq in 0..bodies.len() {
+        let got = read.record(seq).expect("record");
+        assert!(got.response.is_none(), "call {seq}");
+        let error = got.error.expect("an error");
+        assert_eq!(error.kind, crate::ErrorKind::Internal);
+        assert!(error.message.contains("the response is not UTF-8 JSON"), "{}", error.message);
+        assert_eq!(got.request.to_value(), request);
+    }
 }
 
 #[test]
@@ -368,6 +402,31 @@ fn session(ops: &[Op]) -> Vec<CallRecord> {
                 let mut r = record(seq, lin.dialect, &req, Some(&response));
                 r.stream = seq.is_multiple_of(3);
                 r.finish_reason = Some("stop".into());
+                // The fields most calls leave at their defaults, set now and then (the
+                // call line writes each by hand).
+                if seq % 4 == 1 {
+                    r.requested_model = Some("harness \"model\"".into());
+                    r.sampling = json!({"temperature": 0.7, "stop": ["\n"], "top_p": 1})
+                        .as_object()
+                        .cloned()
+                        .unwrap_or_default();
+                    r.ttfb_ms = Some(12.5);
+                    r.client_disconnected = true;
+                    r.epoch = seq;
+                    r.engine = Some("http://engine/v1".into());
+                    r.truncated = true;
+                    r.policy = Some(crate::network::PolicyEvent::new(vec![
+                        "tools[0].type".into()
+                    ]));
+                    r.usage = Usage {
+                        prompt_tokens: 10,
+                        completion_tokens: 3,
+                        cached_input_tokens: 2,
+                        reasoning_tokens: 1,
+                    };
+                    r.started_at = 1.0e9 + seq as f64 / 3.0;
+                    r.ended_at = r.started_at + 0.125;
+                }
                 if *tokens > 0 {
                     // Prompt ids extend the path's (or, once in a while, do not).
                     let mut prompt = if *tokens == 3 {

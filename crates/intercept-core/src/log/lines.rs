@@ -1,0 +1,352 @@
+//! The log's own lines written field by field: a node's message and a call line's
+//! fields. Their strings go through the [`Encoder`] (long ones by reference), so nothing
+//! is serialised first and walked again.
+
+use serde::Serialize;
+
+use super::encode::{Encoder, Invalid};
+use super::NodeTokens;
+use crate::episode::{Message, Part, Role};
+use crate::json_text::write_str;
+use crate::record::{CallError, CallRecord, TokenCapture};
+
+/// Writes `m` as its serde form (`{"role":…,"content":[…],…}`), strings through `enc`.
+/// `depth` is the message object's depth in the line.
+pub(crate) fn message(
+    enc: &mut Encoder<'_>,
+    m: &Message,
+    out: &mut Vec<u8>,
+    depth: usize,
+) -> Result<(), Invalid> {
+    out.extend_from_slice(b"{\"role\":");
+    out.extend_from_slice(match m.role {
+        Role::System => b"\"system\"",
+        Role::User => b"\"user\"",
+        Role::Assistant => b"\"assistant\"",
+        Role::Tool => b"\"tool\"",
+    });
+    if !m.content.is_empty() {
+        out.extend_from_slice(b",\"content\":[");
+        for (i, part) in m.content.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            match part {
+                Part::Text { text } => {
+                    out.extend_from_slice(b"{\"type\":\"text\",\"text\":");
+                    enc.text(text, out);
+                }
+                Part::Image { url } => {
+                    out.extend_from_slice(b"{\"type\":\"image\",\"url\":");
+                    enc.text(url, out);
+                }
+                Part::Data { value } => {
+                    out.extend_from_slice(b"{\"type\":\"data\",\"value\":");
+                    json(enc, value, out, depth + 3)?;
+                }
+            }
+            out.push(b'}');
+        }
+        out.push(b']');
+    }
+    if let Some(r) = &m.reasoning {
+        out.extend_from_slice(b",\"reasoning\":");
+        enc.text(r, out);
+    }
+    if !m.tool_calls.is_empty() {
+        out.extend_from_slice(b",\"tool_calls\":[");
+        for (i, call) in m.tool_calls.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(b"{\"id\":");
+            enc.text(&call.id, out);
+            out.extend_from_slice(b",\"name\":");
+            enc.text(&call.name, out);
+            out.extend_from_slice(b",\"arguments\":");
+            json(enc, &call.arguments, out, depth + 3)?;
+            out.push(b'}');
+        }
+        out.push(b']');
+    }
+    if let Some(id) = &m.tool_call_id {
+        out.extend_from_slice(b",\"tool_call_id\":");
+        enc.text(id, out);
+    }
+    if let Some(state) = &m.state {
+        out.extend_from_slice(b",\"state\":");
+        enc.text(state, out);
+    }
+    out.push(b'}');
+    Ok(())
+}
+
+/// A JSON value through `enc` (its long strings by reference, markers escaped).
+fn json(
+    enc: &mut Encoder<'_>,
+    value: &serde_json::Value,
+    out: &mut Vec<u8>,
+    depth: usize,
+) -> Result<(), Invalid> {
+    match value {
+        serde_json::Value::String(s) => {
+            enc.text(s, out);
+            Ok(())
+        }
+        serde_json::Value::Object(_) | serde_json::Value::Array(_) => {
+            let text = serde_json::to_string(value).map_err(|_| Invalid)?;
+            enc.value(&text, 0, out, depth).map(drop)
+        }
+        scalar => plain(out, scalar),
+    }
+}
+
+/// Plain data (numbers, enums, small structs) as serde_json writes it.
+fn plain<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> Result<(), Invalid> {
+    serde_json::to_writer(&mut *out, value).map_err(|_| Invalid)
+}
+
+fn key(out: &mut Vec<u8>, key: &str) {
+    out.push(b',');
+    out.push(b'"');
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(b"\":");
+}
+
+fn int(out: &mut Vec<u8>, n: impl itoa::Integer) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+}
+
+fn ints(out: &mut Vec<u8>, ids: &[u32]) {
+    out.push(b'[');
+    let mut buf = itoa::Buffer::new();
+    for (i, id) in ids.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(buf.format(*id).as_bytes());
+    }
+    out.push(b']');
+}
+
+/// Writes a call line's fields before its bodies, without the closing brace: `type`,
+/// `seq`, `dialect`, ... in the order the format lists them, fields at their defaults
+/// left out.
+pub(crate) fn call_meta(
+    record: &CallRecord,
+    prompt: Option<u32>,
+    tokens_on_node: Option<NodeTokens>,
+    error: Option<&CallError>,
+    out: &mut Vec<u8>,
+) {
+    let start = out.len();
+    if call_fields(record, prompt, tokens_on_node, error, out).is_err() {
+        // Plain data: this does not happen; the line keeps what identifies it.
+        out.truncate(start);
+        out.extend_from_slice(b"{\"type\":\"call\",\"seq\":");
+        int(out, record.seq);
+    }
+}
+
+fn call_fields(
+    r: &CallRecord,
+    prompt: Option<u32>,
+    tokens_on_node: Option<NodeTokens>,
+    error: Option<&CallError>,
+    out: &mut Vec<u8>,
+) -> Result<(), Invalid> {
+    let on_node = tokens_on_node.is_some();
+    let logprobs_on_node = tokens_on_node.is_some_and(|t| t.logprobs);
+    out.extend_from_slice(b"{\"type\":\"call\",\"seq\":");
+    int(out, r.seq);
+    key(out, "dialect");
+    out.push(b'"');
+    out.extend_from_slice(r.dialect.as_str().as_bytes());
+    out.push(b'"');
+    key(out, "endpoint");
+    write_str(out, &r.endpoint);
+    key(out, "model");
+    write_str(out, &r.model);
+    if let Some(m) = &r.requested_model {
+        key(out, "requested_model");
+        write_str(out, m);
+    }
+    key(out, "stream");
+    out.extend_from_slice(if r.stream { b"true" } else { b"false" });
+    if !r.sampling.is_empty() {
+        key(out, "sampling");
+        out.push(b'{');
+        for (i, (k, v)) in r.sampling.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_str(out, k);
+            out.push(b':');
+            plain(out, v)?;
+        }
+        out.push(b'}');
+    }
+    if let Some(f) = &r.finish_reason {
+        key(out, "finish_reason");
+        write_str(out, f);
+    }
+    let u = &r.usage;
+    out.extend_from_slice(b",\"usage\":{\"prompt_tokens\":");
+    int(out, u.prompt_tokens);
+    out.extend_from_slice(b",\"completion_tokens\":");
+    int(out, u.completion_tokens);
+    out.extend_from_slice(b",\"cached_input_tokens\":");
+    int(out, u.cached_input_tokens);
+    out.extend_from_slice(b",\"reasoning_tokens\":");
+    int(out, u.reasoning_tokens);
+    out.push(b'}');
+    key(out, "status");
+    int(out, r.status);
+    key(out, "started_at");
+    plain(out, &r.started_at)?;
+    key(out, "ended_at");
+    plain(out, &r.ended_at)?;
+    if let Some(t) = r.ttfb_ms {
+        key(out, "ttfb_ms");
+        plain(out, &t)?;
+    }
+    if r.client_disconnected {
+        key(out, "client_disconnected");
+        out.extend_from_slice(b"true");
+    }
+    if let Some(e) = error.or(r.error.as_ref()) {
+        key(out, "error");
+        plain(out, e)?;
+    }
+    if r.epoch != 0 {
+        key(out, "epoch");
+        int(out, r.epoch);
+    }
+    if let Some(e) = &r.engine {
+        key(out, "engine");
+        write_str(out, e);
+    }
+    if r.token_capture != TokenCapture::Off {
+        key(out, "token_capture");
+        plain(out, &r.token_capture)?;
+    }
+    if let Some(ids) = r.prompt_token_ids.as_deref().filter(|_| !on_node) {
+        key(out, "prompt_token_ids");
+        ints(out, ids);
+    }
+    if let Some(ids) = r.completion_token_ids.as_deref().filter(|_| !on_node) {
+        key(out, "completion_token_ids");
+        ints(out, ids);
+    }
+    if let Some(l) = r
+        .completion_logprobs
+        .as_deref()
+        .filter(|_| !logprobs_on_node)
+    {
+        key(out, "completion_logprobs");
+        plain(out, l)?;
+    }
+    if let Some(n) = r.node {
+        key(out, "node");
+        int(out, n);
+    }
+    if let Some(p) = prompt {
+        key(out, "prompt");
+        int(out, p);
+    }
+    if let Some(p) = &r.policy {
+        key(out, "policy");
+        plain(out, p)?;
+    }
+    if r.truncated {
+        key(out, "truncated");
+        out.extend_from_slice(b"true");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::episode::ToolCall;
+    use crate::log::encode::Values;
+
+    fn write(m: &Message) -> (String, String) {
+        let mut values = Values::default();
+        let (mut defs, mut out) = (Vec::new(), Vec::new());
+        let mut enc = Encoder {
+            values: &mut values,
+            defs: &mut defs,
+        };
+        message(&mut enc, m, &mut out, 2).expect("plain data");
+        (
+            String::from_utf8(out).expect("utf-8"),
+            String::from_utf8(defs).expect("utf-8"),
+        )
+    }
+
+    fn every_field(text: &str) -> Message {
+        Message {
+            role: Role::Assistant,
+            content: vec![
+                Part::Text { text: text.into() },
+                Part::Image {
+                    url: "data:image/png;blake2b128=00".into(),
+                },
+                Part::Data {
+                    value: json!({"a": [1, "x\n"], "$v": 2}),
+                },
+            ],
+            reasoning: Some("why \"so\"".into()),
+            tool_calls: vec![ToolCall {
+                id: "call_1".into(),
+                name: "sh".into(),
+                arguments: json!({"cmd": "ls\t-l"}),
+            }],
+            tool_call_id: Some("call_0".into()),
+            state: Some("sig".into()),
+        }
+    }
+
+    #[test]
+    fn a_message_of_short_strings_is_its_serde_form() {
+        for m in [
+            every_field("hi \u{1} é"),
+            Message {
+                role: Role::Tool,
+                content: Vec::new(),
+                reasoning: None,
+                tool_calls: Vec::new(),
+                tool_call_id: None,
+                state: None,
+            },
+        ] {
+            let (out, defs) = write(&m);
+            assert_eq!(out, serde_json::to_string(&m).expect("json"));
+            assert_eq!(defs, "");
+        }
+    }
+
+    #[test]
+    fn long_strings_are_values_and_escaped_markers_stay_escaped() {
+        let long = "line\n".repeat(20);
+        let mut m = every_field(&long);
+        m.content[2] = Part::Data {
+            value: json!({"$v": 2}),
+        };
+        let (out, defs) = write(&m);
+        assert!(
+            out.starts_with(r#"{"role":"assistant","content":[{"type":"text","text":{"$v":0}}"#),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"{"type":"data","value":{"$e":{"$v":2}}}"#),
+            "{out}"
+        );
+        let value: serde_json::Value =
+            serde_json::from_str(defs.trim_end()).expect("one value line");
+        assert_eq!(value["value"], long.as_str());
+    }
+}
