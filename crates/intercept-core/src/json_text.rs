@@ -13,23 +13,55 @@ fn byte_needs_escape(b: u8) -> bool {
     (b < 0x20) | (b == b'"') | (b == b'\\')
 }
 
-/// The length of the longest prefix of `b` in which no byte needs an escape.
-fn clean_prefix(b: &[u8]) -> usize {
+/// The bytes of an eight-byte word that need an escape, as the high bit of each (the
+/// lowest one exact: a borrow only runs upwards from a byte that is flagged itself).
+fn escape_bits(word: [u8; 8]) -> u64 {
+    const ONES: u64 = u64::from_le_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_le_bytes([0x80; 8]);
+    let x = u64::from_le_bytes(word);
+    let below = |x: u64, n: u8| x.wrapping_sub(ONES * u64::from(n)) & !x & HIGHS;
+    let quote = below(x ^ (ONES * u64::from(b'"')), 1);
+    let backslash = below(x ^ (ONES * u64::from(b'\\')), 1);
+    below(x, 0x20) | quote | backslash
+}
+
+/// The index of the first byte of `b` that needs an escape, or `b.len()`.
+fn first_dirty(b: &[u8]) -> usize {
+    b.iter().position(|&c| byte_needs_escape(c)).unwrap_or(b.len())
+}
+
+/// Whether `run` holds a control character, 64 bytes at a time (vectorised).
+fn has_control(run: &[u8]) -> bool {
+    run.chunks(64)
+        .any(|block| block.iter().fold(false, |any, &c| any | (c < 0x20)))
+}
+
+/// The length of the longest prefix of `b` in which no byte needs an escape (the index
+/// of the first quote, backslash or control character, or `b.len()`).
+///
+/// The first 32 bytes are read eight at a time: keys and short values end there. A
+/// longer run is searched by `memchr2` for the quote and the backslash, then checked
+/// for control characters, both at vector speed.
+pub(crate) fn clean_prefix(b: &[u8]) -> usize {
+    const HEAD: usize = 32;
     let mut i = 0;
-    for block in b.chunks_exact(32) {
-        // Without early exits, so that it compiles to vector compares.
-        let dirty = block
-            .iter()
-            .fold(false, |dirty, &c| dirty | byte_needs_escape(c));
-        if dirty {
-            break;
+    while i < HEAD {
+        let Some(word) = b.get(i..i + 8) else {
+            return i + first_dirty(&b[i..]);
+        };
+        let bits = escape_bits(word.try_into().unwrap_or([0; 8]));
+        if bits != 0 {
+            return i + (bits.trailing_zeros() / 8) as usize;
         }
-        i += 32;
+        i += 8;
     }
-    while i < b.len() && !byte_needs_escape(b[i]) {
-        i += 1;
+    let rest = &b[HEAD..];
+    let run = memchr::memchr2(b'"', b'\\', rest).unwrap_or(rest.len());
+    if has_control(&rest[..run]) {
+        HEAD + first_dirty(rest)
+    } else {
+        HEAD + run
     }
-    i
 }
 
 /// Appends `s` as a JSON string, quotes included, exactly as `serde_json::to_writer`
@@ -86,7 +118,7 @@ mod tests {
                     8 => proptest::sample::select(vec![b'a', b' ', 0x7f, 0x80, 0xff, 0x21]),
                     1 => proptest::sample::select(vec![0x00u8, 0x1f, 0x20, b'"', b'\\']),
                 ],
-                0..100,
+                0..300,
             )
         ) {
             let by_byte = text.iter().position(|&b| byte_needs_escape(b)).unwrap_or(text.len());
@@ -105,6 +137,25 @@ mod tests {
                 String::from_utf8(ours).unwrap(),
                 serde_json::to_string(&s).unwrap()
             );
+        }
+    }
+
+    #[test]
+    fn the_clean_prefix_ends_at_any_position_in_short_and_long_runs() {
+        for len in [0, 1, 7, 8, 9, 31, 32, 33, 40, 100, 300] {
+            let clean = vec![b'a'; len];
+            assert_eq!(clean_prefix(&clean), len);
+            for at in 0..len {
+                for bad in [0x00, 0x1f, b'"', b'\\'] {
+                    let mut text = clean.clone();
+                    text[at] = bad;
+                    // A later dirty byte does not move the answer.
+                    if at + 3 < len {
+                        text[at + 3] = b'"';
+                    }
+                    assert_eq!(clean_prefix(&text), at, "len {len}, byte {bad:#x} at {at}");
+                }
+            }
         }
     }
 

@@ -84,13 +84,12 @@ fn skip_string(b: &[u8], i: usize) -> Option<(usize, bool)> {
     let mut j = i + 1;
     let mut escaped = false;
     loop {
-        let run = memchr::memchr2(b'"', b'\\', &b[j..])?;
-        if has_control(&b[j..j + run]) {
-            return None;
-        }
-        j += run;
-        if b[j] == b'"' {
-            return Some((j + 1, escaped));
+        // One pass finds the quote, the backslash or the raw control character.
+        j += crate::json_text::clean_prefix(b.get(j..)?);
+        match b.get(j)? {
+            b'"' => return Some((j + 1, escaped)),
+            b'\\' => {}
+            _ => return None,
         }
         escaped = true;
         j += match b.get(j + 1)? {
@@ -99,13 +98,6 @@ fn skip_string(b: &[u8], i: usize) -> Option<(usize, bool)> {
             _ => return None,
         };
     }
-}
-
-/// Whether `run` has a byte below 0x20, which a JSON string may not hold raw.
-fn has_control(run: &[u8]) -> bool {
-    // Branch-free over each block, so that it is vectorised.
-    run.chunks(64)
-        .any(|block| block.iter().fold(false, |any, &c| any | (c < 0x20)))
 }
 
 /// A value starting at `i`, nesting at most `depth` levels: where it ends.

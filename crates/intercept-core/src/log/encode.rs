@@ -96,22 +96,13 @@ pub(crate) fn ws(b: &[u8], mut i: usize) -> usize {
 /// The index just after the string that starts at `i` (at its quote).
 pub(crate) fn string_end(b: &[u8], i: usize) -> Result<usize> {
     let mut at = i + 1;
-    // Keys and short values end within a few bytes: read those directly.
-    let near = (at + 16).min(b.len());
-    while at < near {
-        match b[at] {
+    loop {
+        at += json_text::clean_prefix(b.get(at..).ok_or(Invalid)?);
+        match b.get(at).ok_or(Invalid)? {
             b'"' => return Ok(at + 1),
             b'\\' => at += 2,
+            // A raw control character: not valid JSON, but not this walk's to judge.
             _ => at += 1,
-        }
-    }
-    loop {
-        let rel = memchr::memchr2(b'"', b'\\', b.get(at..).ok_or(Invalid)?).ok_or(Invalid)?;
-        at += rel;
-        if b[at] == b'\\' {
-            at += 2;
-        } else {
-            return Ok(at + 1);
         }
     }
 }
