@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Instructions per call under callgrind, the protocol of docs/benchmarks.md.
 
-usage: callgrind.py <release dir> <json|stream> <target> [calls]
+usage: callgrind.py <release dir> <json|stream|agentic> <target> [calls]
 
 target:
   count | trace | episode   bench-proxy --threads 1 --sessions 64 --record <target>
@@ -10,6 +10,8 @@ target:
 
 bench-upstream answers; loadgen sends 200 warmup calls at 4 connections, the counters are
 zeroed, then it sends <calls> (2000 JSON, 1000 streamed by default). Prints one JSON line.
+The agentic kind runs agentgen instead: a warmup wave of 16 rollouts, then one measured
+wave of 16 rollouts × 40 turns (640 calls, contexts growing to ~100 KB).
 Build first: cargo build --release -p intercept-bench -p intercept-cli --bins
 """
 import glob
@@ -26,7 +28,8 @@ from benchlib import (loadgen, make_sessions, ready_line, start_upstream, stop, 
 
 def main() -> None:
     rel, kind, target = sys.argv[1], sys.argv[2], sys.argv[3]
-    calls = int(sys.argv[4]) if len(sys.argv) > 4 else (2000 if kind == "json" else 1000)
+    default = {"json": 2000, "stream": 1000, "agentic": 640}[kind]
+    calls = int(sys.argv[4]) if len(sys.argv) > 4 else default
     tmp = tempfile.mkdtemp(prefix="callgrind")
     up, upstream = start_upstream(rel)
     secrets = f"{tmp}/secrets.json"
@@ -55,9 +58,14 @@ def main() -> None:
             control, token = ready["control_url"].rstrip("/"), ready["token"]
             url = make_sessions(control, token, 64, secrets)
         pid = glob.glob(f"{tmp}/cg.out.*")[0].rsplit(".", 1)[1]
-        loadgen(rel, url, secrets, kind, 200)
-        subprocess.run(["callgrind_control", "-z", pid], capture_output=True, check=True)
-        loadgen(rel, url, secrets, kind, calls)
+        if kind == "agentic":
+            agentic(rel, url, secrets, 0, 5)
+            subprocess.run(["callgrind_control", "-z", pid], capture_output=True, check=True)
+            agentic(rel, url, secrets, 16, calls // 16)
+        else:
+            loadgen(rel, url, secrets, kind, 200)
+            subprocess.run(["callgrind_control", "-z", pid], capture_output=True, check=True)
+            loadgen(rel, url, secrets, kind, calls)
         subprocess.run(["callgrind_control", "-d", pid], capture_output=True, check=True)
     finally:
         stop(proxy)
@@ -71,6 +79,14 @@ def main() -> None:
                     break
     print(json.dumps({"kind": kind, "target": target, "calls": calls,
                       "instructions_per_call": round(total / calls), "profile": tmp}))
+
+
+def agentic(rel: str, url: str, secrets: str, first: int, turns: int) -> None:
+    """One wave of 16 rollouts of `turns` turns, from rollout `first`."""
+    subprocess.run([f"{rel}/agentgen", "--url", url, "--secrets-file", secrets, "--threads", "1",
+                    "--sessions", "16", "--turns", str(turns), "--waves", "1",
+                    "--first-rollout", str(first), "--duration", "600", "--timeout", "600"],
+                   capture_output=True, check=True)
 
 
 if __name__ == "__main__":

@@ -874,7 +874,7 @@ mod tests {
             any::<f64>()
                 .prop_filter("finite", |f| f.is_finite())
                 .prop_map(serde_json::Value::from),
-            "[a-z \\\\\"\u{e9}\u{1}\n/\u{1d11e}]{0,12}".prop_map(serde_json::Value::from),
+            "[a-z \\\\\"\u{e9}\u{1}\n/\u{1d11e}]{0,40}".prop_map(serde_json::Value::from),
         ];
         leaf.prop_recursive(4, 32, 4, |inner| {
             prop_oneof![

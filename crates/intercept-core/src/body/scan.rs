@@ -81,23 +81,7 @@ fn key_and_colon(b: &[u8], i: usize) -> Option<(Range<usize>, bool, usize)> {
 /// A string whose opening quote is at `i`: where it ends (after its closing quote) and
 /// whether it has escapes.
 fn skip_string(b: &[u8], i: usize) -> Option<(usize, bool)> {
-    let mut j = i + 1;
-    let mut escaped = false;
-    loop {
-        // One pass finds the quote, the backslash or the raw control character.
-        j += crate::json_text::clean_prefix(b.get(j..)?);
-        match b.get(j)? {
-            b'"' => return Some((j + 1, escaped)),
-            b'\\' => {}
-            _ => return None,
-        }
-        escaped = true;
-        j += match b.get(j + 1)? {
-            b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => 2,
-            b'u' if b.get(j + 2..j + 6)?.iter().all(u8::is_ascii_hexdigit) => 6,
-            _ => return None,
-        };
-    }
+    crate::json_text::closing_quote(b, i + 1, true).map(|(close, escaped)| (close + 1, escaped))
 }
 
 /// A value starting at `i`, nesting at most `depth` levels: where it ends.

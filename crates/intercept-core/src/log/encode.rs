@@ -95,16 +95,9 @@ pub(crate) fn ws(b: &[u8], mut i: usize) -> usize {
 
 /// The index just after the string that starts at `i` (at its quote).
 pub(crate) fn string_end(b: &[u8], i: usize) -> Result<usize> {
-    let mut at = i + 1;
-    loop {
-        at += json_text::clean_prefix(b.get(at..).ok_or(Invalid)?);
-        match b.get(at).ok_or(Invalid)? {
-            b'"' => return Ok(at + 1),
-            b'\\' => at += 2,
-            // A raw control character: not valid JSON, but not this walk's to judge.
-            _ => at += 1,
-        }
-    }
+    json_text::closing_quote(b, i + 1, false)
+        .map(|(close, _)| close + 1)
+        .ok_or(Invalid)
 }
 
 /// The index just after the value that starts at or after `i`.

@@ -178,7 +178,11 @@ fn a_response_that_is_not_text_becomes_a_null_with_an_error_and_the_log_stays_wh
         assert!(got.response.is_none(), "call {seq}");
         let error = got.error.expect("an error");
         assert_eq!(error.kind, crate::ErrorKind::Internal);
-        assert!(error.message.contains("the response is not UTF-8 JSON"), "{}", error.message);
+        assert!(
+            error.message.contains("the response is not UTF-8 JSON"),
+            "{}",
+            error.message
+        );
         assert_eq!(got.request.to_value(), request);
     }
 }
