@@ -141,7 +141,7 @@ fn offset_in(outer: &[u8], inner: &[u8]) -> usize {
 pub(crate) fn from_json_bytes<'a, T: serde::Deserialize<'a>>(
     bytes: &'a [u8],
 ) -> serde_json::Result<T> {
-    match std::str::from_utf8(bytes) {
+    match simdutf8::basic::from_utf8(bytes) {
         Ok(text) => serde_json::from_str(text),
         Err(_) => serde_json::from_slice(bytes),
     }
@@ -232,7 +232,7 @@ impl JsonBody {
     /// [`MAX_JSON_DEPTH`] levels. The error says what is wrong (not UTF-8, not JSON at
     /// all, JSON but not an object, too deep) in words a person can act on.
     pub fn parse(source: Bytes) -> Result<Self, Error> {
-        if let Some(members) = std::str::from_utf8(&source)
+        if let Some(members) = simdutf8::basic::from_utf8(&source)
             .ok()
             .and_then(|text| members_of(text, scan::scan_object(text, MAX_JSON_DEPTH)?))
         {

@@ -115,25 +115,80 @@ pub(crate) fn write_str(out: &mut impl BufMut, s: &str) {
         out.put_slice(&b[start..clean]);
         let Some(&c) = b.get(clean) else { break };
         start = clean + 1;
-        let escape: &[u8] = match c {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            0x08 => b"\\b",
-            0x0c => b"\\f",
-            _ => {
-                const HEX: &[u8; 16] = b"0123456789abcdef";
-                out.put_slice(b"\\u00");
-                out.put_u8(HEX[usize::from(c >> 4)]);
-                out.put_u8(HEX[usize::from(c & 0x0f)]);
-                continue;
-            }
-        };
-        out.put_slice(escape);
+        escape(out, c);
     }
     out.put_u8(b'"');
+}
+
+/// Appends serde_json's escape of `c` (a quote, a backslash or a control character).
+fn escape(out: &mut impl BufMut, c: u8) {
+    let short: &[u8] = match c {
+        b'"' => b"\\\"",
+        b'\\' => b"\\\\",
+        b'\n' => b"\\n",
+        b'\r' => b"\\r",
+        b'\t' => b"\\t",
+        0x08 => b"\\b",
+        0x0c => b"\\f",
+        _ => {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            out.put_slice(b"\\u00");
+            out.put_u8(HEX[usize::from(c >> 4)]);
+            out.put_u8(HEX[usize::from(c & 0x0f)]);
+            return;
+        }
+    };
+    out.put_slice(short);
+}
+
+/// Appends a JSON string's text (`inner`, between its quotes, valid JSON) in serde_json's
+/// spelling: `\uXXXX` escapes of characters it writes as they stand become those
+/// characters, the others its short escapes or lowercase `\u00xx`, and `\/` becomes
+/// `/`. Returns `false` (having appended part of it) for a lone surrogate escape, which
+/// no Rust string can hold.
+pub(crate) fn respell(inner: &[u8], out: &mut Vec<u8>) -> bool {
+    let hex4 = |at: usize| -> Option<u32> {
+        let digits = std::str::from_utf8(inner.get(at..at + 4)?).ok()?;
+        u32::from_str_radix(digits, 16).ok()
+    };
+    let mut at = 0;
+    while let Some(k) = memchr::memchr(b'\\', &inner[at..]) {
+        out.extend_from_slice(&inner[at..at + k]);
+        at += k;
+        match inner.get(at + 1) {
+            Some(b'/') => {
+                out.push(b'/');
+                at += 2;
+            }
+            Some(b'u') => {
+                let Some(unit) = hex4(at + 2) else { return false };
+                at += 6;
+                let code = match unit {
+                    0xd800..=0xdbff => {
+                        let low = match (inner.get(at..at + 2), hex4(at + 2)) {
+                            (Some(b"\\u"), Some(low @ 0xdc00..=0xdfff)) => low,
+                            _ => return false,
+                        };
+                        at += 6;
+                        0x10000 + ((unit - 0xd800) << 10) + (low - 0xdc00)
+                    }
+                    0xdc00..=0xdfff => return false,
+                    unit => unit,
+                };
+                let Some(c) = char::from_u32(code) else { return false };
+                match u8::try_from(code) {
+                    Ok(b) if b < 0x20 || b == b'"' || b == b'\\' => escape(out, b),
+                    _ => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+                }
+            }
+            _ => {
+                out.extend_from_slice(inner.get(at..at + 2).unwrap_or_default());
+                at += 2;
+            }
+        }
+    }
+    out.extend_from_slice(&inner[at.min(inner.len())..]);
+    true
 }
 
 /// Appends `s` as a JSON string, or `null`.
@@ -220,6 +275,51 @@ mod tests {
                 proptest::prop_assert_eq!(closing_quote(cut, 1, check), None);
             }
         }
+    }
+
+    proptest::proptest! {
+        /// Any string, its characters spelled by other writers' escapes (`\\uXXXX` in
+        /// either case, surrogate pairs, `\\/`), comes back in serde_json's spelling.
+        #[test]
+        fn respelled_text_is_serde_json_text(
+            s in "(\\PC|[\u{0}-\u{1f}\"\\\\/\u{7f}\u{e9}\u{1d11e}]){0,40}",
+            picks in proptest::collection::vec(0u8..4, 40),
+        ) {
+            let mut other = String::new();
+            for (c, pick) in s.chars().zip(picks.iter().cycle()) {
+                match (pick, c) {
+                    (0, '/') => other.push_str("\\/"),
+                    (0 | 1, c) => {
+                        let mut units = [0u16; 2];
+                        for u in c.encode_utf16(&mut units) {
+                            if *pick == 0 {
+                                other.push_str(&format!("\\u{u:04x}"));
+                            } else {
+                                other.push_str(&format!("\\u{u:04X}"));
+                            }
+                        }
+                    }
+                    _ => {
+                        let token = serde_json::to_string(&c.to_string()).unwrap();
+                        other.push_str(&token[1..token.len() - 1]);
+                    }
+                }
+            }
+            let mut out = Vec::new();
+            proptest::prop_assert!(respell(other.as_bytes(), &mut out));
+            let want = serde_json::to_string(&s).unwrap();
+            proptest::prop_assert_eq!(String::from_utf8(out).unwrap(), &want[1..want.len() - 1]);
+        }
+    }
+
+    #[test]
+    fn a_lone_surrogate_is_not_respelled() {
+        for text in [r"a\ud800", r"\ud800\u0041", r"\udc00", r"\ud800\ud800"] {
+            assert!(!respell(text.as_bytes(), &mut Vec::new()), "{text}");
+        }
+        let mut out = Vec::new();
+        assert!(respell(br"\ud83d\ude00 \u00E9\/\u0022\u005c\u001F\n", &mut out));
+        assert_eq!(out, "\u{1f600} é/\\\"\\\\\\u001f\\n".as_bytes());
     }
 
     #[test]

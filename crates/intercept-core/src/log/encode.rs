@@ -278,10 +278,18 @@ impl Encoder<'_> {
         let respelled = memchr::memchr_iter(b'\\', inner)
             .any(|at| matches!(inner.get(at + 1), Some(b'u' | b'/')));
         if respelled {
-            if let Ok(text) = serde_json::from_str::<String>(token) {
-                return self.text(&text, out);
+            let mut canonical = Vec::with_capacity(inner.len());
+            // A lone surrogate escape is not text: such a string is kept as it stands.
+            if json_text::respell(inner, &mut canonical) {
+                if canonical.len() < MIN_STRING {
+                    out.push(b'"');
+                    out.extend_from_slice(&canonical);
+                    out.push(b'"');
+                } else {
+                    self.inner(&canonical, out);
+                }
+                return;
             }
-            // A lone surrogate escape: not text serde_json can hold; kept as it stands.
         }
         self.inner(inner, out);
     }

@@ -363,7 +363,7 @@ impl Wire {
                 let raw = record.request.raw_bytes(key).unwrap_or_default();
                 self.array(record.seq, raw, enc, out)?;
             } else {
-                let raw = std::str::from_utf8(raw).map_err(|_| encode::Invalid)?;
+                let raw = simdutf8::basic::from_utf8(raw).map_err(|_| encode::Invalid)?;
                 enc.member(raw, out, 3)?;
             }
         }
@@ -389,7 +389,7 @@ impl Wire {
         });
         let (base, mut path, added): (Option<u64>, Vec<u32>, String) = match continued {
             Some((seq, path, tail)) => {
-                let tail = std::str::from_utf8(tail).map_err(|_| encode::Invalid)?;
+                let tail = simdutf8::basic::from_utf8(tail).map_err(|_| encode::Invalid)?;
                 let mut array = String::with_capacity(tail.len() + 1);
                 array.push('[');
                 if tail.is_empty() {
@@ -400,7 +400,7 @@ impl Wire {
                 (Some(seq), path, array)
             }
             None => {
-                let text = std::str::from_utf8(&raw).map_err(|_| encode::Invalid)?;
+                let text = simdutf8::basic::from_utf8(&raw).map_err(|_| encode::Invalid)?;
                 let elements = encode::elements(text).ok_or(encode::Invalid)?;
                 let mut path = Vec::new();
                 let mut parent = None;
@@ -458,7 +458,7 @@ fn response(
     out: &mut Vec<u8>,
 ) -> Result<(), encode::Invalid> {
     use encode::{skip_value, string_end, ws, Invalid};
-    let text = std::str::from_utf8(raw).map_err(|_| Invalid)?;
+    let text = simdutf8::basic::from_utf8(raw).map_err(|_| Invalid)?;
     let b = raw;
     let start = ws(b, 0);
     if b.get(start) != Some(&b'{') {
