@@ -227,6 +227,15 @@ fn not_an_object(source: &[u8], parse_error: &serde_json::Error) -> Error {
     Error::invalid(format!("request body must be a JSON object, not {found}"))
 }
 
+/// What parsing one request body leaves for parsing the next body of the same
+/// conversation ([`JsonBody::parse_after`]): that body, and where the elements of its
+/// arrays end.
+#[derive(Debug, Default)]
+pub struct ParseMemo {
+    source: Bytes,
+    scanned: Option<scan::Scanned>,
+}
+
 impl JsonBody {
     /// Parses `source`, which must be one JSON object nesting at most
     /// [`MAX_JSON_DEPTH`] levels. The error says what is wrong (not UTF-8, not JSON at
@@ -238,6 +247,49 @@ impl JsonBody {
         {
             return Ok(JsonBody { source, members });
         }
+        Self::parse_slow(source)
+    }
+
+    /// [`JsonBody::parse`] for the next body of a conversation: `memo` holds what
+    /// parsing the previous one left, and is given what parsing this one leaves. An
+    /// array member that starts with the bytes it had in the previous body (a
+    /// conversation that grew by a few messages, wherever it stands among the members)
+    /// is scanned on from the last element they share, so parsing costs what the call
+    /// adds rather than what the conversation holds.
+    ///
+    /// ```
+    /// use intercept_core::body::{JsonBody, ParseMemo};
+    /// let mut memo = ParseMemo::default();
+    /// let first = JsonBody::parse_after(
+    ///     br#"{"messages":[{"role":"user","content":"hi"}]}"#.to_vec().into(), &mut memo)?;
+    /// let next = JsonBody::parse_after(br#"{"messages":[{"role":"user","content":"hi"},
+    ///     {"role":"assistant","content":"hello"}]}"#.to_vec().into(), &mut memo)?;
+    /// assert_eq!(next.to_value()["messages"][1]["content"], "hello");
+    /// # let _ = first;
+    /// # Ok::<(), intercept_core::Error>(())
+    /// ```
+    pub fn parse_after(source: Bytes, memo: &mut ParseMemo) -> Result<Self, Error> {
+        let earlier = std::mem::take(memo);
+        let scanned = simdutf8::basic::from_utf8(&source).ok().and_then(|text| {
+            let at = earlier.scanned.as_ref().map(|s| (&earlier.source[..], s));
+            let scanned = scan::scan_from(text, MAX_JSON_DEPTH, at)?;
+            Some((members_of(text, scanned.members.clone())?, scanned))
+        });
+        match scanned {
+            Some((members, scanned)) => {
+                *memo = ParseMemo {
+                    source: source.clone(),
+                    scanned: Some(scanned),
+                };
+                Ok(JsonBody { source, members })
+            }
+            None => Self::parse_slow(source),
+        }
+    }
+
+    /// Parses what the scan did not take, with serde_json, whose error says what is
+    /// wrong.
+    fn parse_slow(source: Bytes) -> Result<Self, Error> {
         // Not a JSON object within the limits: serde_json's parse says what is wrong.
         let top: TopLevel<'_> = match from_json_bytes(&source) {
             Ok(top) => top,
@@ -883,6 +935,167 @@ mod tests {
                     .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
             ]
         })
+    }
+
+    /// A body's members, keys and raw values, for comparing two parses.
+    fn members_of_body(b: &JsonBody) -> Vec<(String, Vec<u8>)> {
+        b.members()
+            .map(|(k, v)| (k.to_owned(), v.to_vec()))
+            .collect()
+    }
+
+    /// One step of a conversation: what the next body is, next to the last one.
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// Elements appended to the array (the usual turn).
+        Append(Vec<serde_json::Value>),
+        /// An element in the middle replaced (an edited or compacted conversation).
+        Replace(prop::sample::Index, serde_json::Value),
+        /// The array cut back.
+        Truncate(prop::sample::Index),
+        /// A member after the array changed (the sampling settings).
+        After(serde_json::Value),
+        /// A member before the array changed (the array moves in the text).
+        Before(serde_json::Value),
+        /// Some byte of the text changed, removed or added (often not JSON any more).
+        Byte(prop::sample::Index, u8, u8),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => prop::collection::vec(arb_json(), 0..4).prop_map(Step::Append),
+            1 => (any::<prop::sample::Index>(), arb_json()).prop_map(|(i, v)| Step::Replace(i, v)),
+            1 => any::<prop::sample::Index>().prop_map(Step::Truncate),
+            1 => arb_json().prop_map(Step::After),
+            1 => arb_json().prop_map(Step::Before),
+            1 => (
+                any::<prop::sample::Index>(),
+                0u8..3,
+                prop::sample::select(b"{}[]\",:\\ 0-x\n\x01".to_vec()),
+            )
+                .prop_map(|(i, e, b)| Step::Byte(i, e, b)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+        /// A conversation's bodies parsed one after the other with a memo are parsed
+        /// exactly as each alone: the same members, the same errors; pretty or compact,
+        /// with the array anywhere among the members.
+        #[test]
+        fn parsing_after_the_previous_body_is_parsing_alone(
+            before in prop::collection::btree_map("[a-m]{1,3}", arb_json(), 0..3),
+            after in arb_json(),
+            first in prop::collection::vec(arb_json(), 0..4),
+            steps in prop::collection::vec(step(), 1..12),
+            pretty in any::<bool>(),
+        ) {
+            let mut items = first;
+            let mut tail = after;
+            let mut before = before;
+            let mut memo = ParseMemo::default();
+            for st in steps {
+                let mut raw = None;
+                match st {
+                    Step::Append(more) => items.extend(more),
+                    Step::Replace(i, v) if !items.is_empty() => {
+                        let i = i.index(items.len());
+                        items[i] = v;
+                    }
+                    Step::Truncate(i) => items.truncate(i.index(items.len() + 1)),
+                    Step::After(v) => tail = v,
+                    Step::Before(v) => {
+                        before.insert("b".into(), v);
+                    }
+                    Step::Byte(i, edit, byte) => {
+                        let mut obj: serde_json::Map<String, serde_json::Value> =
+                            before.clone().into_iter().collect();
+                        obj.insert("messages".into(), items.clone().into());
+                        obj.insert("zz".into(), tail.clone());
+                        let mut bytes = serde_json::to_vec(&obj).unwrap();
+                        let i = i.index(bytes.len() + 1);
+                        match edit {
+                            0 if i < bytes.len() => bytes[i] = byte,
+                            1 if i < bytes.len() => { bytes.remove(i); }
+                            _ => bytes.insert(i.min(bytes.len()), byte),
+                        }
+                        raw = Some(bytes);
+                    }
+                    Step::Replace(..) => {}
+                }
+                let bytes = raw.unwrap_or_else(|| {
+                    let mut obj: serde_json::Map<String, serde_json::Value> =
+                        before.clone().into_iter().collect();
+                    obj.insert("messages".into(), items.clone().into());
+                    obj.insert("zz".into(), tail.clone());
+                    let value = serde_json::Value::Object(obj);
+                    if pretty {
+                        serde_json::to_vec_pretty(&value).unwrap()
+                    } else {
+                        serde_json::to_vec(&value).unwrap()
+                    }
+                });
+                let alone = JsonBody::parse(Bytes::from(bytes.clone()));
+                let after = JsonBody::parse_after(Bytes::from(bytes.clone()), &mut memo);
+                // And it leaves the members a parse from scratch leaves, and marks where
+                // the marked array's elements end in this text.
+                let mut fresh = ParseMemo::default();
+                let _ = JsonBody::parse_after(Bytes::from(bytes.clone()), &mut fresh);
+                prop_assert_eq!(&fresh.scanned, &memo.scanned);
+                let marks = memo.scanned.as_ref().map(|s| s.marks.clone()).unwrap_or_default();
+                for (m, ends) in marks {
+                    let scanned = memo.scanned.as_ref().unwrap();
+                    let value = &bytes[scanned.members[m].value.clone()];
+                    let elements: Vec<&serde_json::value::RawValue> =
+                        serde_json::from_slice(value).expect("an array");
+                    let want: Vec<u32> = elements
+                        .iter()
+                        .map(|e| offset_in(&bytes, e.get().as_bytes()) + e.get().len())
+                        .map(|end| end as u32)
+                        .collect();
+                    prop_assert_eq!(ends, want);
+                }
+                match (alone, after) {
+                    (Ok(a), Ok(b)) => prop_assert_eq!(members_of_body(&a), members_of_body(&b)),
+                    (Err(a), Err(b)) => prop_assert_eq!(a.to_string(), b.to_string()),
+                    (a, b) => prop_assert!(false, "alone {:?}, after {:?}", a.is_ok(), b.is_ok()),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_grown_conversation_is_scanned_from_where_it_parts() {
+        let mut memo = ParseMemo::default();
+        let body = |n: usize| {
+            let items: Vec<_> = (0..n)
+                .map(|i| json!({"role": "user", "content": format!("m{i}")}))
+                .collect();
+            Bytes::from(
+                serde_json::to_vec(&json!({"model": "m", "messages": items, "tools": [1, 2]}))
+                    .unwrap(),
+            )
+        };
+        let marks = |memo: &ParseMemo| {
+            let marks = &memo.scanned.as_ref().expect("scanned").marks;
+            marks
+                .iter()
+                .map(|(m, ends)| (*m, ends.len()))
+                .collect::<Vec<_>>()
+        };
+        JsonBody::parse_after(body(3), &mut memo).expect("first");
+        // Keys in order: messages, model, tools; one mark per element.
+        assert_eq!(marks(&memo), [(0, 3), (2, 2)]);
+        JsonBody::parse_after(body(5), &mut memo).expect("grown");
+        assert_eq!(marks(&memo), [(0, 5), (2, 2)]);
+        // A body that is not JSON leaves no memo, and the next is parsed whole.
+        assert!(
+            JsonBody::parse_after(Bytes::from_static(b"{\"messages\": [1,"), &mut memo).is_err()
+        );
+        assert!(memo.scanned.is_none());
+        let again = JsonBody::parse_after(body(6), &mut memo).expect("whole");
+        assert_eq!(again.to_value()["messages"][5]["content"], "m5");
     }
 
     proptest! {

@@ -161,7 +161,9 @@ pub(crate) fn respell(inner: &[u8], out: &mut Vec<u8>) -> bool {
                 at += 2;
             }
             Some(b'u') => {
-                let Some(unit) = hex4(at + 2) else { return false };
+                let Some(unit) = hex4(at + 2) else {
+                    return false;
+                };
                 at += 6;
                 let code = match unit {
                     0xd800..=0xdbff => {
@@ -175,7 +177,9 @@ pub(crate) fn respell(inner: &[u8], out: &mut Vec<u8>) -> bool {
                     0xdc00..=0xdfff => return false,
                     unit => unit,
                 };
-                let Some(c) = char::from_u32(code) else { return false };
+                let Some(c) = char::from_u32(code) else {
+                    return false;
+                };
                 match u8::try_from(code) {
                     Ok(b) if b < 0x20 || b == b'"' || b == b'\\' => escape(out, b),
                     _ => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
@@ -318,7 +322,10 @@ mod tests {
             assert!(!respell(text.as_bytes(), &mut Vec::new()), "{text}");
         }
         let mut out = Vec::new();
-        assert!(respell(br"\ud83d\ude00 \u00E9\/\u0022\u005c\u001F\n", &mut out));
+        assert!(respell(
+            br"\ud83d\ude00 \u00E9\/\u0022\u005c\u001F\n",
+            &mut out
+        ));
         assert_eq!(out, "\u{1f600} é/\\\"\\\\\\u001f\\n".as_bytes());
     }
 

@@ -23,6 +23,9 @@ pub(crate) struct Entry {
     released: AtomicBool,
     sealed: AtomicBool,
     pub(crate) retry: Mutex<crate::retry::RetryState>,
+    /// What parsing the rollout's last request body left for parsing its next one
+    /// (a conversation that grew is scanned from where it parts from the last).
+    pub(crate) parse_memo: Mutex<intercept_core::body::ParseMemo>,
 }
 
 impl fmt::Debug for Entry {
@@ -48,6 +51,7 @@ impl Entry {
             released: AtomicBool::new(false),
             sealed: AtomicBool::new(false),
             retry: Mutex::new(crate::retry::RetryState::default()),
+            parse_memo: Mutex::new(Default::default()),
         }
     }
 

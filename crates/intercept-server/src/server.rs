@@ -825,7 +825,7 @@ async fn model_call(
             close_after(&mut resp);
             resp
         })?;
-    let mut body = JsonBody::parse(bytes).map_err(fail)?;
+    let mut body = parse_body(&entry, bytes).map_err(fail)?;
     let requested_model = body.str("model");
     let prepared = dialect
         .prepare(&mut body, session.model(), &session.sampling())
@@ -901,4 +901,13 @@ fn take_hook_headers(names: &[String], headers: &mut http::HeaderMap) -> Vec<(St
         }
     }
     taken
+}
+
+/// A model call's body, parsed after the rollout's last one: the memo is taken for the
+/// parse (a parallel call parses its body whole) and the new one put back.
+fn parse_body(entry: &crate::registry::Entry, bytes: bytes::Bytes) -> Result<JsonBody, Error> {
+    let mut memo = std::mem::take(&mut *entry.parse_memo.lock());
+    let body = JsonBody::parse_after(bytes, &mut memo);
+    *entry.parse_memo.lock() = memo;
+    body
 }

@@ -23,41 +23,123 @@ pub(super) struct TopMember {
 /// The members of the object `text` is, in order, if it is one that nests at most
 /// `max_depth` levels (the object itself counting as one).
 pub(super) fn scan_object(text: &str, max_depth: usize) -> Option<Vec<TopMember>> {
+    scan(text.as_bytes(), max_depth, None).map(|s| s.members)
+}
+
+/// A scan's result, and what a later scan of a text that starts with the same bytes can
+/// resume from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Scanned {
+    pub(super) members: Vec<TopMember>,
+    /// The members whose values are arrays of some elements: each one's index, and where
+    /// each of its elements ends (just after the element).
+    pub(super) marks: Vec<(usize, Vec<u32>)>,
+}
+
+/// The members of the object `text` is, like [`scan_object`], and marks for a later
+/// scan. With `earlier` (an earlier text and its scan), an array member whose key the
+/// earlier text had, and whose value starts with the bytes of the earlier one (a
+/// conversation that grew), is scanned on from the last element they share.
+pub(super) fn scan_from(
+    text: &str,
+    max_depth: usize,
+    earlier: Option<(&[u8], &Scanned)>,
+) -> Option<Scanned> {
+    scan(text.as_bytes(), max_depth, earlier)
+}
+
+/// Where the array member keyed `key` (a range of `b`) whose value starts at `start`
+/// can be scanned on from, after `earlier`: just after an element the earlier value
+/// also had, byte for byte; and the marks of the elements before that one.
+fn resume_point(
+    b: &[u8],
+    key: &Range<usize>,
+    start: usize,
+    (old, scanned): (&[u8], &Scanned),
+) -> Option<(usize, Vec<u32>)> {
+    let (member, ends) = scanned
+        .marks
+        .iter()
+        .map(|(m, ends)| (&scanned.members[*m], ends))
+        .find(|(m, _)| old.get(m.key.clone()) == b.get(key.clone()))?;
+    let old_start = member.value.start;
+    let common = common_prefix(old.get(member.value.clone())?, b.get(start..)?);
+    let shared = ends.partition_point(|&end| end as usize - old_start <= common);
+    let last = *ends.get(shared.checked_sub(1)?)? as usize;
+    let shift = |end: u32| u32::try_from(end as usize - old_start + start).ok();
+    // The walk marks the end it resumes from again.
+    let before = ends[..shared - 1]
+        .iter()
+        .map(|&e| shift(e))
+        .collect::<Option<_>>()?;
+    Some((last - old_start + start, before))
+}
+
+/// How many first bytes `a` and `b` share: 4 KiB at a time, then 64 bytes, then bytes.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    for step in [4096, 64, 1] {
+        while i + step <= n && a[i..i + step] == b[i..i + step] {
+            i += step;
+        }
+    }
+    i
+}
+
+fn scan(b: &[u8], max_depth: usize, earlier: Option<(&[u8], &Scanned)>) -> Option<Scanned> {
     // The open containers are kept as bits (one = an object) of a `u128`.
     if max_depth == 0 || max_depth > 128 {
         return None;
     }
-    let b = text.as_bytes();
+    let mut members = Vec::with_capacity(8);
+    let mut marks: Vec<(usize, Vec<u32>)> = Vec::new();
     let mut i = skip_ws(b, 0);
     if b.get(i) != Some(&b'{') {
         return None;
     }
-    let mut members = Vec::with_capacity(8);
     i = skip_ws(b, i + 1);
     if b.get(i) == Some(&b'}') {
-        i += 1;
-    } else {
-        loop {
-            let (key, escaped, after) = key_and_colon(b, i)?;
-            let start = skip_ws(b, after);
-            let end = skip_value(b, start, max_depth - 1)?;
-            members.push(TopMember {
-                key,
-                escaped,
-                value: start..end,
-            });
-            i = skip_ws(b, end);
-            match b.get(i)? {
-                b',' => i = skip_ws(b, i + 1),
-                b'}' => {
-                    i += 1;
-                    break;
+        return (skip_ws(b, i + 1) == b.len()).then_some(Scanned { members, marks });
+    }
+    loop {
+        let (key, escaped, after) = key_and_colon(b, i)?;
+        let start = skip_ws(b, after);
+        let end = if b.get(start) == Some(&b'[') {
+            let (end, ends) = match earlier.and_then(|e| resume_point(b, &key, start, e)) {
+                Some((at, mut ends)) => {
+                    let end = walk(b, at, max_depth - 1, 0, 1, true, Some(&mut ends))?;
+                    (end, ends)
                 }
-                _ => return None,
+                None => {
+                    let mut ends = Vec::new();
+                    let end = walk(b, start, max_depth - 1, 0, 0, false, Some(&mut ends))?;
+                    (end, ends)
+                }
+            };
+            if !ends.is_empty() {
+                marks.push((members.len(), ends));
             }
+            end
+        } else {
+            skip_value(b, start, max_depth - 1)?
+        };
+        members.push(TopMember {
+            key,
+            escaped,
+            value: start..end,
+        });
+        i = skip_ws(b, end);
+        match b.get(i)? {
+            b',' => i = skip_ws(b, i + 1),
+            b'}' => {
+                i += 1;
+                break;
+            }
+            _ => return None,
         }
     }
-    (skip_ws(b, i) == b.len()).then_some(members)
+    (skip_ws(b, i) == b.len()).then_some(Scanned { members, marks })
 }
 
 fn skip_ws(b: &[u8], mut i: usize) -> usize {
@@ -137,39 +219,62 @@ fn skip_number(b: &[u8], i: usize) -> Option<usize> {
 }
 
 /// An array or object at `i`, nesting at most `depth` levels (itself one of them):
-/// where it ends. Iterative, the open containers kept as bits.
-fn skip_container(b: &[u8], mut i: usize, depth: usize) -> Option<usize> {
-    // Bit `n` of `objects`: whether the container at level `n + 1` is an object.
-    let mut objects: u128 = 0;
-    let mut level = 0usize;
+/// where it ends.
+fn skip_container(b: &[u8], i: usize, depth: usize) -> Option<usize> {
+    walk(b, i, depth, 0, 0, false, None)
+}
+
+/// Walks values from `i` until the containers open at the start close: where they do.
+/// Iterative, the open containers kept as bits: `level` of them are open, bit `n` of
+/// `objects` telling whether the one at level `n + 1` is an object; `ended`: a value
+/// ended just before `i` (else one begins at `i`). With `ends`, where each value
+/// directly inside the outermost container ends is pushed (offsets past `u32::MAX`
+/// are not: the marks are for resuming, not for reading).
+fn walk(
+    b: &[u8],
+    mut i: usize,
+    depth: usize,
+    mut objects: u128,
+    mut level: usize,
+    mut ended: bool,
+    mut ends: Option<&mut Vec<u32>>,
+) -> Option<usize> {
     loop {
-        // A value begins at `i`.
-        match b.get(i)? {
-            open @ (b'{' | b'[') => {
-                if level == depth {
-                    return None;
-                }
-                let object = *open == b'{';
-                objects = (objects & !(1 << level)) | (u128::from(object) << level);
-                level += 1;
-                i = skip_ws(b, i + 1);
-                let close = if object { b'}' } else { b']' };
-                if b.get(i) == Some(&close) {
-                    i += 1;
-                    level -= 1;
-                } else {
-                    if object {
-                        i = skip_ws(b, key_and_colon(b, i)?.2);
+        if !ended {
+            // A value begins at `i`.
+            match b.get(i)? {
+                open @ (b'{' | b'[') => {
+                    if level == depth {
+                        return None;
                     }
-                    continue;
+                    let object = *open == b'{';
+                    objects = (objects & !(1 << level)) | (u128::from(object) << level);
+                    level += 1;
+                    i = skip_ws(b, i + 1);
+                    let close = if object { b'}' } else { b']' };
+                    if b.get(i) == Some(&close) {
+                        i += 1;
+                        level -= 1;
+                    } else {
+                        if object {
+                            i = skip_ws(b, key_and_colon(b, i)?.2);
+                        }
+                        continue;
+                    }
                 }
+                _ => i = skip_scalar(b, i)?,
             }
-            _ => i = skip_scalar(b, i)?,
         }
+        ended = false;
         // A value ended at `i`: close containers until one goes on.
         loop {
             if level == 0 {
                 return Some(i);
+            }
+            if level == 1 {
+                if let (Some(ends), Ok(at)) = (ends.as_deref_mut(), u32::try_from(i)) {
+                    ends.push(at);
+                }
             }
             i = skip_ws(b, i);
             let object = objects & (1 << (level - 1)) != 0;
