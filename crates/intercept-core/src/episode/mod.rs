@@ -55,7 +55,6 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::chunked::Chunked;
@@ -439,16 +438,18 @@ impl EpisodeBuilder {
             None => (None, 0, Some(raw.to_vec())),
         };
         if let Some(array) = tail {
-            let messages: Vec<&RawValue> = serde_json::from_slice(&array).ok()?;
-            for m in messages {
-                let bytes = m.get().as_bytes();
+            // The request was read as a JSON object: its elements are found by the
+            // log's scan, not parsed twice.
+            let text = simdutf8::basic::from_utf8(&array).ok()?;
+            for m in crate::log::encode::elements(text)? {
+                let bytes = m.as_bytes();
                 let rk = (key(parent), raw_hash(self.raw_seed, bytes), bytes.len());
                 count += 1;
                 if let Some(&n) = self.by_raw.get(&rk) {
                     parent = Some(n);
                     continue;
                 }
-                let value: Value = serde_json::from_str(m.get()).ok()?;
+                let value: Value = serde_json::from_str(m).ok()?;
                 let n = self.match_or_add(parent, read::from_chat(&value));
                 self.by_raw.insert(rk, n);
                 parent = Some(n);
