@@ -482,8 +482,8 @@ impl Trace {
 #[derive(Debug)]
 struct Inner {
     /// The trace log's writer: the episode, and what it needs to write each call as
-    /// what it adds.
-    log: crate::log::LogWriter,
+    /// what it adds; made by the first call (an idle session holds none).
+    log: Option<Box<crate::log::LogWriter>>,
     /// The log's lines after the header, kept in memory (see
     /// [`RolloutSession::with_calls_in_memory`]), each call's in one piece, in chunks
     /// that never move: recording a call never copies the lines before it.
@@ -528,8 +528,9 @@ pub struct RolloutSession {
     capture_tokens: bool,
     keep_calls: bool,
     sinks: Vec<Arc<dyn RecordSink>>,
-    /// The log's header line.
-    header: Box<[u8]>,
+    /// When the session was made, seconds since the Unix epoch (its log's header says
+    /// it; the header is written from the configuration when asked for, not kept).
+    created_at: f64,
     inner: Mutex<Inner>,
 }
 
@@ -542,16 +543,14 @@ impl RolloutSession {
 
     /// A new, active session.
     pub fn new(config: SessionConfig) -> Self {
-        let log = crate::log::LogWriter::new(&config.id);
-        let header = log.header(settings_of(&config, false)).into_boxed_slice();
         RolloutSession {
             config,
             capture_tokens: false,
             keep_calls: true,
             sinks: Vec::new(),
-            header,
+            created_at: crate::record::epoch_seconds(std::time::SystemTime::now()),
             inner: Mutex::new(Inner {
-                log,
+                log: None,
                 lines: Default::default(),
                 line_bytes: 0,
                 recorded: 0,
@@ -581,7 +580,7 @@ impl RolloutSession {
     /// Adds a sink that sees every record and every log line; it is handed the log's
     /// header at once.
     pub fn with_sink(mut self, sink: Arc<dyn RecordSink>) -> Self {
-        sink.on_log(&self.header);
+        sink.on_log(&self.header());
         self.sinks.push(sink);
         self
     }
@@ -590,12 +589,6 @@ impl RolloutSession {
     /// adding sinks: the log's header says it.
     pub fn with_capture_tokens(mut self, capture: bool) -> Self {
         self.capture_tokens = capture;
-        self.header = self
-            .inner
-            .get_mut()
-            .log
-            .header(settings_of(&self.config, capture))
-            .into_boxed_slice();
         self
     }
 
@@ -640,9 +633,15 @@ impl RolloutSession {
         self.log_of(&inner)
     }
 
+    /// The log's header line.
+    fn header(&self) -> Vec<u8> {
+        let settings = settings_of(&self.config, self.capture_tokens);
+        crate::log::header_line(&self.config.id, self.created_at, settings)
+    }
+
     fn log_of(&self, inner: &Inner) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.header.len() + inner.line_bytes);
-        out.extend_from_slice(&self.header);
+        let mut out = self.header();
+        out.reserve(inner.line_bytes);
         for lines in inner.lines.iter() {
             out.extend_from_slice(lines);
         }
@@ -651,20 +650,28 @@ impl RolloutSession {
 
     /// Bytes of log lines the session wrote, by kind (also those not kept in memory).
     pub fn log_bytes(&self) -> crate::log::LogBytes {
-        self.inner.lock().log.bytes()
+        self.inner
+            .lock()
+            .log
+            .as_ref()
+            .map(|log| log.bytes())
+            .unwrap_or_default()
     }
 
     /// Heap bytes the session holds for its record: the log's graph and indexes, and the
     /// lines kept in memory (for memory accounting).
     pub fn record_heap_bytes(&self) -> usize {
         let inner = self.inner.lock();
-        inner.log.heap_bytes() + inner.line_bytes
+        inner.log.as_ref().map_or(0, |log| log.heap_bytes()) + inner.line_bytes
     }
 
     /// The rollout as a message graph (see [`crate::episode`]), built call by call as
     /// the records arrived: the same as `self.trace().episode()`, without rebuilding.
     pub fn episode(&self) -> crate::episode::Episode {
-        self.inner.lock().log.episode()
+        match &self.inner.lock().log {
+            Some(log) => log.episode(),
+            None => crate::episode::EpisodeBuilder::new().episode(&self.config.id),
+        }
     }
 
     /// The number of recorded calls.
@@ -743,7 +750,11 @@ impl Session for RolloutSession {
             return;
         }
         let mut lines = Vec::new();
-        inner.log.record(&mut record, &mut lines);
+        let id = &self.config.id;
+        let log = inner
+            .log
+            .get_or_insert_with(|| Box::new(crate::log::LogWriter::new(id)));
+        log.record(&mut record, &mut lines);
         // Under the lock: each sink sees the lines in log order.
         for sink in &self.sinks {
             sink.on_log(&lines);
@@ -805,9 +816,13 @@ impl Session for RolloutSession {
             stop_condition: inner.stop.as_ref().map(|r| r.as_str().to_owned()),
             calls: inner.recorded as u64,
             replays: inner.replays,
-            summary: inner.log.summary(),
+            summary: inner
+                .log
+                .as_ref()
+                .map(|log| log.summary())
+                .unwrap_or_default(),
         };
-        let line = inner.log.end(&end);
+        let line = crate::log::end_line(&end);
         for sink in &self.sinks {
             sink.on_log(&line);
         }

@@ -194,39 +194,15 @@ impl LogWriter {
     }
 
     /// The header line (with its newline): the schema, the session id, when it was
-    /// made and `settings` (the session's model, sampling, limits, ...).
+    /// made (now) and `settings` (the session's model, sampling, limits, ...).
     pub fn header(&self, settings: serde_json::Value) -> Vec<u8> {
-        #[derive(Serialize)]
-        struct Header<'a> {
-            #[serde(rename = "type")]
-            kind: &'static str,
-            schema: &'static str,
-            session: &'a str,
-            created_at: f64,
-            version: &'static str,
-            settings: serde_json::Value,
-        }
-        let header = Header {
-            kind: "header",
-            schema: SCHEMA,
-            session: &self.session,
-            created_at: crate::record::epoch_seconds(std::time::SystemTime::now()),
-            version: env!("CARGO_PKG_VERSION"),
-            settings,
-        };
-        line_of(&header)
+        let now = crate::record::epoch_seconds(std::time::SystemTime::now());
+        header_line(&self.session, now, settings)
     }
 
     /// The end line (with its newline).
     pub fn end(&self, end: &LogEnd) -> Vec<u8> {
-        #[derive(Serialize)]
-        struct End<'a> {
-            #[serde(rename = "type")]
-            kind: &'static str,
-            #[serde(flatten)]
-            end: &'a LogEnd,
-        }
-        line_of(&End { kind: "end", end })
+        end_line(end)
     }
 
     /// Commits one call: adds it to the episode (its node id is returned, and set on the
@@ -340,6 +316,41 @@ impl LogWriter {
             + self.wire.owner.capacity() * 8
             + self.wire.last.as_ref().map_or(0, |l| l.path.capacity() * 4)
     }
+}
+
+/// The end line, with its newline (see [`LogWriter::end`]).
+pub fn end_line(end: &LogEnd) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct End<'a> {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        #[serde(flatten)]
+        end: &'a LogEnd,
+    }
+    line_of(&End { kind: "end", end })
+}
+
+/// The header line of session `session` made at `created_at` (seconds since the Unix
+/// epoch), with its newline (see [`LogWriter::header`]).
+pub fn header_line(session: &str, created_at: f64, settings: serde_json::Value) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Header<'a> {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        schema: &'static str,
+        session: &'a str,
+        created_at: f64,
+        version: &'static str,
+        settings: serde_json::Value,
+    }
+    line_of(&Header {
+        kind: "header",
+        schema: SCHEMA,
+        session,
+        created_at,
+        version: env!("CARGO_PKG_VERSION"),
+        settings,
+    })
 }
 
 impl Wire {
