@@ -192,6 +192,10 @@ pub const FORBIDDEN: &[(&str, &[&str])] = &[
         &["intercept-server", "intercept-pool", "intercept-cli"],
     ),
     ("intercept-pool", &["intercept-cli"]),
+    // The benches run the binary; they take what they share with it (the allocator, the
+    // record, the mock and its harness client) from the crates that hold it.
+    ("intercept-bench", &["intercept-cli"]),
+    ("intercept-mock", &["intercept-cli"]),
 ];
 
 /// Crates not published to crates.io but shipped all the same (the `intercept` binary):

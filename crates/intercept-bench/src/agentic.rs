@@ -236,9 +236,9 @@ impl Rollout {
         .map_err(|_| anyhow!("timeout"))??;
         let latency = t0.elapsed();
         let assistant = if stream {
-            intercept_cli::client::parse_stream(&answer)?
+            intercept_mock::harness::parse_stream(&answer)?
         } else {
-            intercept_cli::client::parse_completion(&serde_json::from_slice(&answer)?)?
+            intercept_mock::harness::parse_completion(&serde_json::from_slice(&answer)?)?
         };
         self.messages
             .push(serde_json::to_vec(&assistant.to_message())?);

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use anyhow::{ensure, Context, Result};
 use http::Method;
-use intercept_cli::client::{parse_completion, parse_stream, HttpClient};
 use intercept_core::{Interception, RecordSink, RolloutSession, SessionConfig, Upstream};
+use intercept_mock::harness::{parse_completion, parse_stream, HttpClient};
 use intercept_server::{InterceptionServer, ServerConfig};
 use intercept_trace::{JsonlSink, TraceFormat, TraceWriter, WriterConfig};
 use serde::Serialize;

@@ -18,9 +18,9 @@ use http::{Method, StatusCode};
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
 
-use crate::client::{parse_completion, parse_stream, Assistant, HttpClient};
 use crate::config::{ServeConfig, UpstreamSetting};
 use crate::sidecar::Sidecar;
+use intercept_mock::harness::{parse_completion, parse_stream, Assistant, HttpClient};
 
 /// Options of the demo.
 #[derive(Debug, Clone)]

@@ -26,7 +26,6 @@
 //! ```
 
 pub mod cli;
-pub mod client;
 pub mod config;
 pub mod control;
 pub mod demo;

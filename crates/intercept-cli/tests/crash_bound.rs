@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use http::{Method, StatusCode};
-use intercept_cli::client::HttpClient;
+use intercept_mock::harness::HttpClient;
 use intercept_test::{MockConfig, MockUpstream};
 use intercept_trace::read_trace_file;
 use serde_json::{json, Value};

@@ -17,8 +17,8 @@ use tokio::time::Instant;
 use common::WAIT;
 
 use http::{Method, StatusCode};
-use intercept_cli::client::HttpClient;
 use intercept_core::ErrorKind;
+use intercept_mock::harness::HttpClient;
 use intercept_test::{MockConfig, MockUpstream, Reply};
 use intercept_trace::read_trace_file;
 use serde_json::{json, Value};

@@ -11,7 +11,7 @@ mod common;
 
 use common::{Serving, WAIT};
 use http::{Method, StatusCode};
-use intercept_cli::client::HttpClient;
+use intercept_mock::harness::HttpClient;
 use serde_json::{json, Value};
 use tokio::net::TcpStream;
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use http::{Method, StatusCode};
-use intercept_cli::client::HttpClient;
+use intercept_mock::harness::HttpClient;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;

@@ -15,7 +15,7 @@ use async_openai::types::chat::{
 };
 use futures_util::StreamExt as _;
 use http::{Method, StatusCode};
-use intercept_cli::client::HttpClient;
+use intercept_mock::harness::HttpClient;
 use intercept_test::{MockConfig, MockUpstream, Reply};
 use intercept_trace::read_trace_file;
 use serde_json::{json, Value};

@@ -15,7 +15,7 @@ pub type Sampling = serde_json::Map<String, serde_json::Value>;
 
 /// Where a session's calls go: one engine (`base_url`), or several engines of the same
 /// model (`base_urls`) among which each session is pinned to one by rendezvous hashing
-/// of its id (see [`crate::routing`]).
+/// of its id (the server's `routing` module).
 ///
 /// In JSON, `{"base_url": "http://h:8000/v1"}` is one engine and
 /// `{"base_urls": ["http://a:8000/v1", "http://b:8000/v1"]}` several (`base_url`, if also
@@ -204,7 +204,7 @@ pub enum StopReason {
     ContextLength,
     /// A request, response or tool hook stopped the rollout with this condition.
     Hook(String),
-    /// The session's owner stopped it ([`Session::stop`](crate::Session::stop)) with this
+    /// The session's owner stopped it ([`RolloutSession::stop`](crate::RolloutSession::stop)) with this
     /// condition.
     Custom(String),
 }

@@ -120,6 +120,7 @@ mod anthropic;
 mod body;
 mod chat;
 mod config;
+pub mod harness;
 mod log;
 mod reply;
 mod responses;

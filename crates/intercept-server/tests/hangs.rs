@@ -198,6 +198,20 @@ async fn a_kept_alive_connection_left_idle_is_closed_but_a_slow_answer_is_not() 
     guard.close().await;
 }
 
+/// Sends a request on `tcp` and waits for the start of its answer: the server holds the
+/// connection.
+async fn answered(tcp: &mut TcpStream) {
+    tcp.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut head = [0u8; 12];
+    tokio::time::timeout(BOUND, tcp.read_exact(&mut head))
+        .await
+        .expect("answered in time")
+        .expect("read");
+    assert!(head.starts_with(b"HTTP/1.1 "), "{head:?}");
+}
+
 /// Connections beyond `max_connections` are answered 503 with `Retry-After` and closed,
 /// never left hanging; once one closes, a new one is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,10 +223,11 @@ async fn connections_beyond_max_connections_get_a_503_and_are_closed() {
     .await;
     let (_session, _w, guard) = h.session("rollout-crowded").await;
     let addr = authority(&guard.base_url);
-    let first = TcpStream::connect(&addr).await.expect("connect");
-    let second = TcpStream::connect(&addr).await.expect("connect");
-    // Let the server accept both before the third arrives.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Both are served (so the server holds both) before the third arrives.
+    let mut first = TcpStream::connect(&addr).await.expect("connect");
+    let mut second = TcpStream::connect(&addr).await.expect("connect");
+    answered(&mut first).await;
+    answered(&mut second).await;
     let mut third = TcpStream::connect(&addr).await.expect("connect");
     third
         .write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")

@@ -2,8 +2,8 @@
 //! the sidecar's token, calls through a session's `env`) and [`error_of`].
 
 use http::{Method, StatusCode};
-use intercept_cli::client::{HttpClient, HttpResponse};
 use intercept_cli::sidecar::Sidecar;
+use intercept_mock::harness::{HttpClient, HttpResponse};
 use serde_json::Value;
 
 /// A client of one sidecar's control API.

@@ -10,7 +10,7 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use http::Method;
-use intercept_cli::client::{HttpClient, HttpResponse};
+use intercept_mock::harness::{HttpClient, HttpResponse};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
 use tokio::process::{Child, ChildStdout, Command};

@@ -4,10 +4,15 @@
 //! It takes what `serde_json::from_str` takes (RFC 8259: the number grammar, the escapes,
 //! no control characters in strings, whitespace of space, tab, CR and LF only) and no
 //! more, and refuses nesting deeper than asked. Where serde_json checks strings eight
-//! bytes at a time, this finds a string's end with `memchr` (vectorised, chosen at run
-//! time) and checks the bytes before it for control characters in one vectorised fold.
+//! bytes at a time, this reads them 16 bytes a step in vector registers
+//! ([`closing_quote`](crate::json_text::closing_quote)): quotes, backslashes and control
+//! characters come out of one bit mask, so an escape costs a few instructions.
 //! Anything it does not take (invalid JSON, not an object, too deep) returns `None`:
 //! the caller then parses with serde_json, which says what is wrong.
+//!
+//! A scan leaves marks (where each element of each top-level array ends) so that the
+//! next body of the same conversation is scanned on from the last element whose bytes
+//! did not change ([`scan_from`]): a grown conversation costs what it adds.
 
 use std::ops::Range;
 

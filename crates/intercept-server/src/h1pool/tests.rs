@@ -70,9 +70,12 @@ async fn a_connection_the_upstream_closed_while_idle_is_replaced() {
         let addr = listener.local_addr().expect("addr");
         let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let count = accepted.clone();
+        // Each connection's close, once the upstream has closed it.
+        let (closed_tx, mut closed) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
             while let Ok((mut socket, _)) = listener.accept().await {
                 count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let closed_tx = closed_tx.clone();
                 tokio::spawn(async move {
                     let mut seen = Vec::new();
                     let mut buf = [0u8; 4096];
@@ -91,7 +94,8 @@ async fn a_connection_the_upstream_closed_while_idle_is_replaced() {
                     let _ = socket
                         .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
                         .await;
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    drop(socket);
+                    let _ = closed_tx.send(());
                 });
             }
         });
@@ -101,8 +105,8 @@ async fn a_connection_the_upstream_closed_while_idle_is_replaced() {
         for _ in 0..3 {
             let resp = pool.send(chat(&url, false)).await.expect("response");
             assert_eq!(text(resp).await, "ok");
-            // Let the upstream close the connection the pool now holds.
-            tokio::time::sleep(Duration::from_millis(60)).await;
+            // The upstream has closed the connection the pool now holds.
+            closed.recv().await.expect("the upstream closes");
         }
         assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 3);
     })

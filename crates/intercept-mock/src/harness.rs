@@ -1,6 +1,6 @@
-//! A small HTTP/1.1 JSON client (hyper-util's pooled client) for the demo's simulated
-//! harnesses and the control API, plus a parser that reassembles a streamed chat
-//! completion.
+//! The mock's other side: a small HTTP/1.1 JSON client (hyper-util's pooled client) for
+//! simulated harnesses (the demo's, the benchmarks', the tests') and the control API,
+//! and a parser that reassembles a streamed chat completion.
 
 use std::fmt;
 
