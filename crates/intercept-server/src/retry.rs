@@ -27,11 +27,13 @@ use tokio::time::Instant;
 
 use crate::registry::Entry;
 
-/// Bodies up to this size are matched byte for byte (the body is shared, not copied, and
-/// nothing is hashed on the request path); larger ones by their length and an XXH3-128
-/// digest, so a session between turns never holds more than this much of its last
-/// request.
-const COMPARE_LIMIT: usize = 64 * 1024;
+/// Bodies up to this size are matched byte for byte: the body is shared, not copied (a
+/// session keeps its last request for parsing the next one anyway, see
+/// `JsonBody::parse_after`), and nothing is hashed on the request path; bodies compare
+/// their bytes only when their lengths are equal. Larger ones are matched by their length
+/// and an XXH3-128 digest, so a session between turns never holds more than this much of
+/// its last request for retries.
+const COMPARE_LIMIT: usize = 16 << 20;
 
 /// Bodies larger than this are hashed on a blocking thread, off the request path.
 const INLINE_HASH_LIMIT: usize = 1 << 20;
@@ -689,8 +691,13 @@ mod tests {
             Fingerprint::of(&Bytes::from_static(b"{}")).await,
             Fingerprint::Body(_)
         ));
-        let medium = vec![7u8; COMPARE_LIMIT + 1];
-        let big = vec![7u8; INLINE_HASH_LIMIT + 1];
+        // Agent-sized bodies are compared, not hashed.
+        let medium = vec![7u8; INLINE_HASH_LIMIT + 1];
+        assert!(matches!(
+            Fingerprint::of(&Bytes::from(medium.clone())).await,
+            Fingerprint::Body(_)
+        ));
+        let big = vec![7u8; COMPARE_LIMIT + 1];
         match Fingerprint::of(&Bytes::from(big.clone())).await {
             Fingerprint::Digest { len, digest } => {
                 assert_eq!(len, big.len());
@@ -706,7 +713,7 @@ mod tests {
         other[100] = 8;
         assert!(!same(&medium, &other).await);
         // At the limit's edge the two kinds never match each other.
-        assert!(!same(&medium[..COMPARE_LIMIT], &medium).await);
+        assert!(!same(&big[..COMPARE_LIMIT], &big).await);
     }
 
     fn done(id: u64, at: Instant) -> KeyEntry {
