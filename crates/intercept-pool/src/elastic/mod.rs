@@ -6,140 +6,27 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use futures_util::future::join_all;
-use intercept_core::interception::join_errors;
-use intercept_core::{
-    Error, Health, Interception, PauseMode, PauseStatus, ServerStatus, Session, SlotGuard,
-};
+use intercept_core::{Error, Health};
 use parking_lot::{Mutex, MutexGuard};
-use serde::{Deserialize, Serialize};
-use serde_with::{As, DurationSecondsWithFrac};
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
-use crate::guard::PoolRelease;
 use crate::member::{PoolMember, ServerFactory};
 use crate::policy::{self, Demand, IdleServer};
 
-/// Knobs of an [`ElasticPool`]. `Default` gives the documented defaults; in config files
-/// durations are written in seconds (fractions allowed).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ElasticConfig {
-    /// Sessions per server, and so per tunnel (default 32, at least 1).
-    pub multiplex: usize,
-    /// Servers kept up (warmed at start, regrown after a retirement, never shrunk below).
-    /// `None` means 1 when a tunnel is required, else 0 (resolved by
-    /// [`crate::make_interception`]; [`ElasticPool::new`] reads `None` as 0).
-    pub min_servers: Option<usize>,
-    /// Cap on servers, draining ones included (default 256).
-    pub max_servers: usize,
-    /// Servers starting at once (default 16). The tunnel backend's rate limiter bounds
-    /// starts further.
-    pub max_concurrent_starts: usize,
-    /// How long an acquire waits for a seat (all servers full and the pool at
-    /// `max_servers`, or servers still starting) before it fails (default 300 s).
-    #[serde(with = "As::<DurationSecondsWithFrac<f64>>")]
-    pub wait_timeout: Duration,
-    /// Servers empty this long beyond `min_servers` are torn down, newest first
-    /// (default 300 s).
-    #[serde(with = "As::<DurationSecondsWithFrac<f64>>")]
-    pub idle_timeout: Duration,
-    /// How often endpoints are probed and idle servers looked for (default 10 s).
-    #[serde(with = "As::<DurationSecondsWithFrac<f64>>")]
-    pub health_interval: Duration,
-    /// An unhealthy server's sessions may finish for this long before it is torn down
-    /// anyway (default 120 s).
-    #[serde(with = "As::<DurationSecondsWithFrac<f64>>")]
-    pub drain_timeout: Duration,
-    /// Attempts to start one server before its error is surfaced to the waiting acquires
-    /// (default 4). Errors that say retrying cannot help are surfaced at once.
-    pub start_attempts: u32,
-    /// Delay after the first failed start; doubles per attempt (default 0.5 s).
-    #[serde(with = "As::<DurationSecondsWithFrac<f64>>")]
-    pub backoff_base: Duration,
-    /// Largest delay between start attempts (default 30 s).
-    #[serde(with = "As::<DurationSecondsWithFrac<f64>>")]
-    pub backoff_max: Duration,
-    /// How the pool's error messages name the settings they suggest raising; the
-    /// defaults are this struct's field names. A front end with its own spelling (the
-    /// sidecar's `--wait-timeout-secs`) sets its own. Not part of config files.
-    #[serde(skip)]
-    pub setting_names: SettingNames,
-}
+mod config;
+mod interception;
 
-/// How an [`ElasticPool`]'s error messages name the settings a user can change.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SettingNames {
-    /// [`ElasticConfig::max_servers`].
-    pub max_servers: &'static str,
-    /// [`ElasticConfig::multiplex`].
-    pub multiplex: &'static str,
-    /// [`ElasticConfig::wait_timeout`].
-    pub wait_timeout: &'static str,
-}
-
-impl Default for SettingNames {
-    fn default() -> Self {
-        SettingNames {
-            max_servers: "max_servers",
-            multiplex: "multiplex",
-            wait_timeout: "wait_timeout",
-        }
-    }
-}
-
-impl Default for ElasticConfig {
-    fn default() -> Self {
-        ElasticConfig {
-            multiplex: 32,
-            min_servers: None,
-            max_servers: 256,
-            max_concurrent_starts: 16,
-            wait_timeout: Duration::from_secs(300),
-            idle_timeout: Duration::from_secs(300),
-            health_interval: Duration::from_secs(10),
-            drain_timeout: Duration::from_secs(120),
-            start_attempts: 4,
-            backoff_base: Duration::from_millis(500),
-            backoff_max: Duration::from_secs(30),
-            setting_names: SettingNames::default(),
-        }
-    }
-}
-
-/// Where one server of the pool is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ServerPhase {
-    /// Being started (or backing off between attempts).
-    Starting,
-    /// Taking sessions.
-    Ready,
-    /// Its endpoint is unhealthy: no new sessions; torn down once empty.
-    Draining,
-    /// Being torn down.
-    Stopping,
-}
-
-/// One server of an [`ElasticPool`], as [`ElasticPool::servers`] reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerInfo {
-    /// Creation number (0 for the first server the pool ever made).
-    pub index: u64,
-    /// Its phase.
-    pub phase: ServerPhase,
-    /// Sessions on it (seats reserved by acquires in progress included).
-    pub load: usize,
-}
+pub use config::{ElasticConfig, ServerInfo, ServerPhase, SettingNames};
 
 /// The least time a repair of an unhealthy endpoint may take before the server drains.
 const REPAIR_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long one server's teardown may take at [`Interception::stop`]; a longer one is
+/// How long one server's teardown may take at `Interception::stop`; a longer one is
 /// abandoned (its tunnel's helper processes are killed when it drops) and reported.
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -155,7 +42,7 @@ pub const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 ///   at once for a non-retryable error) the waiters its server was to seat get its error.
 /// - At `max_servers` an acquire waits up to `wait_timeout`, then fails with an error
 ///   naming the cap.
-/// - Every background task is owned by the pool and ends at [`Interception::stop`] (or
+/// - Every background task is owned by the pool and ends at `Interception::stop` (or
 ///   when the pool is dropped).
 pub struct ElasticPool {
     inner: Arc<Inner>,
@@ -927,167 +814,5 @@ impl Drop for Queued<'_> {
         drop(state);
         // A seat already sent to us is dropped (and freed) with the receiver.
         drop(self.rx.take());
-    }
-}
-
-#[async_trait]
-impl Interception for ElasticPool {
-    /// Starts the background maintenance and warms `min_servers` servers in the
-    /// background; returns at once. Acquires made meanwhile wait for the warm servers
-    /// instead of starting more.
-    async fn start(&self) -> Result<(), Error> {
-        let inner = &self.inner;
-        let state = {
-            let mut state = inner.state.lock();
-            match state.lifecycle {
-                Lifecycle::Running => {
-                    return Err(Error::Conflict(
-                        "the elastic pool is already started".into(),
-                    ))
-                }
-                Lifecycle::Stopped => {
-                    return Err(Error::Conflict(
-                        "the elastic pool was stopped; make a new one".into(),
-                    ))
-                }
-                Lifecycle::New => state.lifecycle = Lifecycle::Running,
-            }
-            state
-        };
-        inner.tasks.spawn(inner.clone().maintenance_loop());
-        info!(
-            multiplex = inner.config.multiplex,
-            min_servers = inner.min_servers,
-            max_servers = inner.config.max_servers,
-            "elastic interception pool up"
-        );
-        inner.clone().settle(state);
-        Ok(())
-    }
-
-    /// Fails waiting acquires, ends every background task (a server start in flight is
-    /// let finish), then tears every server down at once, each within [`STOP_TIMEOUT`],
-    /// going on past failures and reporting all of them.
-    async fn stop(&self) -> Result<(), Error> {
-        let inner = &self.inner;
-        let deliveries: Deliveries = {
-            let mut state = inner.state.lock();
-            if state.lifecycle == Lifecycle::Stopped {
-                return Ok(());
-            }
-            state.lifecycle = Lifecycle::Stopped;
-            state
-                .waiters
-                .drain(..)
-                .map(|w| {
-                    (
-                        w.tx,
-                        Err(Error::Cancelled("the elastic pool is stopping".into())),
-                    )
-                })
-                .collect()
-        };
-        deliver(deliveries);
-        inner.cancel.cancel();
-        inner.tasks.close();
-        inner.tasks.wait().await;
-        let members: Vec<(u64, Arc<dyn PoolMember>)> = {
-            let mut state = inner.state.lock();
-            std::mem::take(&mut state.servers)
-                .into_iter()
-                .filter_map(|s| s.member.map(|m| (s.index, m)))
-                .collect()
-        };
-        // Every server at once (newest first in the log), each bounded: a tunnel API that
-        // hangs cannot hold the stop up.
-        let results = join_all(members.iter().rev().map(|(index, member)| async move {
-            match tokio::time::timeout(STOP_TIMEOUT, member.stop()).await {
-                Ok(result) => (*index, result),
-                Err(_) => (
-                    *index,
-                    Err(Error::Tunnel {
-                        retryable: true,
-                        message: format!(
-                            "server {index}: teardown did not end within {STOP_TIMEOUT:?}"
-                        ),
-                    }),
-                ),
-            }
-        }))
-        .await;
-        let mut errors = Vec::new();
-        for (index, result) in results {
-            if let Err(e) = result {
-                warn!(server = index, error = %e, "elastic pool: server teardown failed");
-                errors.push(e);
-            }
-        }
-        info!(
-            servers = members.len(),
-            failed = errors.len(),
-            "elastic interception pool down"
-        );
-        join_errors(errors)
-    }
-
-    async fn acquire(&self, session: Arc<dyn Session>) -> Result<SlotGuard, Error> {
-        let seat = self.inner.seat().await?;
-        let member = seat.member.clone();
-        let guard = member.acquire(session).await?;
-        Ok(PoolRelease::wrap(guard, seat))
-    }
-
-    fn load(&self) -> usize {
-        self.inner.state.lock().servers.iter().map(|s| s.load).sum()
-    }
-
-    /// Every server that is up (ready, draining or stopping), in creation order; servers
-    /// still starting are left out. `healthy` is the pool's verdict from its last health
-    /// round (a ready server is healthy, a draining or stopping one is not), so this never
-    /// probes an endpoint.
-    async fn servers(&self) -> Vec<ServerStatus> {
-        self.inner
-            .state
-            .lock()
-            .servers
-            .iter()
-            .filter_map(|s| {
-                let member = s.member.as_ref()?;
-                Some(ServerStatus {
-                    base_url: member.base_url(),
-                    load: s.load,
-                    healthy: s.phase == ServerPhase::Ready,
-                })
-            })
-            .collect()
-    }
-
-    /// Pauses every server (servers started later start paused); one epoch for the
-    /// whole pool.
-    async fn pause(&self, mode: PauseMode) -> Result<PauseStatus, Error> {
-        self.inner.pause.pause(mode, || self.inner.members());
-        Ok(self.inner.pause.status(&self.inner.members()))
-    }
-
-    /// Resumes every server in a new epoch.
-    async fn resume(&self) -> Result<PauseStatus, Error> {
-        self.inner.pause.resume(|| self.inner.members());
-        Ok(self.inner.pause.status(&self.inner.members()))
-    }
-
-    fn pause_status(&self) -> PauseStatus {
-        self.inner.pause.status(&self.inner.members())
-    }
-
-    fn inflight(&self) -> usize {
-        let members: Vec<Arc<dyn PoolMember>> = self
-            .inner
-            .state
-            .lock()
-            .servers
-            .iter()
-            .filter_map(|s| s.member.clone())
-            .collect();
-        members.iter().map(|m| m.inflight()).sum()
     }
 }
