@@ -380,67 +380,7 @@ pub(crate) fn render_stream(
     });
     emit(Event::Ping);
     for (index, block) in content.iter().enumerate() {
-        match *block {
-            Block::Thinking {
-                thinking,
-                signature,
-            } => {
-                emit(Event::ContentBlockStart {
-                    index,
-                    content_block: Block::Thinking {
-                        thinking: "",
-                        signature: "",
-                    },
-                });
-                for piece in super::chat::pieces(thinking, shape.chunks) {
-                    emit(Event::ContentBlockDelta {
-                        index,
-                        delta: Delta::Thinking { thinking: piece },
-                    });
-                }
-                emit(Event::ContentBlockDelta {
-                    index,
-                    delta: Delta::Signature { signature },
-                });
-            }
-            Block::Text { text } => {
-                emit(Event::ContentBlockStart {
-                    index,
-                    content_block: Block::Text { text: "" },
-                });
-                for piece in super::chat::pieces(text, shape.chunks) {
-                    emit(Event::ContentBlockDelta {
-                        index,
-                        delta: Delta::Text { text: piece },
-                    });
-                }
-            }
-            Block::ToolUse {
-                id,
-                name,
-                arguments,
-                ..
-            } => {
-                emit(Event::ContentBlockStart {
-                    index,
-                    content_block: Block::ToolUse {
-                        id,
-                        name,
-                        input: &empty,
-                        arguments: "",
-                    },
-                });
-                for piece in super::chat::pieces(arguments, shape.chunks) {
-                    emit(Event::ContentBlockDelta {
-                        index,
-                        delta: Delta::InputJson {
-                            partial_json: piece,
-                        },
-                    });
-                }
-            }
-        }
-        emit(Event::ContentBlockStop { index });
+        block_events(&mut emit, index, *block, &empty, shape.chunks);
     }
     if let Some(error) = error {
         emit(Event::Error {
@@ -467,6 +407,73 @@ pub(crate) fn render_stream(
         }
     }
     sse.into_events()
+}
+
+/// One content block's events: its start (empty), its content in `chunks` deltas (and a
+/// thinking block's signature), its stop.
+fn block_events<'a>(
+    emit: &mut impl FnMut(Event<'a>),
+    index: usize,
+    block: Block<'a>,
+    empty: &'a Value,
+    chunks: usize,
+) {
+    match block {
+        Block::Thinking {
+            thinking,
+            signature,
+        } => {
+            let content_block = Block::Thinking {
+                thinking: "",
+                signature: "",
+            };
+            emit(Event::ContentBlockStart {
+                index,
+                content_block,
+            });
+            for piece in super::chat::pieces(thinking, chunks) {
+                let delta = Delta::Thinking { thinking: piece };
+                emit(Event::ContentBlockDelta { index, delta });
+            }
+            let delta = Delta::Signature { signature };
+            emit(Event::ContentBlockDelta { index, delta });
+        }
+        Block::Text { text } => {
+            let content_block = Block::Text { text: "" };
+            emit(Event::ContentBlockStart {
+                index,
+                content_block,
+            });
+            for piece in super::chat::pieces(text, chunks) {
+                let delta = Delta::Text { text: piece };
+                emit(Event::ContentBlockDelta { index, delta });
+            }
+        }
+        Block::ToolUse {
+            id,
+            name,
+            arguments,
+            ..
+        } => {
+            let content_block = Block::ToolUse {
+                id,
+                name,
+                input: empty,
+                arguments: "",
+            };
+            emit(Event::ContentBlockStart {
+                index,
+                content_block,
+            });
+            for piece in super::chat::pieces(arguments, chunks) {
+                let delta = Delta::InputJson {
+                    partial_json: piece,
+                };
+                emit(Event::ContentBlockDelta { index, delta });
+            }
+        }
+    }
+    emit(Event::ContentBlockStop { index });
 }
 
 /// The `count_tokens` answer, `{"input_tokens": N}`.

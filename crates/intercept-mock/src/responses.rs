@@ -515,6 +515,13 @@ struct ErrorEvent<'a> {
     param: Option<()>,
 }
 
+/// Which text a part holds.
+#[derive(Clone, Copy)]
+enum TextKind {
+    Reasoning,
+    Output,
+}
+
 /// Writes numbered events.
 struct Writer {
     sse: SseBuf,
@@ -530,6 +537,158 @@ impl Writer {
         };
         self.sse.json(Some(kind), &event);
         self.sequence += 1;
+    }
+
+    /// One output item's events: added, its content's parts (text in `chunks` deltas),
+    /// done.
+    fn item(&mut self, output_index: usize, item: ItemOut<'_>, chunks: usize) {
+        match item {
+            ItemOut::Reasoning { id, content, .. } => {
+                let added = ItemOut::Reasoning {
+                    id,
+                    summary: [],
+                    content: &[],
+                };
+                self.event(
+                    "response.output_item.added",
+                    ItemEvent {
+                        output_index,
+                        item: added,
+                    },
+                );
+                self.text_part(
+                    id,
+                    output_index,
+                    part_text(content),
+                    chunks,
+                    TextKind::Reasoning,
+                );
+            }
+            ItemOut::Message { id, content, .. } => {
+                let added = ItemOut::Message {
+                    id,
+                    status: "in_progress",
+                    role: "assistant",
+                    content: &[],
+                };
+                self.event(
+                    "response.output_item.added",
+                    ItemEvent {
+                        output_index,
+                        item: added,
+                    },
+                );
+                self.text_part(
+                    id,
+                    output_index,
+                    part_text(content),
+                    chunks,
+                    TextKind::Output,
+                );
+            }
+            ItemOut::FunctionCall {
+                id,
+                call_id,
+                name,
+                arguments,
+                ..
+            } => {
+                let added = ItemOut::FunctionCall {
+                    id,
+                    status: "in_progress",
+                    call_id,
+                    name,
+                    arguments: "",
+                };
+                self.event(
+                    "response.output_item.added",
+                    ItemEvent {
+                        output_index,
+                        item: added,
+                    },
+                );
+                for piece in pieces(arguments, chunks) {
+                    let delta = ArgumentsDelta {
+                        item_id: id,
+                        output_index,
+                        delta: piece,
+                    };
+                    self.event("response.function_call_arguments.delta", delta);
+                }
+                let done = ArgumentsDone {
+                    item_id: id,
+                    output_index,
+                    name,
+                    arguments,
+                };
+                self.event("response.function_call_arguments.done", done);
+            }
+        }
+        self.event(
+            "response.output_item.done",
+            ItemEvent { output_index, item },
+        );
+    }
+
+    /// A text part's events: added (empty), `text` in `chunks` deltas, the text done, the
+    /// part done.
+    fn text_part(
+        &mut self,
+        id: &str,
+        output_index: usize,
+        text: &str,
+        chunks: usize,
+        kind: TextKind,
+    ) {
+        let (delta_kind, done_kind, logprobs) = match kind {
+            TextKind::Reasoning => (
+                "response.reasoning_text.delta",
+                "response.reasoning_text.done",
+                None,
+            ),
+            TextKind::Output => (
+                "response.output_text.delta",
+                "response.output_text.done",
+                Some([]),
+            ),
+        };
+        let part = |text| match kind {
+            TextKind::Reasoning => PartOut::ReasoningText { text },
+            TextKind::Output => PartOut::output_text(text),
+        };
+        let content_index = 0;
+        let added = PartEvent {
+            item_id: id,
+            output_index,
+            content_index,
+            part: part(""),
+        };
+        self.event("response.content_part.added", added);
+        for piece in pieces(text, chunks) {
+            let delta = TextDelta {
+                item_id: id,
+                output_index,
+                content_index,
+                delta: piece,
+                logprobs,
+            };
+            self.event(delta_kind, delta);
+        }
+        let done = TextDone {
+            item_id: id,
+            output_index,
+            content_index,
+            text,
+            logprobs,
+        };
+        self.event(done_kind, done);
+        let done = PartEvent {
+            item_id: id,
+            output_index,
+            content_index,
+            part: part(text),
+        };
+        self.event("response.content_part.done", done);
     }
 
     /// `response.created` and `response.in_progress` with an empty in-progress response.
@@ -586,164 +745,7 @@ pub(crate) fn render_stream(
     writer.open(response);
 
     for (output_index, item) in output.iter().enumerate() {
-        match *item {
-            ItemOut::Reasoning { id, content, .. } => {
-                let text = part_text(content);
-                writer.event(
-                    "response.output_item.added",
-                    ItemEvent {
-                        output_index,
-                        item: ItemOut::Reasoning {
-                            id,
-                            summary: [],
-                            content: &[],
-                        },
-                    },
-                );
-                writer.event(
-                    "response.content_part.added",
-                    PartEvent {
-                        item_id: id,
-                        output_index,
-                        content_index: 0,
-                        part: PartOut::ReasoningText { text: "" },
-                    },
-                );
-                for piece in pieces(text, shape.chunks) {
-                    writer.event(
-                        "response.reasoning_text.delta",
-                        TextDelta {
-                            item_id: id,
-                            output_index,
-                            content_index: 0,
-                            delta: piece,
-                            logprobs: None,
-                        },
-                    );
-                }
-                writer.event(
-                    "response.reasoning_text.done",
-                    TextDone {
-                        item_id: id,
-                        output_index,
-                        content_index: 0,
-                        text,
-                        logprobs: None,
-                    },
-                );
-                writer.event(
-                    "response.content_part.done",
-                    PartEvent {
-                        item_id: id,
-                        output_index,
-                        content_index: 0,
-                        part: PartOut::ReasoningText { text },
-                    },
-                );
-            }
-            ItemOut::Message { id, content, .. } => {
-                let text = part_text(content);
-                writer.event(
-                    "response.output_item.added",
-                    ItemEvent {
-                        output_index,
-                        item: ItemOut::Message {
-                            id,
-                            status: "in_progress",
-                            role: "assistant",
-                            content: &[],
-                        },
-                    },
-                );
-                writer.event(
-                    "response.content_part.added",
-                    PartEvent {
-                        item_id: id,
-                        output_index,
-                        content_index: 0,
-                        part: PartOut::output_text(""),
-                    },
-                );
-                for piece in pieces(text, shape.chunks) {
-                    writer.event(
-                        "response.output_text.delta",
-                        TextDelta {
-                            item_id: id,
-                            output_index,
-                            content_index: 0,
-                            delta: piece,
-                            logprobs: Some([]),
-                        },
-                    );
-                }
-                writer.event(
-                    "response.output_text.done",
-                    TextDone {
-                        item_id: id,
-                        output_index,
-                        content_index: 0,
-                        text,
-                        logprobs: Some([]),
-                    },
-                );
-                writer.event(
-                    "response.content_part.done",
-                    PartEvent {
-                        item_id: id,
-                        output_index,
-                        content_index: 0,
-                        part: PartOut::output_text(text),
-                    },
-                );
-            }
-            ItemOut::FunctionCall {
-                id,
-                call_id,
-                name,
-                arguments,
-                ..
-            } => {
-                writer.event(
-                    "response.output_item.added",
-                    ItemEvent {
-                        output_index,
-                        item: ItemOut::FunctionCall {
-                            id,
-                            status: "in_progress",
-                            call_id,
-                            name,
-                            arguments: "",
-                        },
-                    },
-                );
-                for piece in pieces(arguments, shape.chunks) {
-                    writer.event(
-                        "response.function_call_arguments.delta",
-                        ArgumentsDelta {
-                            item_id: id,
-                            output_index,
-                            delta: piece,
-                        },
-                    );
-                }
-                writer.event(
-                    "response.function_call_arguments.done",
-                    ArgumentsDone {
-                        item_id: id,
-                        output_index,
-                        name,
-                        arguments,
-                    },
-                );
-            }
-        }
-        writer.event(
-            "response.output_item.done",
-            ItemEvent {
-                output_index,
-                item: *item,
-            },
-        );
+        writer.item(output_index, *item, shape.chunks);
     }
 
     if let Some(error) = error {
