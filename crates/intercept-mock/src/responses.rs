@@ -549,20 +549,8 @@ impl Writer {
                     summary: [],
                     content: &[],
                 };
-                self.event(
-                    "response.output_item.added",
-                    ItemEvent {
-                        output_index,
-                        item: added,
-                    },
-                );
-                self.text_part(
-                    id,
-                    output_index,
-                    part_text(content),
-                    chunks,
-                    TextKind::Reasoning,
-                );
+                let text = (id, part_text(content), TextKind::Reasoning);
+                self.text_item(output_index, added, text, chunks);
             }
             ItemOut::Message { id, content, .. } => {
                 let added = ItemOut::Message {
@@ -571,20 +559,8 @@ impl Writer {
                     role: "assistant",
                     content: &[],
                 };
-                self.event(
-                    "response.output_item.added",
-                    ItemEvent {
-                        output_index,
-                        item: added,
-                    },
-                );
-                self.text_part(
-                    id,
-                    output_index,
-                    part_text(content),
-                    chunks,
-                    TextKind::Output,
-                );
+                let text = (id, part_text(content), TextKind::Output);
+                self.text_item(output_index, added, text, chunks);
             }
             ItemOut::FunctionCall {
                 id,
@@ -628,6 +604,23 @@ impl Writer {
             "response.output_item.done",
             ItemEvent { output_index, item },
         );
+    }
+
+    /// A text item's start: `added` (the item, empty), then its one text part
+    /// (`(id, text, kind)`).
+    fn text_item(
+        &mut self,
+        output_index: usize,
+        added: ItemOut<'_>,
+        (id, text, kind): (&str, &str, TextKind),
+        chunks: usize,
+    ) {
+        let event = ItemEvent {
+            output_index,
+            item: added,
+        };
+        self.event("response.output_item.added", event);
+        self.text_part(id, output_index, text, chunks, kind);
     }
 
     /// A text part's events: added (empty), `text` in `chunks` deltas, the text done, the
