@@ -395,10 +395,21 @@ impl EpisodeBuilder {
     fn sampled_of(&self, record: &CallRecord) -> Option<(Message, Option<Value>)> {
         let bytes = record.response.as_ref()?.bytes();
         if record.dialect == DialectKind::ChatCompletions {
-            let response: read::ChatResponse = crate::body::from_json_bytes(bytes).ok()?;
-            let msg = match response.choices.into_iter().next()?.message? {
-                read::SampledChat::Plain(msg) => msg,
-                read::SampledChat::Other => {
+            // A turn that called tools is a shape the one-pass reader leaves to
+            // `from_chat`: read it that way at once rather than twice.
+            let tools = record.finish_reason.as_deref() == Some("tool_calls");
+            let plain = if tools {
+                None
+            } else {
+                let response: read::ChatResponse = crate::body::from_json_bytes(bytes).ok()?;
+                match response.choices.into_iter().next()?.message? {
+                    read::SampledChat::Plain(msg) => Some(msg),
+                    read::SampledChat::Other => None,
+                }
+            };
+            let msg = match plain {
+                Some(msg) => msg,
+                None => {
                     let response: read::ChatResponseValue = serde_json::from_slice(bytes).ok()?;
                     let mut msg = read::from_chat(response.choices.first()?.message.as_ref()?);
                     msg.role = Role::Assistant;
