@@ -20,7 +20,10 @@
 //!
 //! Heartbeats are the harness's only: they never reach an assembler or a record.
 
+use std::sync::LazyLock;
+
 use bytes::{BufMut, Bytes, BytesMut};
+use memchr::memmem::{Finder, FinderRev};
 use serde_json::value::RawValue;
 
 use super::DialectKind;
@@ -252,7 +255,10 @@ impl Heartbeat {
 
 /// The `type` of a Responses event's data, read without parsing it whole.
 fn event_type(data: &[u8]) -> &[u8] {
-    let Some(at) = memchr::memmem::find(data, b"\"type\"") else {
+    // Searchers built once: `memmem::find` builds one at every call, a cost comparable
+    // to the search on an event's few hundred bytes.
+    static TYPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"type\""));
+    let Some(at) = TYPE.find(data) else {
         return b"";
     };
     let rest = skip_ws(&data[at + 6..]);
@@ -281,7 +287,8 @@ fn skip_ws(b: &[u8]) -> &[u8] {
 /// inside strings the key's quotes are escaped.
 fn sequence_number(event: &[u8]) -> Option<(usize, usize, u64)> {
     const KEY: &[u8] = b"\"sequence_number\"";
-    let finder = memchr::memmem::FinderRev::new(KEY);
+    static FINDER: LazyLock<FinderRev<'static>> = LazyLock::new(|| FinderRev::new(KEY));
+    let finder = &*FINDER;
     let mut end = event.len();
     while let Some(at) = finder.rfind(&event[..end]) {
         end = at;
@@ -308,7 +315,8 @@ fn sequence_number(event: &[u8]) -> Option<(usize, usize, u64)> {
 /// `null`).
 fn has_finish_reason(data: &[u8]) -> bool {
     const KEY: &[u8] = b"\"finish_reason\"";
-    memchr::memmem::find_iter(data, KEY).any(|at| {
+    static FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(KEY));
+    FINDER.find_iter(data).any(|at| {
         let rest = skip_ws(&data[at + KEY.len()..]);
         rest.strip_prefix(b":")
             .map(skip_ws)
