@@ -18,6 +18,7 @@
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use intercept_core::body::ParseMemo;
 use intercept_core::sse::{SseEvent, SseSplitter};
 use intercept_core::{
     mediate_request, ChatDialect, Dialect, JsonBody, MessagesDialect, NetworkPolicy, Prepared,
@@ -83,6 +84,57 @@ fn body(c: &mut Criterion) {
             },
         );
     }
+    group.finish();
+}
+
+/// The `turn`-th body of an agent conversation: ~20 KB of tools before the messages
+/// (as agents send them), then a system prompt and `turn` rounds of an assistant tool
+/// call and a ~2 KB tool result of code (dense in escapes).
+fn conversation(turn: usize) -> Bytes {
+    let code = "fn main() {\n    println!(\"{}\", \"hello\");\n}\n".repeat(40);
+    let tools: Vec<_> = (0..20)
+        .map(|i| {
+            json!({"type": "function", "function": {"name": format!("tool_{i}"),
+            "description": "x".repeat(800), "parameters": {"type": "object"}}})
+        })
+        .collect();
+    let mut messages = vec![json!({"role": "system", "content": "You are a coding agent."})];
+    for t in 0..turn {
+        messages.push(json!({"role": "assistant", "tool_calls": [{"id": format!("c{t}"),
+            "type": "function", "function": {"name": "tool_1", "arguments": "{\"path\":\"a.rs\"}"}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": format!("c{t}"), "content": code}));
+    }
+    // Keys in the order agents write them: serde_json's map keeps them sorted, so the
+    // body is written by hand around the two arrays.
+    let text = format!(
+        r#"{{"model":"policy","tools":{},"stream":{},"messages":{}}}"#,
+        serde_json::to_string(&tools).unwrap_or_default(),
+        turn.is_multiple_of(2),
+        serde_json::to_string(&messages).unwrap_or_default(),
+    );
+    Bytes::from(text)
+}
+
+/// Parsing the next body of a grown conversation: alone, and after the previous one
+/// (`JsonBody::parse_after`), at turn 40 (~200 KB).
+fn conversation_bodies(c: &mut Criterion) {
+    let mut group = c.benchmark_group("conversation");
+    let (before, now) = (conversation(39), conversation(40));
+    group.throughput(Throughput::Bytes(now.len() as u64));
+    group.bench_function("parse_alone_turn_40", |b| {
+        b.iter(|| JsonBody::parse(now.clone()).ok())
+    });
+    group.bench_function("parse_after_turn_39", |b| {
+        b.iter_batched(
+            || {
+                let mut memo = ParseMemo::default();
+                let _ = JsonBody::parse_after(before.clone(), &mut memo);
+                memo
+            },
+            |mut memo| JsonBody::parse_after(now.clone(), &mut memo).ok(),
+            criterion::BatchSize::SmallInput,
+        )
+    });
     group.finish();
 }
 
@@ -227,5 +279,5 @@ fn sse(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, body, mediate, sse);
+criterion_group!(benches, body, conversation_bodies, mediate, sse);
 criterion_main!(benches);
