@@ -95,7 +95,7 @@ impl<'de> Deserialize<'de> for TopLevel<'de> {
 
 /// The members of the object `text` from its scan; `None` if a key's escapes do not
 /// decode (a lone surrogate), which serde_json's parse then reports.
-fn members_of(text: &str, scanned: Vec<scan::TopMember>) -> Option<Vec<Member>> {
+fn members_of(text: &str, scanned: &[scan::TopMember]) -> Option<Vec<Member>> {
     let mut members = Vec::with_capacity(scanned.len());
     for m in scanned {
         let (key, span): (Box<str>, _) = if m.escaped {
@@ -108,7 +108,7 @@ fn members_of(text: &str, scanned: Vec<scan::TopMember>) -> Option<Vec<Member>> 
                 Some(m.key.start - 1..m.value.end),
             )
         };
-        add_member(&mut members, key, span, m.value);
+        add_member(&mut members, key, span, m.value.clone());
     }
     Some(members)
 }
@@ -243,7 +243,7 @@ impl JsonBody {
     pub fn parse(source: Bytes) -> Result<Self, Error> {
         if let Some(members) = simdutf8::basic::from_utf8(&source)
             .ok()
-            .and_then(|text| members_of(text, scan::scan_object(text, MAX_JSON_DEPTH)?))
+            .and_then(|text| members_of(text, &scan::scan_object(text, MAX_JSON_DEPTH)?))
         {
             return Ok(JsonBody { source, members });
         }
@@ -273,7 +273,7 @@ impl JsonBody {
         let scanned = simdutf8::basic::from_utf8(&source).ok().and_then(|text| {
             let at = earlier.scanned.as_ref().map(|s| (&earlier.source[..], s));
             let scanned = scan::scan_from(text, MAX_JSON_DEPTH, at)?;
-            Some((members_of(text, scanned.members.clone())?, scanned))
+            Some((members_of(text, &scanned.members)?, scanned))
         });
         match scanned {
             Some((members, scanned)) => {

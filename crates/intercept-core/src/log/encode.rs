@@ -94,7 +94,7 @@ pub(crate) fn ws(b: &[u8], mut i: usize) -> usize {
 }
 
 /// The index just after the string that starts at `i` (at its quote).
-pub(crate) fn string_end(b: &[u8], i: usize) -> Result<usize> {
+fn string_end(b: &[u8], i: usize) -> Result<usize> {
     json_text::closing_quote(b, i + 1, false)
         .map(|(close, _)| close + 1)
         .ok_or(Invalid)
@@ -143,7 +143,7 @@ pub(crate) fn skip_value(b: &[u8], i: usize) -> Result<usize> {
 }
 
 /// Whether a key's string token (quotes included) decodes to one of the [`MARKERS`].
-pub(crate) fn is_marker_key(token: &str) -> Result<bool> {
+fn is_marker_key(token: &str) -> Result<bool> {
     let inner = &token[1..token.len() - 1];
     // Every marker starts with `$`, spelled as it stands or escaped (`\u0024`).
     match inner.as_bytes().first() {
@@ -214,6 +214,22 @@ impl Encoder<'_> {
     }
 
     fn object(&mut self, s: &str, i: usize, out: &mut Vec<u8>, depth: usize) -> Result<usize> {
+        self.object_with(s, i, out, depth, |enc, _, at, out, depth| {
+            enc.value(s, at, out, depth)
+        })
+    }
+
+    /// Writes the object starting at `i` of `s` (its opening brace), each member's value
+    /// by `member(encoder, key token, value start, out, depth)`, which returns the index
+    /// after the value; a marker-shaped object is escaped. Returns the index after it.
+    pub(crate) fn object_with(
+        &mut self,
+        s: &str,
+        i: usize,
+        out: &mut Vec<u8>,
+        depth: usize,
+        mut member: impl FnMut(&mut Self, &[u8], usize, &mut Vec<u8>, usize) -> Result<usize>,
+    ) -> Result<usize> {
         let b = s.as_bytes();
         let mut at = ws(b, i + 1);
         if b.get(at) == Some(&b'}') {
@@ -241,13 +257,15 @@ impl Encoder<'_> {
                 return Err(Invalid);
             }
             let key_end = string_end(b, at)?;
-            out.extend_from_slice(&b[at..key_end]);
+            let key = &b[at..key_end];
+            out.extend_from_slice(key);
             at = ws(b, key_end);
             if b.get(at) != Some(&b':') {
                 return Err(Invalid);
             }
             out.push(b':');
-            at = self.value(s, at + 1, out, depth + 1 + usize::from(escaped))?;
+            let value = ws(b, at + 1);
+            at = member(self, key, value, out, depth + 1 + usize::from(escaped))?;
             at = ws(b, at);
             match b.get(at).ok_or(Invalid)? {
                 b',' => {

@@ -468,61 +468,25 @@ fn response(
     enc: &mut encode::Encoder<'_>,
     out: &mut Vec<u8>,
 ) -> Result<(), encode::Invalid> {
-    use encode::{skip_value, string_end, ws, Invalid};
+    use encode::{skip_value, ws, Invalid};
     let text = simdutf8::basic::from_utf8(raw).map_err(|_| Invalid)?;
-    let b = raw;
-    let start = ws(b, 0);
-    if b.get(start) != Some(&b'{') {
+    let start = ws(raw, 0);
+    if raw.get(start) != Some(&b'{') {
         return enc.member(text, out, 2);
     }
-    let mut at = ws(b, start + 1);
-    if b.get(at) == Some(&b'}') {
-        out.extend_from_slice(b"{}");
-        return Ok(());
-    }
-    // An object whose first key is a marker's may be marker-shaped (one member): the
-    // encoder escapes it as a whole.
-    if b.get(at) == Some(&b'"') && encode::is_marker_key(&text[at..string_end(b, at)?])? {
-        let end = skip_value(b, start)?;
-        return enc.value(&text[..end], start, out, 2).map(drop);
-    }
-    out.push(b'{');
-    loop {
-        if b.get(at) != Some(&b'"') {
-            return Err(Invalid);
-        }
-        let key_end = string_end(b, at)?;
-        let key = &b[at..key_end];
-        out.extend_from_slice(key);
-        at = ws(b, key_end);
-        if b.get(at) != Some(&b':') {
-            return Err(Invalid);
-        }
-        out.push(b':');
-        at = ws(b, at + 1);
+    enc.object_with(text, start, out, 2, |enc, key, at, out, depth| {
         if ANSWERS.contains(&key) {
             // The answer itself is new with every call: its long strings are values
             // (the episode's node and the next request share them), the rest stands in
             // the line.
-            at = enc.value(text, at, out, 3)?;
+            enc.value(text, at, out, depth)
         } else {
-            let end = skip_value(b, at)?;
-            enc.member(&text[at..end], out, 3)?;
-            at = end;
+            let end = skip_value(raw, at)?;
+            enc.member(&text[at..end], out, depth)?;
+            Ok(end)
         }
-        at = ws(b, at);
-        match b.get(at).ok_or(Invalid)? {
-            b',' => {
-                out.push(b',');
-                at = ws(b, at + 1);
-            }
-            b'}' => {
-                out.push(b'}');
-                return Ok(());
-            }
-            _ => return Err(Invalid),
-        }
-    }
+    })
+    .map(drop)
 }
 
 /// The response members that hold the answer (Chat and Completions `choices`,
