@@ -84,6 +84,14 @@ impl Message<'_> {
 }
 
 impl Conversation for MessagesRequest<'_> {
+    fn has_input(&self) -> bool {
+        self.messages.is_some()
+    }
+
+    fn streams(&self) -> bool {
+        self.is_stream()
+    }
+
     fn model(&self) -> Option<&str> {
         self.model.as_ref().map(|model| &*model.0)
     }

@@ -322,6 +322,10 @@ pub(crate) trait Conversation {
     fn last_turn(&self) -> LastTurn<'_>;
     /// The name of the first tool offered.
     fn first_tool(&self) -> Option<&str>;
+    /// Whether it holds the conversation the echo needs (`messages` or `input`).
+    fn has_input(&self) -> bool;
+    /// Whether it asks for a stream.
+    fn streams(&self) -> bool;
 }
 
 /// The turn the echo answers.
@@ -334,6 +338,14 @@ pub(crate) enum LastTurn<'a> {
 }
 
 impl Conversation for ChatRequest<'_> {
+    fn has_input(&self) -> bool {
+        self.messages.is_some()
+    }
+
+    fn streams(&self) -> bool {
+        self.is_stream()
+    }
+
     fn model(&self) -> Option<&str> {
         self.model.as_ref().map(|model| &*model.0)
     }

@@ -127,6 +127,14 @@ impl Item<'_> {
 }
 
 impl Conversation for ResponsesRequest<'_> {
+    fn has_input(&self) -> bool {
+        self.input.is_some()
+    }
+
+    fn streams(&self) -> bool {
+        self.is_stream()
+    }
+
     fn model(&self) -> Option<&str> {
         self.model.as_ref().map(|model| &*model.0)
     }

@@ -361,6 +361,50 @@ fn stream_error_response(
     )
 }
 
+/// The reply resolved against the request, its tool calls without an id numbered by
+/// the server (`<call_prefix><N>`).
+fn resolve<'a>(
+    shared: &'a Shared,
+    completion: &'a Completion,
+    request: &'a dyn chat::Conversation,
+    call_prefix: &str,
+) -> chat::Answer<'a> {
+    let mut next_call_id = || shared.call_ids.fetch_add(1, Ordering::Relaxed) + 1;
+    chat::resolve(
+        completion,
+        request,
+        &shared.config.default_model,
+        call_prefix,
+        &mut next_call_id,
+    )
+}
+
+/// A request of `dialect` read and checked: parsed (400 when it is not), holding its
+/// conversation when the reply echoes (400 with `missing`), and a scripted stream error
+/// answered as a JSON error when the request asks for no stream.
+fn checked_request<'b, R: Deserialize<'b> + Default + chat::Conversation>(
+    body: &'b Bytes,
+    completion: &Completion,
+    reply: &Reply,
+    dialect: Dialect,
+    missing: &str,
+) -> Result<R, Box<Response<MockBody>>> {
+    let request: R =
+        parse_request(body, completion).map_err(|err| Box::new(bad_request(dialect, &err)))?;
+    if completion.echo && !request.has_input() {
+        let response = error_response(dialect, StatusCode::BAD_REQUEST, None, missing);
+        return Err(Box::new(response));
+    }
+    if let Some(error) = completion
+        .stream_error
+        .as_ref()
+        .filter(|_| !request.streams())
+    {
+        return Err(Box::new(stream_error_response(dialect, error, reply)));
+    }
+    Ok(request)
+}
+
 /// A chat completion as JSON or as a stream, as the request asks.
 fn chat_response(
     shared: &Shared,
@@ -370,33 +414,17 @@ fn chat_response(
     chunk_delay: Duration,
 ) -> Response<MockBody> {
     let config = &shared.config;
-    let request: ChatRequest<'_> = match parse_request(body, completion) {
-        Ok(request) => request,
-        Err(err) => return bad_request(Dialect::Chat, &err),
-    };
-    if completion.echo && request.messages.is_none() {
-        return error_response(
-            Dialect::Chat,
-            StatusCode::BAD_REQUEST,
-            None,
-            "'messages' is a required property",
-        );
-    }
-    if let Some(error) = completion
-        .stream_error
-        .as_ref()
-        .filter(|_| !request.is_stream())
-    {
-        return stream_error_response(Dialect::Chat, error, reply);
-    }
-    let mut next_call_id = || shared.call_ids.fetch_add(1, Ordering::Relaxed) + 1;
-    let answer = chat::resolve(
+    let request: ChatRequest<'_> = match checked_request(
+        body,
         completion,
-        &request,
-        &config.default_model,
-        "call_",
-        &mut next_call_id,
-    );
+        reply,
+        Dialect::Chat,
+        "'messages' is a required property",
+    ) {
+        Ok(request) => request,
+        Err(response) => return *response,
+    };
+    let answer = resolve(shared, completion, &request, "call_");
     let id = format!("chatcmpl-mock-{}", next_number(shared));
     let created = config.created.unwrap_or_else(unix_now);
     if request.is_stream() {
@@ -443,33 +471,17 @@ fn responses_response(
     chunk_delay: Duration,
 ) -> Response<MockBody> {
     let config = &shared.config;
-    let request: ResponsesRequest<'_> = match parse_request(body, completion) {
-        Ok(request) => request,
-        Err(err) => return bad_request(Dialect::Responses, &err),
-    };
-    if completion.echo && request.input.is_none() {
-        return error_response(
-            Dialect::Responses,
-            StatusCode::BAD_REQUEST,
-            None,
-            "Missing required parameter: 'input'.",
-        );
-    }
-    if let Some(error) = completion
-        .stream_error
-        .as_ref()
-        .filter(|_| !request.is_stream())
-    {
-        return stream_error_response(Dialect::Responses, error, reply);
-    }
-    let mut next_call_id = || shared.call_ids.fetch_add(1, Ordering::Relaxed) + 1;
-    let answer = chat::resolve(
+    let request: ResponsesRequest<'_> = match checked_request(
+        body,
         completion,
-        &request,
-        &config.default_model,
-        "call_",
-        &mut next_call_id,
-    );
+        reply,
+        Dialect::Responses,
+        "Missing required parameter: 'input'.",
+    ) {
+        Ok(request) => request,
+        Err(response) => return *response,
+    };
+    let answer = resolve(shared, completion, &request, "call_");
     let meta = responses::Meta {
         number: next_number(shared),
         created: config.created.unwrap_or_else(unix_now),
@@ -500,33 +512,17 @@ fn messages_response(
     chunk_delay: Duration,
 ) -> Response<MockBody> {
     let config = &shared.config;
-    let request: MessagesRequest<'_> = match parse_request(body, completion) {
-        Ok(request) => request,
-        Err(err) => return bad_request(Dialect::Anthropic, &err),
-    };
-    if completion.echo && request.messages.is_none() {
-        return error_response(
-            Dialect::Anthropic,
-            StatusCode::BAD_REQUEST,
-            None,
-            "messages: Field required",
-        );
-    }
-    if let Some(error) = completion
-        .stream_error
-        .as_ref()
-        .filter(|_| !request.is_stream())
-    {
-        return stream_error_response(Dialect::Anthropic, error, reply);
-    }
-    let mut next_call_id = || shared.call_ids.fetch_add(1, Ordering::Relaxed) + 1;
-    let answer = chat::resolve(
+    let request: MessagesRequest<'_> = match checked_request(
+        body,
         completion,
-        &request,
-        &config.default_model,
-        "toolu_",
-        &mut next_call_id,
-    );
+        reply,
+        Dialect::Anthropic,
+        "messages: Field required",
+    ) {
+        Ok(request) => request,
+        Err(response) => return *response,
+    };
+    let answer = resolve(shared, completion, &request, "toolu_");
     let number = next_number(shared);
     if request.is_stream() {
         let events = anthropic::render_stream(
