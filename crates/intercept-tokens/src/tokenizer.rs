@@ -1,0 +1,225 @@
+//! A Hugging Face tokenizer loaded from its files, and the process-wide registry that
+//! loads each one once.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+use serde::Deserialize;
+use tokenizers::AddedToken;
+
+/// Why a tokenizer could not be loaded. The message names the path.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokenizerError {
+    /// The path does not exist or cannot be read.
+    #[error("tokenizer {path}: {message}")]
+    Unreadable {
+        /// The path that was asked for.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// The files were read but are not a tokenizer this crate can use.
+    #[error("tokenizer {path}: {message}")]
+    Invalid {
+        /// The path that was asked for.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// `tokenizer_config.json`, the parts that matter here.
+#[derive(Debug, Default, Deserialize)]
+struct TokenizerConfig {
+    #[serde(default)]
+    added_tokens_decoder: HashMap<String, AddedTokenConfig>,
+    #[serde(default)]
+    eos_token: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct AddedTokenConfig {
+    content: String,
+    #[serde(default)]
+    lstrip: bool,
+    #[serde(default)]
+    rstrip: bool,
+    #[serde(default)]
+    normalized: bool,
+    #[serde(default)]
+    single_word: bool,
+    #[serde(default)]
+    special: bool,
+}
+
+/// A tokenizer: `tokenizer.json` (the model, its pre-tokenizer and decoder) plus the added
+/// tokens that `tokenizer_config.json` declares (some models declare their special tokens
+/// only there), so that every special token is one id.
+///
+/// Encoding adds no special tokens (`add_special_tokens=False`); decoding keeps them
+/// (`skip_special_tokens=False`), as the renderers need.
+#[derive(Debug)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    path: PathBuf,
+    eos_token: Option<String>,
+}
+
+impl Tokenizer {
+    /// Loads a tokenizer from a folder holding `tokenizer.json` (and, if present,
+    /// `tokenizer_config.json`), or from the `tokenizer.json` file itself (its
+    /// `tokenizer_config.json` is then looked for beside it).
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, TokenizerError> {
+        let path = path.as_ref();
+        let meta = std::fs::metadata(path).map_err(|e| TokenizerError::Unreadable {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        let (json, dir) = if meta.is_dir() {
+            (path.join("tokenizer.json"), path.to_owned())
+        } else {
+            let dir = path.parent().map(Path::to_owned).unwrap_or_default();
+            (path.to_owned(), dir)
+        };
+        let bytes = std::fs::read(&json).map_err(|e| TokenizerError::Unreadable {
+            path: json.clone(),
+            message: e.to_string(),
+        })?;
+        let mut inner =
+            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| TokenizerError::Invalid {
+                path: json.clone(),
+                message: format!("not a Hugging Face tokenizer.json: {e}"),
+            })?;
+        let config_path = dir.join("tokenizer_config.json");
+        let config: TokenizerConfig = match std::fs::read(&config_path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| TokenizerError::Invalid {
+                path: config_path.clone(),
+                message: format!("not a tokenizer_config.json: {e}"),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => TokenizerConfig::default(),
+            Err(e) => {
+                return Err(TokenizerError::Unreadable {
+                    path: config_path,
+                    message: e.to_string(),
+                })
+            }
+        };
+        // Added tokens declared only in the config join the vocabulary at their ids, in
+        // id order (the order `transformers` adds them in).
+        let mut declared: Vec<(u32, AddedTokenConfig)> = config
+            .added_tokens_decoder
+            .into_iter()
+            .filter_map(|(id, t)| id.parse::<u32>().ok().map(|id| (id, t)))
+            .collect();
+        declared.sort_by_key(|(id, _)| *id);
+        for (id, t) in declared {
+            if inner.token_to_id(&t.content) == Some(id) {
+                continue;
+            }
+            let token = AddedToken::from(t.content.clone(), t.special)
+                .lstrip(t.lstrip)
+                .rstrip(t.rstrip)
+                .normalized(t.normalized)
+                .single_word(t.single_word);
+            if t.special {
+                inner.add_special_tokens(&[token]);
+            } else {
+                inner.add_tokens(&[token]);
+            }
+            if inner.token_to_id(&t.content) != Some(id) {
+                return Err(TokenizerError::Invalid {
+                    path: config_path.clone(),
+                    message: format!(
+                        "added token {:?} is declared as id {id} but tokenizer.json gives it another id",
+                        t.content
+                    ),
+                });
+            }
+        }
+        let eos_token = match config.eos_token {
+            Some(serde_json::Value::String(s)) => Some(s),
+            Some(serde_json::Value::Object(o)) => {
+                o.get("content").and_then(|c| c.as_str()).map(str::to_owned)
+            }
+            _ => None,
+        };
+        Ok(Tokenizer {
+            inner,
+            path: path.to_owned(),
+            eos_token,
+        })
+    }
+
+    /// The path it was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The `eos_token` of `tokenizer_config.json`, if it names one.
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
+    /// The ids of `text`, without special tokens added around it (special tokens written
+    /// in the text are still one id each).
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        if text.is_empty() {
+            return Vec::new();
+        }
+        match self.inner.encode_fast(text, false) {
+            Ok(enc) => enc.get_ids().to_vec(),
+            // Encoding a `&str` with a loaded BPE model does not fail; an empty answer is
+            // the safe reading if a future model can.
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// The text of `ids`, special tokens included. Bytes that do not form whole UTF-8
+    /// characters decode to U+FFFD, as Python's `errors="replace"`.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        self.inner.decode(ids, false).unwrap_or_default()
+    }
+
+    /// The id of one token of the vocabulary (added tokens included).
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The token of one id.
+    pub fn id_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The vocabulary's size, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The Hugging Face tokenizer underneath.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}
+
+/// Loads each tokenizer once per process: every caller naming the same files (by
+/// canonical path) shares one [`Tokenizer`].
+pub fn shared(path: impl AsRef<Path>) -> Result<Arc<Tokenizer>, TokenizerError> {
+    static LOADED: OnceLock<Mutex<HashMap<PathBuf, Arc<Tokenizer>>>> = OnceLock::new();
+    let path = path.as_ref();
+    let key = std::fs::canonicalize(path).map_err(|e| TokenizerError::Unreadable {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })?;
+    let map = LOADED.get_or_init(Default::default);
+    if let Some(t) = map.lock().get(&key) {
+        return Ok(t.clone());
+    }
+    // Loaded outside the lock (a large tokenizer takes a while); a second loader of the
+    // same path keeps the first one stored.
+    let loaded = Arc::new(Tokenizer::load(&key)?);
+    let mut map = map.lock();
+    Ok(map.entry(key).or_insert(loaded).clone())
+}
