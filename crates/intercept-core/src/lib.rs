@@ -60,12 +60,12 @@ pub use interception::{
     Interception, PauseKind, PauseMode, PauseStatus, ServerStatus, SlotGuard, SlotRelease,
 };
 pub use network::{mediate_request, NetworkPolicy, OnViolation, PolicyEvent};
-pub use record::{CallError, CallRecord, TokenCapture, Usage};
+pub use record::{CallError, CallRecord, TokenCapture, TokenPath, TurnTokens, Usage};
 pub use secret::{Secret, SecretStr};
 pub use session::{
-    tool_by_phase, CallInfo, HookAction, Limits, RecordSink, RolloutSession, Sampling, Session,
-    SessionConfig, SessionStatus, StopReason, ToolAction, ToolPhase, Totals, Trace, Upstream,
-    SECRET_HEADERS,
+    tool_by_phase, CallInfo, Generated, HookAction, Limits, RecordSink, RolloutSession, Sampling,
+    Session, SessionConfig, SessionStatus, StopReason, ToolAction, ToolPhase, Totals, Trace,
+    Upstream, SECRET_HEADERS,
 };
 pub use slot::Slot;
 pub use tunnel::{BindAddr, Endpoint, Health, Tunnel};

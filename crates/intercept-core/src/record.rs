@@ -99,6 +99,50 @@ pub enum TokenCapture {
     Missing,
 }
 
+/// How a call's prompt ids were made, when intercept (or the session) rendered the prompt
+/// itself instead of letting the engine render the conversation (token-in/token-out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum TokenPath {
+    /// The previous turn's prompt ids and completion ids, closed and extended by only the
+    /// new messages: the branch continues.
+    Bridged,
+    /// The whole conversation rendered (a first turn, or a turn the bridge declined: the
+    /// branch breaks here).
+    Rendered,
+    /// Sent to the engine's chat endpoint with `return_token_ids` (the session's
+    /// `on_mismatch = "chat"`): the engine rendered the prompt.
+    Chat,
+}
+
+impl TokenPath {
+    /// The snake_case name, as serialised.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenPath::Bridged => "bridged",
+            TokenPath::Rendered => "rendered",
+            TokenPath::Chat => "chat",
+        }
+    }
+}
+
+/// The token data of a call whose prompt was rendered to ids before it reached the
+/// engine: exactly the ids sent and received, and how the prompt was made.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TurnTokens {
+    /// The prompt's ids, as sent to the engine.
+    pub prompt_ids: Vec<u32>,
+    /// The completion's ids, as the engine returned them.
+    pub completion_ids: Vec<u32>,
+    /// The log-probability of each completion id (empty when the engine returned none).
+    pub logprobs: Vec<f64>,
+    /// How the prompt was made; `None` when the session did not say.
+    pub path: Option<TokenPath>,
+    /// Why the turn was not bridged (the bridge's reason for declining), when it was not.
+    pub reason: Option<String>,
+}
+
 /// One model call, as recorded on the rollout's trace.
 ///
 /// Serialises to one JSON object (one line of a JSONL trace file). A field added here

@@ -121,6 +121,16 @@ where
     }
 }
 
+/// A model call's answer made by the session itself ([`Session::generate`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generated {
+    /// The dialect's complete JSON response, as the upstream would have answered.
+    pub response: bytes::Bytes,
+    /// The ids that went to and came from the engine, when the session rendered the
+    /// prompt itself.
+    pub tokens: Option<crate::record::TurnTokens>,
+}
+
 /// One rollout, as the server sees it.
 ///
 /// Only [`Session::id`], [`Session::model`], [`Session::upstream`] and
@@ -229,6 +239,27 @@ pub trait Session: Send + Sync + fmt::Debug + 'static {
     /// speak another (a tool gate's `{tool_call_id, name, arguments}`).
     async fn tool(&self, body: &[u8]) -> Result<serde_json::Value, Error> {
         tool_by_phase(self, body).await
+    }
+
+    /// Whether this session answers its model calls itself ([`Session::generate`])
+    /// instead of having them relayed to its upstream (a train client that renders
+    /// prompts to token ids and generates on its own engine). Default: false.
+    fn generates(&self) -> bool {
+        false
+    }
+
+    /// Answers one model call, when [`Session::generates`] is true: `body` is the request
+    /// as it would have gone upstream (model, sampling, hooks and network policy applied).
+    /// The answer is the dialect's complete JSON response; the server serves it as the
+    /// upstream's (a streamed call gets it as the dialect's stream) and records it with
+    /// its token data. An [`Error`] is the call's answer and its record's error, with its
+    /// status (an [`Error::UpstreamStatus`] keeps the engine's). The server drops the
+    /// future when the rollout is released, the harness is gone past its grace, or the
+    /// server stops.
+    async fn generate(&self, _call: &CallInfo, _body: &JsonBody) -> Result<Generated, Error> {
+        Err(Error::Internal(
+            "this session does not generate its answers (Session::generates is false)".into(),
+        ))
     }
 
     /// Receives every finished call.
