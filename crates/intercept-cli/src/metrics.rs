@@ -13,7 +13,7 @@ pub const BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 ];
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Histogram {
     counts: Vec<u64>,
     sum: f64,
@@ -34,6 +34,17 @@ impl Histogram {
         self.count += 1;
     }
 
+    fn add(&mut self, other: &Histogram) {
+        if self.counts.is_empty() {
+            self.counts = vec![0; BUCKETS.len()];
+        }
+        for (mine, theirs) in self.counts.iter_mut().zip(&other.counts) {
+            *mine += theirs;
+        }
+        self.sum += other.sum;
+        self.count += other.count;
+    }
+
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         for (i, bound) in BUCKETS.iter().enumerate() {
@@ -46,13 +57,43 @@ impl Histogram {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Calls {
     by_label: BTreeMap<(String, u16), u64>,
     /// Calls from which the network policy removed something, by dialect.
     mediated: BTreeMap<&'static str, u64>,
     latency: Histogram,
     ttfb: Histogram,
+}
+
+impl Calls {
+    /// Adds another core's counts.
+    fn add(&mut self, other: &Calls) {
+        for (label, n) in &other.by_label {
+            *self.by_label.entry(label.clone()).or_default() += n;
+        }
+        for (dialect, n) in &other.mediated {
+            *self.mediated.entry(dialect).or_default() += n;
+        }
+        self.latency.add(&other.latency);
+        self.ttfb.add(&other.ttfb);
+    }
+}
+
+/// One core's [`Calls`], alone on its cache lines.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Slot(Mutex<Calls>);
+
+/// The slot of the calling thread among `n`: threads are numbered in the order they
+/// first record, so the event loops, each a thread, count apart.
+fn slot(n: usize) -> usize {
+    use std::sync::atomic::AtomicUsize;
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SLOT: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    SLOT.with(|s| *s) % n
 }
 
 /// Gauges read at render time.
@@ -80,15 +121,34 @@ pub struct Gauges {
     pub trace_queue_bytes: usize,
     /// Trace lines the writer could not write.
     pub trace_lines_lost: u64,
+    /// Calls that waited for room in the trace writer's queue before they recorded.
+    pub trace_queue_waits: u64,
+    /// Their time waiting, in seconds, summed.
+    pub trace_queue_wait_seconds: f64,
 }
 
-/// The sidecar's counters and histograms.
-#[derive(Debug, Default)]
+/// The sidecar's counters and histograms. Calls are counted per core (each event loop
+/// in a slot of its own) and summed when rendered.
+#[derive(Debug)]
 pub struct Metrics {
-    calls: Mutex<Calls>,
+    calls: Box<[Slot]>,
     upstream_errors: AtomicU64,
     sessions_created: AtomicU64,
     sessions_released: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Metrics {
+            calls: (0..cores.next_power_of_two().clamp(4, 256))
+                .map(|_| Slot::default())
+                .collect(),
+            upstream_errors: AtomicU64::new(0),
+            sessions_created: AtomicU64::new(0),
+            sessions_released: AtomicU64::new(0),
+        }
+    }
 }
 
 impl Metrics {
@@ -105,7 +165,11 @@ impl Metrics {
     /// Prometheus text exposition (format 0.0.4).
     pub fn render(&self, gauges: Gauges) -> String {
         let mut out = String::new();
-        self.calls.lock().render(&mut out);
+        let mut calls = Calls::default();
+        for slot in self.calls.iter() {
+            calls.add(&slot.0.lock());
+        }
+        calls.render(&mut out);
         self.render_session_counters(&mut out);
         render_trace(&mut out, gauges);
         render_tunnels(&mut out, gauges);
@@ -200,6 +264,18 @@ fn render_trace(out: &mut String, gauges: Gauges) {
         "Bytes of trace lines handed to the trace writer and not yet written (bounded by trace_queue_bytes).",
         gauges.trace_queue_bytes,
     );
+    write_counter(
+        out,
+        "intercept_trace_queue_waits_total",
+        "Calls that waited for room in the trace writer's queue before recording (a slow or stalled disk).",
+        gauges.trace_queue_waits,
+    );
+    let name = "intercept_trace_queue_wait_seconds_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Time calls spent waiting for room in the trace writer's queue, summed.\n# TYPE {name} counter\n{name} {}",
+        gauges.trace_queue_wait_seconds
+    );
 }
 
 /// Writes the tunnel counters: starts, failures and limiter refusals.
@@ -278,7 +354,7 @@ impl RecordSink for Metrics {
         if upstream {
             self.upstream_errors.fetch_add(1, Ordering::Relaxed);
         }
-        let mut calls = self.calls.lock();
+        let mut calls = self.calls[slot(self.calls.len())].0.lock();
         *calls
             .by_label
             .entry((record.dialect.as_str().to_owned(), record.status))

@@ -181,6 +181,11 @@ impl ControlState {
             released_trace_bytes: self.retained().1,
             trace_queue_bytes: self.writer.as_ref().map_or(0, |w| w.queued_bytes()),
             trace_lines_lost: self.writer.as_ref().map_or(0, |w| w.lost_lines()),
+            trace_queue_waits: self.writer.as_ref().map_or(0, |w| w.room_waits().0),
+            trace_queue_wait_seconds: self
+                .writer
+                .as_ref()
+                .map_or(0.0, |w| w.room_waits().1.as_secs_f64()),
             endpoint_lost_sessions: self
                 .sessions
                 .lock()
@@ -524,6 +529,7 @@ async fn start_interception(
             header_read_timeout: config.header_read_timeout,
             max_response_bytes: config.max_response_bytes,
             max_connections: config.max_connections,
+            workers: config.workers,
             ..ServerConfig::default()
         },
     )

@@ -265,6 +265,16 @@ pub trait Session: Send + Sync + fmt::Debug + 'static {
     /// Receives every finished call.
     fn record(&self, record: CallRecord);
 
+    /// Whether [`Session::record`] would have to wait for room (a sink whose bounded
+    /// queue is full): `None` when it takes a record now (the default), else a future
+    /// that resolves once there is room. The server awaits it before each record, on the
+    /// call's own time: a full queue slows its calls, never the thread that serves them.
+    /// It races the call's cancellation: a call cancelled (released, shut down) while it
+    /// waits records anyway, so a release never waits on a stalled disk.
+    fn room_to_record(&self) -> Option<RecordWait> {
+        None
+    }
+
     /// Why the rollout stopped, if it did. `None` by default.
     fn stop_reason(&self) -> Option<StopReason> {
         None
@@ -397,10 +407,20 @@ impl SessionConfig {
     }
 }
 
+/// A wait for room to record ([`Session::room_to_record`], [`RecordSink::room`]).
+pub type RecordWait = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
+
 /// Receives what a session records, as it is recorded: each call's record, and the
 /// session's trace log (see [`crate::log`]) line by line. Both methods do nothing by
 /// default; a sink implements what it stores.
 pub trait RecordSink: Send + Sync + fmt::Debug {
+    /// `None` when the sink takes what a record adds now, without blocking (the
+    /// default); else a future that resolves once it has room (a bounded queue that is
+    /// full). [`RolloutSession`] answers [`Session::room_to_record`] with its sinks'.
+    fn room(&self) -> Option<RecordWait> {
+        None
+    }
+
     /// Called once per record, on the request path: keep it quick.
     fn on_record(&self, record: &CallRecord) {
         let _ = record;
@@ -769,6 +789,10 @@ impl Session for RolloutSession {
             return Err(StopReason::Limit(hit));
         }
         Ok(())
+    }
+
+    fn room_to_record(&self) -> Option<RecordWait> {
+        self.sinks.iter().find_map(|sink| sink.room())
     }
 
     fn record(&self, mut record: CallRecord) {

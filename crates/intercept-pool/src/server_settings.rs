@@ -89,6 +89,7 @@ struct Settings {
     engine_retry_after: Duration,
     #[serde(deserialize_with = "secrets")]
     service_secrets: Vec<Secret>,
+    workers: usize,
     listen: Option<SocketAddr>,
     /// Not a setting: a tunnel is given as an object.
     #[serde(skip)]

@@ -157,6 +157,10 @@ impl Session for PySession {
         self.inner.record(record);
     }
 
+    fn room_to_record(&self) -> Option<intercept_core::RecordWait> {
+        self.inner.room_to_record()
+    }
+
     fn stop_reason(&self) -> Option<intercept_core::StopReason> {
         self.inner.stop_reason()
     }

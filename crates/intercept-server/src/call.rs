@@ -500,8 +500,23 @@ impl Call {
         };
         outcome.client_disconnected = reply.is_closed();
         outcome.tokens = capture.map(TokenCollector::finish);
+        self.room_to_record().await;
         self.record(outcome);
         let _ = reply.send(response, &self.entry.cancel);
+    }
+
+    /// Waits until the session can take a record without blocking (a sink's bounded
+    /// queue has room), unless the call is cancelled first. A stalled trace disk so
+    /// holds the calls that record into it, each on its own time, never the event loop
+    /// that serves them and their neighbours.
+    async fn room_to_record(&self) {
+        while let Some(wait) = self.entry.session.room_to_record() {
+            tokio::select! {
+                biased;
+                _ = self.entry.cancel.cancelled() => return,
+                _ = wait => {}
+            }
+        }
     }
 
     /// The upstream's 2xx answer, read whole, unless the call is cancelled first.

@@ -85,6 +85,13 @@ pub struct ServerConfig {
     /// Secrets of shared tool servers: with one of them and the
     /// `X-Intercept-State-Route: <session id>` header, `/state` of any session is reachable.
     pub service_secrets: Vec<intercept_core::Secret>,
+    /// Event loops serving the harnesses' connections (default `0`: one per core the
+    /// process may use, its CPU affinity honoured). Each loop is a thread running a
+    /// single-threaded runtime with its own listening socket on the server's port
+    /// (`SO_REUSEPORT`, so the kernel spreads connections over them), its own upstream
+    /// connections and caches: a connection, and every call on it, stays on one loop.
+    /// Servers of one process with the same count share their loops.
+    pub workers: usize,
     /// Where to listen. `None` asks the tunnel (if any), else binds `127.0.0.1:0`.
     pub listen: Option<SocketAddr>,
     /// The tunnel that exposes the server, if consumers are off this host.
@@ -114,6 +121,7 @@ impl Default for ServerConfig {
             upstream_idle_per_host: 256,
             engine_retry_after: Duration::from_secs(5),
             service_secrets: Vec::new(),
+            workers: 0,
             listen: None,
             tunnel: None,
         }
@@ -148,6 +156,7 @@ impl fmt::Debug for ServerConfig {
             .field("stream_buffer", &self.stream_buffer)
             .field("released_secrets", &self.released_secrets)
             .field("engine_retry_after", &self.engine_retry_after)
+            .field("workers", &self.workers)
             .field("listen", &self.listen)
             .field("tunnel", &self.tunnel.as_ref().map(|t| t.kind()))
             .finish()

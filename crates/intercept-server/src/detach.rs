@@ -10,7 +10,11 @@
 //! unfinished is the rest spawned on the server's [`TaskTracker`].
 //!
 //! Here are both pollers: [`answer`], which polls a call until its response head, and
-//! [`ResponseBody`], which polls it from then on while its stream is relayed.
+//! [`ResponseBody`], which polls it from then on while its stream is relayed. Neither
+//! waits on the channel the call answers through while it polls the call: the call
+//! sends only while polled, so each poller looks at the channel right after the call's
+//! poll, and a send wakes nobody. A channel is waited on only once its call has ended
+//! or gone on as a task of its own.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -98,16 +102,20 @@ pub(crate) async fn answer(
         head,
         call: Some(call),
     };
+    // The call sends its head from within its own poll, here: the head is looked for
+    // right after each poll of the call, never waited for, so sending it wakes nobody
+    // (a waker registered on the channel would be this very task's, woken for nothing).
     let answered = std::future::poll_fn(|cx| {
         if let Some(c) = &mut waiting.call {
             if c.poll_call(cx).is_ready() {
                 waiting.call = None;
             }
         }
-        match Pin::new(&mut waiting.head).poll(cx) {
-            Poll::Ready(r) => Poll::Ready(r.ok()),
-            Poll::Pending if waiting.call.is_none() => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
+        match waiting.head.try_recv() {
+            Ok(resp) => Poll::Ready(Some(resp)),
+            Err(oneshot::error::TryRecvError::Closed) => Poll::Ready(None),
+            Err(oneshot::error::TryRecvError::Empty) if waiting.call.is_none() => Poll::Ready(None),
+            Err(oneshot::error::TryRecvError::Empty) => Poll::Pending,
         }
     })
     .await;
@@ -201,7 +209,19 @@ impl Body for ResponseBody {
                         *call = None;
                     }
                 }
-                rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+                match rx.try_recv() {
+                    Ok(b) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                    Err(mpsc::error::TryRecvError::Disconnected) => Poll::Ready(None),
+                    // The call still runs here: it feeds the channel only while polled
+                    // by this body, and its own wakers (the upstream, its timers) wake
+                    // this task. Waiting on the channel too would only have each piece
+                    // it sends wake the task that is polling it.
+                    Err(mpsc::error::TryRecvError::Empty) if call.is_some() => Poll::Pending,
+                    // The call has ended: what it sent is all there is.
+                    Err(mpsc::error::TryRecvError::Empty) => {
+                        rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+                    }
+                }
             }
         }
     }

@@ -4,7 +4,9 @@
 //! `paused` flag (both sequentially consistent, and `pause` does the reverse: set the
 //! flag, then read the count), so a call either sees the pause or is counted before the
 //! pause reads the count. Only a call that meets a pause goes to the slow path, which
-//! waits on a `watch` channel.
+//! waits on a `watch` channel. The count is kept per core (a call counts in its thread's
+//! slot and leaves from it), summed when read; a call that ends wakes the waiters of
+//! [`PauseGate::idle`] only when there are some.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -12,13 +14,18 @@ use std::sync::Arc;
 use intercept_core::{Error, PauseMode, PauseStatus};
 use parking_lot::Mutex;
 use tokio::sync::{watch, Notify};
+
+use crate::per_core::PerCore;
 use tokio_util::sync::CancellationToken;
 
 /// The admission gate of one server.
 #[derive(Debug)]
 pub(crate) struct PauseGate {
     paused: AtomicBool,
-    inflight: AtomicUsize,
+    /// Admitted calls in flight, per core.
+    inflight: PerCore<AtomicUsize>,
+    /// Tasks in [`PauseGate::idle`].
+    idle_waiters: AtomicUsize,
     held: AtomicUsize,
     epoch: AtomicU64,
     mode: watch::Sender<Option<PauseMode>>,
@@ -31,12 +38,14 @@ pub(crate) struct PauseGate {
 #[derive(Debug)]
 pub(crate) struct Admission {
     gate: Arc<PauseGate>,
+    /// The slot of the in-flight count it is counted in.
+    slot: usize,
     pub(crate) epoch: u64,
 }
 
 impl Drop for Admission {
     fn drop(&mut self) {
-        self.gate.leave();
+        self.gate.leave(self.slot);
     }
 }
 
@@ -57,7 +66,8 @@ impl PauseGate {
     pub(crate) fn new() -> Self {
         PauseGate {
             paused: AtomicBool::new(false),
-            inflight: AtomicUsize::new(0),
+            inflight: PerCore::default(),
+            idle_waiters: AtomicUsize::new(0),
             held: AtomicUsize::new(0),
             epoch: AtomicU64::new(0),
             mode: watch::Sender::new(None),
@@ -66,21 +76,30 @@ impl PauseGate {
         }
     }
 
-    fn leave(&self) {
-        if self.inflight.fetch_sub(1, Ordering::SeqCst) == 1 {
+    fn leave(&self, slot: usize) {
+        if self.inflight.at(slot).fetch_sub(1, Ordering::SeqCst) == 1
+            && self.idle_waiters.load(Ordering::SeqCst) > 0
+        {
             self.idle.notify_waiters();
         }
     }
 
+    /// Admitted calls in flight, every core's.
+    fn inflight(&self) -> usize {
+        self.inflight.iter().map(|n| n.load(Ordering::SeqCst)).sum()
+    }
+
     fn try_admit(self: &Arc<Self>) -> Option<Admission> {
-        self.inflight.fetch_add(1, Ordering::SeqCst);
+        let slot = crate::per_core::slot();
+        self.inflight.at(slot).fetch_add(1, Ordering::SeqCst);
         if !self.paused.load(Ordering::SeqCst) {
             return Some(Admission {
                 gate: self.clone(),
+                slot,
                 epoch: self.epoch.load(Ordering::SeqCst),
             });
         }
-        self.leave();
+        self.leave(slot);
         None
     }
 
@@ -177,18 +196,29 @@ impl PauseGate {
             paused: self.paused.load(Ordering::SeqCst),
             mode: mode.map(|m| m.kind()),
             epoch: self.epoch.load(Ordering::SeqCst),
-            inflight: self.inflight.load(Ordering::SeqCst),
+            inflight: self.inflight(),
             held: self.held.load(Ordering::SeqCst),
         }
     }
 
     /// Waits until no admitted call is in flight.
     pub(crate) async fn idle(&self) {
+        /// Counts the waiter while it waits.
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.idle_waiters.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Waiting(&self.idle_waiters);
+        // A call that leaves after this count is seen reads it and wakes; one that left
+        // before is not counted below.
         loop {
             let notified = self.idle.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self.inflight.load(Ordering::SeqCst) == 0 {
+            if self.inflight() == 0 {
                 return;
             }
             notified.await;

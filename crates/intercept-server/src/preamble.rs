@@ -19,48 +19,86 @@ use crate::detach::ResponseBody;
 use crate::registry::{Entry, InflightGuard, Registry};
 use crate::upstream::{read_all, ReadError, UpstreamClient};
 
-/// Counters of a server, readable at any time.
+/// Counters of a server, readable at any time: kept per core (each loop counts in its own
+/// slot), summed when read.
 #[derive(Debug, Default)]
 pub struct Stats {
+    slots: crate::per_core::PerCore<Counts>,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
     calls: AtomicU64,
     failed: AtomicU64,
 }
 
 impl Stats {
     pub(crate) fn record(&self, error: &Option<CallError>) {
-        self.calls.fetch_add(1, Ordering::Relaxed);
+        let mine = self.slots.mine();
+        mine.calls.fetch_add(1, Ordering::Relaxed);
         if error.is_some() {
-            self.failed.fetch_add(1, Ordering::Relaxed);
+            mine.failed.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// Calls recorded.
     pub fn calls(&self) -> u64 {
-        self.calls.load(Ordering::Relaxed)
+        self.slots
+            .iter()
+            .map(|c| c.calls.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Calls recorded with an error.
     pub fn failed(&self) -> u64 {
-        self.failed.load(Ordering::Relaxed)
+        self.slots
+            .iter()
+            .map(|c| c.failed.load(Ordering::Relaxed))
+            .sum()
     }
 }
 
-/// State shared by the accept loop, handlers and call tasks.
+/// What the handlers and calls of one event loop use: the server's shared state (the
+/// registry, the pause gate, the counters, behind `Arc`s every loop holds) and what the
+/// loop owns alone (its upstream connections and caches, its task tracker). The server
+/// keeps one more, for its control side (acquire, release, stop).
 pub(crate) struct Shared {
     pub(crate) config: ServerConfig,
-    pub(crate) registry: Registry,
+    pub(crate) registry: Arc<Registry>,
+    /// This loop's upstream client: its own connection pool and URI cache.
     pub(crate) upstream: UpstreamClient,
-    /// Call tasks and background seals.
+    /// This loop's calls (and, on the control side, background seals).
     pub(crate) tasks: TaskTracker,
     /// Cancels every call (parent of each session's token).
     pub(crate) calls_cancel: CancellationToken,
-    pub(crate) stats: Stats,
+    pub(crate) stats: Arc<Stats>,
     /// Admission of model calls (pause and resume).
     pub(crate) gate: Arc<crate::pause::PauseGate>,
     /// Engines marked down (session-sticky routing).
-    pub(crate) engines: crate::engines::EngineHealth,
+    pub(crate) engines: Arc<crate::engines::EngineHealth>,
     /// The dialects served, in the order routes are matched.
     pub(crate) dialects: Vec<Arc<dyn Dialect>>,
+    /// The loops this one belongs to, held so that they run while its calls do.
+    pub(crate) _loops: Option<Arc<crate::loops::Loops>>,
+}
+
+impl Shared {
+    /// The state of one event loop of `loops`: the server's shared parts, and an upstream
+    /// client and task tracker of its own.
+    pub(crate) fn for_loop(&self, loops: &Arc<crate::loops::Loops>) -> Shared {
+        Shared {
+            config: self.config.clone(),
+            registry: self.registry.clone(),
+            upstream: self.upstream.for_loop(&self.config),
+            tasks: TaskTracker::new(),
+            calls_cancel: self.calls_cancel.clone(),
+            stats: self.stats.clone(),
+            gate: self.gate.clone(),
+            engines: self.engines.clone(),
+            dialects: self.dialects.clone(),
+            _loops: Some(loops.clone()),
+        }
+    }
 }
 
 impl fmt::Debug for Shared {

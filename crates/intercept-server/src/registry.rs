@@ -85,8 +85,10 @@ impl Entry {
         !self.released.swap(true, Ordering::SeqCst)
     }
 
-    /// Waits until no call is in flight, then releases the session (once).
+    /// Waits until no call is in flight, then releases the session (once). Only after
+    /// the entry was released (calls that end wake it only then).
     pub(crate) async fn seal(&self) {
+        debug_assert!(self.is_released(), "an entry is sealed after its release");
         loop {
             let notified = self.drained.notified();
             tokio::pin!(notified);
@@ -124,7 +126,13 @@ pub(crate) struct InflightGuard {
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        if self.entry.inflight.fetch_sub(1, Ordering::SeqCst) == 1 {
+        // Only a released entry is waited on (`seal`): the wake (a lock) is skipped for
+        // every other call. Both are sequentially consistent, and `seal` looks at the
+        // count only after the entry is released: a guard that reads `released` as false
+        // dropped the count before that look.
+        if self.entry.inflight.fetch_sub(1, Ordering::SeqCst) == 1
+            && self.entry.released.load(Ordering::SeqCst)
+        {
             self.entry.drained.notify_waiters();
         }
     }

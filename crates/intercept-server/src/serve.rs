@@ -437,6 +437,27 @@ pub async fn serve_connections<M, S, B>(
     B::Data: Send,
     B::Error: Into<Box<dyn StdError + Send + Sync>>,
 {
+    let served = Arc::new(AtomicUsize::new(0));
+    serve_counted(listener, make_service, options, shutdown, served).await
+}
+
+/// [`serve_connections`], with the connections served counted in `served`, which
+/// several accept loops may share: [`ServeOptions::max_connections`] caps their sum.
+pub(crate) async fn serve_counted<M, S, B>(
+    listener: TcpListener,
+    make_service: M,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()>,
+    served: Arc<AtomicUsize>,
+) where
+    M: Fn(&Connection) -> S,
+    S: Service<Request<Incoming>, Response = Response<B>> + Send + Sync + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn StdError + Send + Sync>>,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn StdError + Send + Sync>>,
+{
     // hyper's own header-read timeout is not used: it arms a timer for every request.
     // `watch` keeps one per connection, moved only when it fires.
     let builder = auto::Builder::new(TokioExecutor::new());
@@ -448,10 +469,12 @@ pub async fn serve_connections<M, S, B>(
     tokio::pin!(shutdown);
     let mut acceptor = Acceptor::new(listener);
     while let Some((stream, peer)) = acceptor.next(shutdown.as_mut()).await {
+        let slot = ServedSlot::take(&served);
         if options
             .max_connections
-            .is_some_and(|max| connections.len() >= max)
+            .is_some_and(|max| slot.before >= max)
         {
+            drop(slot);
             if refusing.len() < MAX_REFUSING {
                 refusing.spawn(refuse(stream, refusal.clone()));
             }
@@ -476,6 +499,7 @@ pub async fn serve_connections<M, S, B>(
             .into_owned();
         let closing = closing.clone().cancelled_owned();
         connections.spawn(async move {
+            let _slot = slot;
             match watch(
                 conn,
                 |c| c.graceful_shutdown(),
@@ -500,6 +524,29 @@ pub async fn serve_connections<M, S, B>(
     refusing.close();
     connections.wait().await;
     refusing.wait().await;
+}
+
+/// A connection counted among those served (by every accept loop that shares the count)
+/// until dropped.
+struct ServedSlot {
+    served: Arc<AtomicUsize>,
+    /// Connections served before this one.
+    before: usize,
+}
+
+impl ServedSlot {
+    fn take(served: &Arc<AtomicUsize>) -> Self {
+        ServedSlot {
+            before: served.fetch_add(1, Ordering::AcqRel),
+            served: served.clone(),
+        }
+    }
+}
+
+impl Drop for ServedSlot {
+    fn drop(&mut self) {
+        self.served.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Accepts connections. Failed accepts in a row (out of file descriptors) give one

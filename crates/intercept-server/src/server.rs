@@ -36,7 +36,18 @@ struct Running {
     local_addr: SocketAddr,
     endpoint: Option<Arc<dyn Endpoint>>,
     stop_accepting: CancellationToken,
+    /// The accept loops, one per event loop.
     accept_loop: TaskTracker,
+    /// Each event loop's state (its calls are tracked there).
+    loops: Vec<Arc<Shared>>,
+}
+
+impl Drop for Running {
+    /// A server dropped without [`Interception::stop`] stops accepting; its connections
+    /// end as at shutdown (idle ones at once, busy ones when their work is done).
+    fn drop(&mut self) {
+        self.stop_accepting.cancel();
+    }
 }
 
 /// One HTTP server that multiplexes many rollouts: each acquired slot gets fresh model
@@ -79,13 +90,13 @@ impl InterceptionServer {
     pub fn new(config: ServerConfig) -> Result<Self, Error> {
         let upstream = UpstreamClient::new(&config)?;
         let shared = Shared {
-            registry: Registry::new(config.released_secrets),
+            registry: Arc::new(Registry::new(config.released_secrets)),
             upstream,
             tasks: TaskTracker::new(),
             calls_cancel: CancellationToken::new(),
-            stats: Stats::default(),
+            stats: Arc::new(Stats::default()),
             gate: Arc::new(crate::pause::PauseGate::new()),
-            engines: crate::engines::EngineHealth::new(config.engine_retry_after),
+            engines: Arc::new(crate::engines::EngineHealth::new(config.engine_retry_after)),
             dialects: vec![
                 Arc::new(ChatDialect),
                 Arc::new(ResponsesDialect),
@@ -93,6 +104,7 @@ impl InterceptionServer {
                 Arc::new(CompletionsDialect),
             ],
             config,
+            _loops: None,
         };
         Ok(InterceptionServer {
             shared: Arc::new(shared),
@@ -101,21 +113,56 @@ impl InterceptionServer {
     }
 
     /// Starts serving on a listener the caller bound (tests, sidecars). With a tunnel,
-    /// the listener's port is exposed through it.
+    /// the listener's port is exposed through it. Every event loop accepts on this one
+    /// socket (see [`ServerConfig::workers`]).
     pub async fn start_on(&self, listener: TcpListener) -> Result<(), Error> {
+        let listener = listener
+            .into_std()
+            .map_err(|e| Error::Internal(format!("cannot take over the listener: {e}")))?;
+        let listeners = crate::loops::share(listener, self.workers())
+            .map_err(|e| Error::Internal(format!("cannot share the listener: {e}")))?;
+        self.start_with(listeners).await
+    }
+
+    /// The event loops this server runs on: [`ServerConfig::workers`], or one per core
+    /// the process may use.
+    fn workers(&self) -> usize {
+        match self.shared.config.workers {
+            0 => crate::loops::default_workers(),
+            n => n,
+        }
+    }
+
+    /// Starts one accept loop per listener, each on an event loop of its own.
+    async fn start_with(&self, listeners: Vec<std::net::TcpListener>) -> Result<(), Error> {
         if self.running.lock().is_some() {
             return Err(Error::Conflict("the server is already started".into()));
         }
-        let local_addr = listener
+        let local_addr = listeners
+            .first()
+            .ok_or_else(|| Error::Internal("no listener to serve".into()))?
             .local_addr()
             .map_err(|e| Error::Internal(format!("listener has no address: {e}")))?;
+        let group = crate::loops::group(listeners.len())
+            .map_err(|e| Error::Internal(format!("cannot start the server's event loops: {e}")))?;
         let stop_accepting = CancellationToken::new();
         let accept_loop = TaskTracker::new();
-        accept_loop.spawn(accept(
-            listener,
-            self.shared.clone(),
-            stop_accepting.clone(),
-        ));
+        // Connections count against `max_connections` across every loop.
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut loops = Vec::with_capacity(listeners.len());
+        for (listener, runtime) in listeners.into_iter().zip(group.handles()) {
+            let shared = Arc::new(self.shared.for_loop(&group));
+            loops.push(shared.clone());
+            accept_loop.spawn_on(
+                accept(
+                    listener,
+                    shared,
+                    stop_accepting.clone(),
+                    connections.clone(),
+                ),
+                runtime,
+            );
+        }
         accept_loop.close();
         let endpoint = match &self.shared.config.tunnel {
             Some(tunnel) => match tunnel.expose(local_addr.port()).await {
@@ -133,13 +180,14 @@ impl InterceptionServer {
             endpoint,
             stop_accepting,
             accept_loop,
+            loops,
         };
         let url = running
             .endpoint
             .as_ref()
             .map(|e| e.url())
             .unwrap_or_else(|| format!("http://{local_addr}"));
-        info!(%url, "interception up");
+        info!(%url, loops = running.loops.len(), "interception up");
         *self.running.lock() = Some(running);
         Ok(())
     }
@@ -212,10 +260,9 @@ impl Interception for InterceptionServer {
             }
             (None, None) => SocketAddr::from(([127, 0, 0, 1], 0)),
         };
-        let listener = TcpListener::bind(addr)
-            .await
+        let listeners = crate::loops::listen(addr, self.workers())
             .map_err(|e| Error::Internal(format!("cannot listen on {addr}: {e}")))?;
-        self.start_on(listener).await
+        self.start_with(listeners).await
     }
 
     async fn stop(&self) -> Result<(), Error> {
@@ -224,17 +271,26 @@ impl Interception for InterceptionServer {
         };
         running.stop_accepting.cancel();
         let grace = self.shared.config.shutdown_grace;
-        self.shared.tasks.close();
-        if tokio::time::timeout(grace, self.shared.tasks.wait())
-            .await
-            .is_err()
-        {
+        // The calls of every loop, and the control side's background seals.
+        let trackers: Vec<TaskTracker> = std::iter::once(&self.shared)
+            .chain(&running.loops)
+            .map(|s| s.tasks.clone())
+            .collect();
+        for tasks in &trackers {
+            tasks.close();
+        }
+        let all_done = || async {
+            for tasks in &trackers {
+                tasks.wait().await;
+            }
+        };
+        if tokio::time::timeout(grace, all_done()).await.is_err() {
             warn!(
                 grace_s = grace.as_secs_f64(),
                 "calls still in flight after the grace period; cancelling them"
             );
             self.shared.calls_cancel.cancel();
-            self.shared.tasks.wait().await;
+            all_done().await;
         }
         for entry in self.shared.registry.entries() {
             self.shared.registry.release(&entry);
@@ -367,7 +423,21 @@ impl SlotRelease for Release {
     }
 }
 
-async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
+/// One event loop's accept loop: serves the connections `listener` accepts, on this loop,
+/// until `stop`; `connections` counts those of every loop against `max_connections`.
+async fn accept(
+    listener: std::net::TcpListener,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+    connections: Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let listener = match TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(error = %e, "an event loop cannot accept on the server's socket");
+            return;
+        }
+    };
     let options = crate::serve::ServeOptions {
         header_read_timeout: shared.config.header_read_timeout,
         max_connections: shared.config.max_connections,
@@ -384,7 +454,14 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationTo
             Box::pin(async move { Ok::<_, Infallible>(handle(shared, connection, req).await) })
         })
     };
-    crate::serve::serve_connections(listener, service, options, stop.cancelled_owned()).await
+    crate::serve::serve_counted(
+        listener,
+        service,
+        options,
+        stop.cancelled_owned(),
+        connections,
+    )
+    .await
 }
 
 async fn handle(

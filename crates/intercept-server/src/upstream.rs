@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, Uri};
+use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use intercept_core::{join_url, Dialect, Error, JsonBody, Upstream};
+use intercept_core::{Dialect, Error, JsonBody, Upstream};
 
 use crate::config::ServerConfig;
 use crate::h1pool::{DrivenBody, H1Error, H1Pool, Timeouts};
@@ -58,49 +58,59 @@ type Connector = HttpConnector;
 /// retries on the relayed status). Plain `http://` upstreams use HTTP/1.1 connections
 /// that each call drives itself ([`H1Pool`]); `https://` ones a general pooled client
 /// (TLS, HTTP/1.1 or HTTP/2 by ALPN; only with the crate's `tls` feature).
-#[derive(Clone)]
 pub(crate) struct UpstreamClient {
+    /// The TLS (or plain) connector, shared by the loops' clients.
+    connector: Connector,
     client: Client<Connector, SliceBody>,
     h1: Arc<H1Pool>,
-    uris: Arc<UriCache>,
 }
 
 /// The upstream URIs calls were last sent to, parsed: a call's URI is its engine's base
 /// URL joined with its dialect's path, the same few pairs call after call, and joining
-/// and parsing them cost ~1,700 instructions a call. Bounded: past [`UriCache::MAX`]
-/// pairs, the oldest is forgotten.
-#[derive(Debug, Default)]
-struct UriCache(parking_lot::Mutex<std::collections::VecDeque<CachedUri>>);
+/// and parsing them cost ~1,700 instructions a call. Each thread keeps its own (a call
+/// runs on its event loop's thread), so a lookup takes no lock. Bounded: past
+/// `URI_CACHE_MAX` pairs, the oldest is forgotten.
+mod uri_cache {
+    use std::cell::RefCell;
+    use std::collections::VecDeque;
 
-/// A base URL, a dialect path, and the URI they join to.
-type CachedUri = (Box<str>, Box<str>, Uri);
+    use http::Uri;
+    use intercept_core::{join_url, Error};
 
-impl UriCache {
-    /// Pairs kept (a sidecar has one upstream, or a few engines, and four dialects).
-    const MAX: usize = 32;
+    /// A base URL, a dialect path, and the URI they join to.
+    type CachedUri = (Box<str>, Box<str>, Uri);
 
-    /// The URI of `path` on `base_url`, from the cache or joined and parsed (and kept).
-    /// The lock is held over a miss's join and parse (a few microseconds), so that two
-    /// calls missing the same pair at once keep it once.
-    fn get(&self, base_url: &str, path: &str) -> Result<Uri, Error> {
-        let mut uris = self.0.lock();
-        if let Some((_, _, uri)) = uris
-            .iter()
-            .find(|(b, p, _)| **b == *base_url && **p == *path)
-        {
-            return Ok(uri.clone());
-        }
-        let url = join_url(base_url, path);
-        let uri: Uri = url.parse().map_err(|e| {
-            Error::Internal(format!(
-                "the session's upstream URL `{url}` is not a valid URL: {e}"
-            ))
-        })?;
-        if uris.len() >= Self::MAX {
-            uris.pop_front();
-        }
-        uris.push_back((base_url.into(), path.into(), uri.clone()));
-        Ok(uri)
+    /// Pairs kept per thread (a sidecar has one upstream, or a few engines, and four
+    /// dialects).
+    pub(super) const URI_CACHE_MAX: usize = 32;
+
+    thread_local! {
+        pub(super) static URIS: RefCell<VecDeque<CachedUri>> = const { RefCell::new(VecDeque::new()) };
+    }
+
+    /// The URI of `path` on `base_url`, from this thread's cache or joined and parsed
+    /// (and kept).
+    pub(super) fn get(base_url: &str, path: &str) -> Result<Uri, Error> {
+        URIS.with(|uris| {
+            let mut uris = uris.borrow_mut();
+            if let Some((_, _, uri)) = uris
+                .iter()
+                .find(|(b, p, _)| **b == *base_url && **p == *path)
+            {
+                return Ok(uri.clone());
+            }
+            let url = join_url(base_url, path);
+            let uri: Uri = url.parse().map_err(|e| {
+                Error::Internal(format!(
+                    "the session's upstream URL `{url}` is not a valid URL: {e}"
+                ))
+            })?;
+            if uris.len() >= URI_CACHE_MAX {
+                uris.pop_front();
+            }
+            uris.push_back((base_url.into(), path.into(), uri.clone()));
+            Ok(uri)
+        })
     }
 }
 
@@ -245,10 +255,20 @@ impl UpstreamClient {
             .wrap_connector(http);
         #[cfg(not(feature = "tls"))]
         let connector = http;
+        Ok(UpstreamClient::with_connector(connector, config))
+    }
+
+    /// A client for one event loop: the same connector, its own connection pools and
+    /// pool (a loop's calls never wait on another loop's).
+    pub(crate) fn for_loop(&self, config: &ServerConfig) -> Self {
+        UpstreamClient::with_connector(self.connector.clone(), config)
+    }
+
+    fn with_connector(connector: Connector, config: &ServerConfig) -> Self {
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_max_idle_per_host(config.upstream_idle_per_host)
-            .build(connector);
+            .build(connector.clone());
         let h1 = H1Pool::new(
             config.upstream_idle_per_host,
             config.connect_timeout,
@@ -257,11 +277,11 @@ impl UpstreamClient {
                 read_idle: config.upstream_read_idle,
             },
         );
-        Ok(UpstreamClient {
+        UpstreamClient {
+            connector,
             client,
             h1,
-            uris: Arc::default(),
-        })
+        }
     }
 
     /// Builds the upstream request of a model call to one engine of `upstream`
@@ -277,7 +297,7 @@ impl UpstreamClient {
         incoming: &HeaderMap,
         body: &JsonBody,
     ) -> Result<Request<SliceBody>, Error> {
-        let uri = self.uris.get(base_url, path)?;
+        let uri = uri_cache::get(base_url, path)?;
         let mut headers = forwardable(incoming);
         for (name, value) in &upstream.headers {
             if let (Ok(n), Ok(v)) = (
@@ -314,7 +334,7 @@ impl UpstreamClient {
         base_url: &str,
         path: &str,
     ) -> Result<Request<SliceBody>, Error> {
-        let uri = self.uris.get(base_url, path)?;
+        let uri = uri_cache::get(base_url, path)?;
         let mut headers = HeaderMap::new();
         for (name, value) in &upstream.headers {
             if let (Ok(n), Ok(v)) = (
@@ -606,34 +626,24 @@ mod tests {
 
     #[test]
     fn upstream_uris_are_joined_once_per_pair_and_the_cache_stays_bounded() {
-        let cache = UriCache::default();
-        let a = cache
-            .get("http://h:1/v1", "/v1/chat/completions")
-            .expect("uri");
+        use uri_cache::URI_CACHE_MAX;
+        let kept = || uri_cache::URIS.with(|u| u.borrow().len());
+        let a = uri_cache::get("http://h:1/v1", "/v1/chat/completions").expect("uri");
         assert_eq!(a, "http://h:1/v1/chat/completions");
-        let again = cache
-            .get("http://h:1/v1", "/v1/chat/completions")
-            .expect("uri");
+        let before = kept();
+        let again = uri_cache::get("http://h:1/v1", "/v1/chat/completions").expect("uri");
         assert_eq!(again, a);
-        assert_eq!(
-            cache.0.lock().len(),
-            1,
-            "the second call was served from the cache"
-        );
-        let other = cache.get("http://h:1/v1", "/v1/messages").expect("uri");
+        assert_eq!(kept(), before, "the second call was served from the cache");
+        let other = uri_cache::get("http://h:1/v1", "/v1/messages").expect("uri");
         assert_eq!(other, "http://h:1/v1/messages");
-        for port in 0..(UriCache::MAX as u16 + 10) {
+        for port in 0..(URI_CACHE_MAX as u16 + 10) {
             let base = format!("http://h:{port}/v1");
-            let uri = cache.get(&base, "/v1/chat/completions").expect("uri");
+            let uri = uri_cache::get(&base, "/v1/chat/completions").expect("uri");
             assert_eq!(uri.port_u16(), Some(port));
         }
-        assert_eq!(cache.0.lock().len(), UriCache::MAX);
-        let bad = cache.get("http://bad host", "/v1/chat/completions");
+        assert_eq!(kept(), URI_CACHE_MAX);
+        let bad = uri_cache::get("http://bad host", "/v1/chat/completions");
         assert!(bad.is_err_and(|e| e.to_string().contains("not a valid URL")));
-        assert_eq!(
-            cache.0.lock().len(),
-            UriCache::MAX,
-            "an invalid URL is not kept"
-        );
+        assert_eq!(kept(), URI_CACHE_MAX, "an invalid URL is not kept");
     }
 }

@@ -9,8 +9,15 @@
 //! as the call records; one writer thread per process appends the queued lines, many
 //! per system call (`writev` of each file's lines, whole lines only). The queue is
 //! bounded in bytes ([`WriterConfig::max_queued_bytes`], counting lines until they are
-//! written): a call whose lines do not fit waits until the writer made room, so a slow or
-//! stuck disk slows the calls down rather than growing memory. The writer waits at most
+//! written): while it is full, a call waits for room before it records
+//! ([`QueuedSink`]'s [`RecordSink::room`], awaited by the server), so a slow or stuck disk
+//! slows the calls down rather than growing memory, and the wait holds no thread: the
+//! event loop that serves the call serves its other connections meanwhile. Lines handed
+//! in without that wait (by a caller that does not await it) are queued at once on a
+//! runtime thread, and wait for room as they always did on any other thread; the queue so
+//! passes its bound by at most what the calls recording at the moment it filled add
+//! (one call's lines per event loop). The waits are counted
+//! ([`TraceWriter::room_waits`]). The writer waits at most
 //! [`WriterConfig::flush_interval`] after a line arrives before writing it (less when the
 //! queue is half full or a flush is asked for), so a crash loses the lines still queued:
 //! those of calls recorded in the last flush interval (plus the time of the write
@@ -32,12 +39,12 @@
 use std::fs::{File, OpenOptions};
 use std::io::{IoSlice, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use std::time::Instant;
 
-use intercept_core::{CallRecord, RecordSink, RolloutSession};
+use intercept_core::{CallRecord, RecordSink, RecordWait, RolloutSession};
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
@@ -452,8 +459,17 @@ struct Shared {
     queue: Mutex<Queue>,
     /// The writer waits on it for lines.
     wake: Condvar,
-    /// Callers wait on it for room and flushes.
+    /// Threads wait on it for room and flushes.
     progress: Condvar,
+    /// Tasks wait on it for room (woken after each batch written).
+    space: tokio::sync::Notify,
+    /// `Queue::bytes`, and whether the writer is ending, readable without the lock (a
+    /// record asks whether there is room before every call's lines).
+    queued: AtomicUsize,
+    ending: AtomicBool,
+    /// Waits for room: how many, and their time in nanoseconds.
+    waits: AtomicU64,
+    waited_ns: AtomicU64,
     lost: AtomicU64,
 }
 
@@ -481,6 +497,11 @@ impl TraceWriter {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
             progress: Condvar::new(),
+            space: tokio::sync::Notify::new(),
+            queued: AtomicUsize::new(0),
+            ending: AtomicBool::new(false),
+            waits: AtomicU64::new(0),
+            waited_ns: AtomicU64::new(0),
             lost: AtomicU64::new(0),
         });
         let thread = std::thread::Builder::new()
@@ -522,6 +543,8 @@ impl TraceWriter {
     /// written by the caller, one `write` each. Blocks like [`TraceWriter::flush`].
     pub fn close(&self) {
         self.shared.queue.lock().closing = true;
+        self.shared.ending.store(true, Ordering::SeqCst);
+        self.shared.space.notify_waiters();
         self.shared.wake.notify_one();
         if let Some(thread) = self.thread.lock().take() {
             let _ = thread.join();
@@ -537,6 +560,16 @@ impl TraceWriter {
     pub fn queued_bytes(&self) -> usize {
         self.shared.queue.lock().bytes
     }
+
+    /// Waits for room in the queue so far: how many calls waited before they recorded,
+    /// and for how long in all (a slow or stalled disk shows here, and as the calls'
+    /// latency).
+    pub fn room_waits(&self) -> (u64, Duration) {
+        (
+            self.shared.waits.load(Ordering::Relaxed),
+            Duration::from_nanos(self.shared.waited_ns.load(Ordering::Relaxed)),
+        )
+    }
 }
 
 impl Drop for TraceWriter {
@@ -546,12 +579,50 @@ impl Drop for TraceWriter {
 }
 
 impl Shared {
-    /// Queues one line, waiting for room (see the module docs).
+    /// Whether a record may add its lines now: the queue is under its bound, or the
+    /// writer is ending (lines are then written by their caller).
+    fn has_room(&self) -> bool {
+        self.queued.load(Ordering::SeqCst) < self.config.max_queued_bytes
+            || self.ending.load(Ordering::SeqCst)
+    }
+
+    /// `None` when there is room; else a wait until the writer made some (see
+    /// [`QueuedSink`]'s [`RecordSink::room`]).
+    fn room(self: &Arc<Self>) -> Option<RecordWait> {
+        if self.has_room() {
+            return None;
+        }
+        let shared = self.clone();
+        Some(Box::pin(async move { shared.wait_for_room().await }))
+    }
+
+    async fn wait_for_room(&self) {
+        let started = Instant::now();
+        loop {
+            let notified = self.space.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if self.has_room() {
+                break;
+            }
+            notified.await;
+        }
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        let waited = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.waited_ns.fetch_add(waited, Ordering::Relaxed);
+    }
+
+    /// Queues one line (see the module docs). On a thread of a tokio runtime it never
+    /// waits: the caller waited for room before recording ([`Shared::room`]). On any
+    /// other thread, a line that does not fit waits until the writer made room.
     fn hand(&self, file: &Arc<JsonlSink>, line: Vec<u8>) {
         let len = line.len();
         let mut q = self.queue.lock();
-        while q.bytes > 0 && q.bytes + len > self.config.max_queued_bytes && !q.closing {
-            self.progress.wait(&mut q);
+        let full = |q: &Queue| q.bytes > 0 && q.bytes + len > self.config.max_queued_bytes;
+        if full(&q) && tokio::runtime::Handle::try_current().is_err() {
+            while full(&q) && !q.closing {
+                self.progress.wait(&mut q);
+            }
         }
         if q.closing || q.ended {
             // Nothing waits for the writer any more: write it here.
@@ -568,6 +639,7 @@ impl Shared {
             line,
         });
         q.bytes += len;
+        self.queued.store(q.bytes, Ordering::SeqCst);
         q.handed += 1;
         if was_empty || q.bytes >= self.config.max_queued_bytes / 2 {
             self.wake.notify_one();
@@ -587,13 +659,16 @@ impl Shared {
                     q.closing = true;
                     std::mem::take(&mut q.lines)
                 };
+                self.0.ending.store(true, Ordering::SeqCst);
                 self.0.progress.notify_all();
+                self.0.space.notify_waiters();
                 self.0.write(left);
                 LOSSES.flush();
                 // Nothing is queued any more, also after a panic mid-batch (the gauge
                 // reads it).
                 let mut q = self.0.queue.lock();
                 q.bytes = 0;
+                self.0.queued.store(0, Ordering::SeqCst);
                 q.done = q.handed;
             }
         }
@@ -624,7 +699,10 @@ impl Shared {
             let mut q = self.queue.lock();
             q.done += count;
             q.bytes -= bytes;
+            self.queued.store(q.bytes, Ordering::SeqCst);
             self.progress.notify_all();
+            drop(q);
+            self.space.notify_waiters();
         }
     }
 
@@ -677,6 +755,11 @@ impl QueuedSink {
 }
 
 impl RecordSink for QueuedSink {
+    /// While the writer's queue is full: a wait until it has room (see the module docs).
+    fn room(&self) -> Option<RecordWait> {
+        self.shared.room()
+    }
+
     fn on_record(&self, record: &CallRecord) {
         if self.file.format == TraceFormat::Full {
             self.shared.hand(&self.file, line_of(record));
@@ -992,6 +1075,89 @@ mod tests {
             assert_eq!(line[999], b'\n');
         }
         w.flush();
+        assert_eq!(w.lost_lines(), 0);
+    }
+
+    /// On a runtime, a full queue never blocks the thread: a record asks for room first
+    /// and waits for it as a task, while the other tasks of the same single-threaded
+    /// runtime go on; handed lines never wait. Once the disk moves, the wait ends, every
+    /// line arrives in order and the wait is counted.
+    #[test]
+    fn a_stuck_disk_holds_a_recording_task_not_its_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("slow");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        let bound = 8 * 1024;
+        let w = writer(bound, Duration::from_millis(1));
+        let sink = Arc::new(w.sink(JsonlSink::open(&fifo).unwrap()));
+        let line = |i: usize| {
+            let mut line = format!("{i:07}").into_bytes();
+            line.resize(999, b'x');
+            line.push(b'\n');
+            line
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let lines = 200;
+        let handed = rt.block_on(async {
+            // Records as the server does: room first, then the lines.
+            let recorder = tokio::spawn({
+                let sink = sink.clone();
+                async move {
+                    for i in 0..lines {
+                        if let Some(wait) = sink.room() {
+                            wait.await;
+                        }
+                        sink.on_log(&line(i));
+                    }
+                }
+            });
+            // The pipe takes 64 KiB, the queue 8: the recorder ends up waiting for room.
+            let mut ticks = 0u32;
+            while sink.room().is_none() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                ticks += 1;
+                assert!(ticks < 2000, "the queue never filled");
+            }
+            // The thread is free: another task of this runtime runs, many times over.
+            for _ in 0..20 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert!(!recorder.is_finished(), "the recorder must be held");
+            assert!(
+                w.queued_bytes() <= bound + 1000,
+                "{} queued",
+                w.queued_bytes()
+            );
+            // The disk comes back.
+            let reader = std::thread::spawn({
+                let fifo = fifo.clone();
+                move || {
+                    let mut got = vec![0u8; lines * 1000];
+                    File::open(&fifo).unwrap().read_exact(&mut got).unwrap();
+                    got
+                }
+            });
+            tokio::time::timeout(Duration::from_secs(60), recorder)
+                .await
+                .expect("the recorder ends once the disk moves")
+                .unwrap();
+            reader
+        });
+        w.flush();
+        let got = handed.join().unwrap();
+        for (i, line) in got.chunks(1000).enumerate() {
+            assert_eq!(&line[..7], format!("{i:07}").as_bytes());
+        }
+        let (waits, waited) = w.room_waits();
+        assert!(waits >= 1, "the waits are counted");
+        assert!(waited > Duration::ZERO);
         assert_eq!(w.lost_lines(), 0);
     }
 

@@ -6,6 +6,8 @@ mod network_policy;
 mod openai_chat;
 mod pool_bore;
 mod responses;
+#[cfg(target_os = "linux")]
+mod stalled_disk;
 mod training_capture;
 
 /// The vLLM-like fake engine the server's own tests use.

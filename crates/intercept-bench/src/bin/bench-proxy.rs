@@ -62,7 +62,8 @@ struct Args {
     /// Idle upstream connections kept.
     #[arg(long, default_value_t = 1024)]
     upstream_idle: usize,
-    /// Runtime worker threads (default: one per CPU the process may run on).
+    /// The server's event loops (`ServerConfig::workers`) and the control runtime's
+    /// threads (default: one per CPU the process may run on).
     #[arg(long)]
     threads: Option<usize>,
 }
@@ -77,6 +78,7 @@ async fn run(args: Args) -> Result<()> {
     let server = InterceptionServer::new(ServerConfig {
         listen: Some(SocketAddr::from((Ipv4Addr::LOCALHOST, args.port))),
         upstream_idle_per_host: args.upstream_idle,
+        workers: args.threads.unwrap_or(0),
         ..ServerConfig::default()
     })?;
     server.start().await?;

@@ -298,6 +298,10 @@ pub struct ServeConfig {
     /// 16,384; `None`, `0` in the settings: no cap).
     #[serde(deserialize_with = "values::connections")]
     pub max_connections: Option<usize>,
+    /// Event loops of each server (`ServerConfig::workers`; default 0: one per core the
+    /// process may use).
+    #[serde(deserialize_with = "values::count")]
+    pub workers: usize,
     /// Largest upstream answer read for one call (default 256 MiB); past it the call
     /// fails with 502 and its record is marked `truncated`.
     #[serde(deserialize_with = "values::positive_bytes")]
@@ -366,6 +370,7 @@ impl Default for ServeConfig {
             trace_queue_bytes: 64 << 20,
             trace_flush: Duration::from_millis(10),
             max_connections: Some(intercept_server::DEFAULT_MAX_CONNECTIONS),
+            workers: 0,
             max_response_bytes: 256 << 20,
             upstream_write_idle: Some(Duration::from_secs(30)),
             upstream_read_idle: None,

@@ -342,6 +342,17 @@ pub const SETTINGS: &[Setting] = &[
             flood of connections meets first.",
     },
     Setting {
+        key: "workers",
+        value: "N",
+        default: "0 (one per core)",
+        doc: "`workers` of the servers: event loops serving the harnesses' connections, \
+            each a thread with a single-threaded runtime and its own listening socket on \
+            the server's port (`SO_REUSEPORT`), its own upstream connections and caches; a \
+            connection and its calls stay on one loop. `0`: one per core the process may \
+            use (its CPU affinity, as `taskset` sets it, honoured). The control API runs \
+            apart from them.",
+    },
+    Setting {
         key: "max_response_bytes",
         value: "BYTES",
         default: "268435456 (256 MiB)",

@@ -68,6 +68,7 @@ impl Call {
                 claim.served(crate::retry::Answer::Stream(served));
             }
         }
+        self.room_to_record().await;
         self.record(outcome);
         relay.send_tail(ending).await;
     }
@@ -143,6 +144,7 @@ impl Call {
                 let client_gone = reply.is_closed();
                 let (mut outcome, response) = self.failure_answer(failed);
                 outcome.client_disconnected = client_gone;
+                self.room_to_record().await;
                 self.record(outcome);
                 let _ = reply.send(response, &self.entry.cancel);
             }
@@ -150,6 +152,7 @@ impl Call {
                 let mut outcome = Outcome::failed(&failed.recorded);
                 outcome.status = 200;
                 outcome.client_disconnected = client_gone;
+                self.room_to_record().await;
                 self.record(outcome);
                 let event = self.dialect.error_event(&failed.answered);
                 send_or_cancel(tx, event, &self.entry.cancel).await;

@@ -12,7 +12,9 @@
 //! through `bench-proxy`, through `intercept serve`, through nginx; non-streaming at 1,
 //! 16 and 64 connections and streaming (16 chunks) at 16 connections, spread over 1000
 //! session secrets. With `taskset` the proxy (`bench-proxy`, `intercept serve` or
-//! nginx) runs on core 0 and the load generator and upstream on core 1.
+//! nginx) runs on core 0 and the load generator and upstream on core 1; `--unpinned`
+//! pins nothing (nginx then runs a worker per core, as the intercept binaries run an
+//! event loop per core).
 //!
 //! It reads the proxy's CPU time (`/proc/<pid>/stat` utime + stime, nginx's master and
 //! worker summed) around each run, checks that the upstream received exactly as many
@@ -86,6 +88,12 @@ struct BenchOptions {
     /// Skip nginx even when it is installed.
     #[arg(long)]
     no_nginx: bool,
+    /// Pin nothing: the proxies, the load generator and the upstream share every core
+    /// (`intercept serve` and `bench-proxy` then run an event loop per core, nginx
+    /// `worker_processes auto`). By default, with `taskset`, the proxy runs alone on core
+    /// 0 and the rig on core 1.
+    #[arg(long)]
+    unpinned: bool,
     /// Rounds per load case (default: 1 quick, 3 full). Each round runs every target for
     /// its share of the case's time, targets one after another, so a slow spell of a
     /// shared machine hits all of them; each target's median round (by req/s) is
@@ -409,14 +417,29 @@ impl NginxTuning {
     };
 }
 
+/// nginx's `worker_processes`: one on its pinned core, else one per core (`auto`).
+fn nginx_workers(pinned: bool) -> &'static str {
+    if pinned {
+        "1"
+    } else {
+        "auto"
+    }
+}
+
 /// The nginx configuration: one worker, upstream keepalive, no buffering of responses
 /// (so streams flow event by event, as intercept relays them).
-fn nginx_config(prefix: &Path, listen: u16, upstream: &str, tuning: NginxTuning) -> String {
+fn nginx_config(
+    prefix: &Path,
+    listen: u16,
+    upstream: &str,
+    tuning: NginxTuning,
+    workers: &str,
+) -> String {
     let p = prefix.display();
     let keepalive = tuning.keepalive;
     let http2 = if tuning.http2 { " http2" } else { "" };
     format!(
-        "worker_processes 1;\ndaemon off;\nmaster_process on;\npid {p}/nginx.pid;\n\
+        "worker_processes {workers};\ndaemon off;\nmaster_process on;\npid {p}/nginx.pid;\n\
 error_log {p}/error.log warn;\nevents {{ worker_connections 20000; }}\n\
 http {{\n  access_log off;\n  client_body_temp_path {p}/client_body;\n  proxy_temp_path {p}/proxy;\n\
   fastcgi_temp_path {p}/fastcgi;\n  uwsgi_temp_path {p}/uwsgi;\n  scgi_temp_path {p}/scgi;\n\
@@ -435,7 +458,11 @@ fn start_nginx(env: &Env, upstream_addr: &str, dir: &str, tuning: NginxTuning) -
     std::fs::create_dir_all(&prefix)?;
     let port = free_port()?;
     let conf = prefix.join("nginx.conf");
-    std::fs::write(&conf, nginx_config(&prefix, port, upstream_addr, tuning))?;
+    let workers = nginx_workers(env.taskset);
+    std::fs::write(
+        &conf,
+        nginx_config(&prefix, port, upstream_addr, tuning, workers),
+    )?;
     let mut cmd = if env.taskset {
         let mut c = Command::new("taskset");
         c.args(["-c", "0", "nginx"]);
@@ -668,7 +695,7 @@ fn prepare(options: &BenchOptions) -> Result<(Env, bool, Value)> {
     let env = Env {
         bin,
         out: out.clone(),
-        taskset: has_program("taskset", "-V"),
+        taskset: !options.unpinned && has_program("taskset", "-V"),
         quick: options.quick,
         rounds: options
             .rounds
@@ -708,6 +735,8 @@ fn run(options: &BenchOptions) -> Result<()> {
         if options.quick { "quick" } else { "full" },
         if env.taskset {
             "on (proxy on core 0, loadgen + upstream on core 1)"
+        } else if options.unpinned {
+            "off (--unpinned: every process on every core)"
         } else {
             "absent (no pinning)"
         },
@@ -1587,6 +1616,7 @@ mod tests {
             8081,
             "127.0.0.1:9000",
             NginxTuning::LOAD,
+            nginx_workers(true),
         );
         assert!(conf.contains("server 127.0.0.1:9000;"));
         assert!(conf.contains("listen 127.0.0.1:8081;"));
@@ -1601,8 +1631,10 @@ mod tests {
                 keepalive: 10_000,
                 http2: true,
             },
+            nginx_workers(false),
         );
         assert!(conf.contains("listen 127.0.0.1:8081 http2;"));
+        assert!(conf.contains("worker_processes auto;"));
         assert!(conf.contains("keepalive 10000;"));
     }
 }
