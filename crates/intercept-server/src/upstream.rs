@@ -111,6 +111,30 @@ pub(crate) enum UpstreamBody {
     Driven(DrivenBody),
     /// A connection of the general pooled client.
     Pooled(Incoming),
+    /// A body made in-process: a session's generated answer, or an engine's token
+    /// stream turned into the dialect's wire format.
+    Made(MadeBody),
+}
+
+/// A response body made in-process ([`UpstreamBody::Made`]).
+pub(crate) struct MadeBody(
+    std::pin::Pin<Box<dyn http_body::Body<Data = Bytes, Error = BodyError> + Send + Sync>>,
+);
+
+impl MadeBody {
+    /// A body of one piece.
+    pub(crate) fn full(bytes: Bytes) -> Self {
+        use http_body_util::BodyExt as _;
+        MadeBody(Box::pin(
+            http_body_util::Full::new(bytes).map_err(|never| match never {}),
+        ))
+    }
+}
+
+impl fmt::Debug for MadeBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("MadeBody")
+    }
 }
 
 /// Why an upstream response body broke off.
@@ -127,6 +151,7 @@ impl http_body::Body for UpstreamBody {
         match self.get_mut() {
             UpstreamBody::Driven(b) => std::pin::Pin::new(b).poll_frame(cx).map_err(Into::into),
             UpstreamBody::Pooled(b) => std::pin::Pin::new(b).poll_frame(cx).map_err(Into::into),
+            UpstreamBody::Made(b) => b.0.as_mut().poll_frame(cx),
         }
     }
 
@@ -134,6 +159,7 @@ impl http_body::Body for UpstreamBody {
         match self {
             UpstreamBody::Driven(b) => b.is_end_stream(),
             UpstreamBody::Pooled(b) => b.is_end_stream(),
+            UpstreamBody::Made(b) => b.0.is_end_stream(),
         }
     }
 
@@ -141,6 +167,7 @@ impl http_body::Body for UpstreamBody {
         match self {
             UpstreamBody::Driven(b) => b.size_hint(),
             UpstreamBody::Pooled(b) => b.size_hint(),
+            UpstreamBody::Made(b) => b.0.size_hint(),
         }
     }
 }
@@ -209,7 +236,7 @@ impl UpstreamBody {
             read = match self.frame().now_or_never() {
                 Some(frame) => frame.into(),
                 None => match self {
-                    UpstreamBody::Driven(_) => return,
+                    UpstreamBody::Driven(_) | UpstreamBody::Made(_) => return,
                     UpstreamBody::Pooled(_) => {
                         tokio::task::yield_now().await;
                         match self.frame().now_or_never() {
