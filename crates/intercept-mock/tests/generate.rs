@@ -485,6 +485,53 @@ async fn vllm_streams_chunks_of_ids_then_usage_then_done() {
 }
 
 #[tokio::test]
+async fn streams_pause_by_the_chunk_delay() {
+    let Some(tokenizer) = qwen3() else { return };
+    let chunk_delay = std::time::Duration::from_millis(20);
+    let mock = start(
+        &tokenizer,
+        MockConfig {
+            chunks: 3,
+            chunk_delay,
+            ..MockConfig::default()
+        },
+    )
+    .await;
+    let client = client();
+    let prompt = prompt(&tokenizer, "slowly");
+    let mut body = renderers_body(&prompt);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    mock.push(Reply::text("one two three four five six"));
+    let started = tokio::time::Instant::now();
+    let answer = vllm(&client, &mock, &body).await;
+    // Three chunks of ids, the usage chunk, [DONE]: four pauses.
+    assert_eq!(answer.events().len(), 5);
+    assert!(
+        started.elapsed() >= chunk_delay * 4,
+        "{:?}",
+        started.elapsed()
+    );
+
+    mock.push(Reply::text("one two three four five six"));
+    let started = tokio::time::Instant::now();
+    let answer = sglang(
+        &client,
+        &mock,
+        &json!({"input_ids": prompt, "stream": true}),
+    )
+    .await;
+    // Three outputs and [DONE]: three pauses.
+    assert_eq!(answer.events().len(), 4);
+    assert!(
+        started.elapsed() >= chunk_delay * 3,
+        "{:?}",
+        started.elapsed()
+    );
+    mock.shutdown().await;
+}
+
+#[tokio::test]
 async fn vllm_errors_have_vllms_shape() {
     let Some(tokenizer) = qwen3() else { return };
     let mock = start(&tokenizer, MockConfig::default()).await;
