@@ -98,6 +98,13 @@ pub fn request_messages(kind: DialectKind, body: &crate::body::JsonBody) -> Opti
     Some(out)
 }
 
+/// The assistant message of a response in `kind`'s dialect (its JSON text), as the
+/// episode reads it; `None` when the text is not a response it can read.
+pub fn response_message(kind: DialectKind, response: &[u8]) -> Option<Message> {
+    let value: Value = serde_json::from_slice(response).ok()?;
+    read::response_message(kind, &value)
+}
+
 mod canonical;
 mod message;
 mod read;
