@@ -79,6 +79,10 @@ impl Session for PySession {
         self.inner.capture_tokens()
     }
 
+    fn tokens(&self) -> Option<&intercept_core::TokensConfig> {
+        self.inner.tokens()
+    }
+
     fn check(&self) -> Result<(), intercept_core::StopReason> {
         self.inner.check()
     }
@@ -236,7 +240,8 @@ pub(crate) struct NativeSession {
 
 #[pymethods]
 impl NativeSession {
-    /// `config_json` is a `SessionConfig` (id, model, sampling, upstream, limits, task).
+    /// `config_json` is a `SessionConfig` (id, model, sampling, upstream, limits, task,
+    /// tokens).
     #[new]
     #[pyo3(signature = (config_json, capture_tokens, on_request, request_takes_call, on_response, response_takes_call))]
     fn new(
@@ -419,5 +424,10 @@ impl NativeSession {
     /// The `/state` document as JSON.
     fn state_json(&self) -> String {
         self.inner.inner.state().to_string()
+    }
+
+    /// The session's token-in/token-out setting as JSON (`null` when off).
+    fn tokens_json(&self) -> String {
+        serde_json::to_string(&Session::tokens(&*self.inner)).unwrap_or_else(|_| "null".into())
     }
 }
