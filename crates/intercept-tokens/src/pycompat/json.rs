@@ -239,10 +239,7 @@ impl<'a> Value<'a> {
     /// `d.get(key)` on a `dict`; `None` for a missing key or a value that is not a `dict`.
     pub(crate) fn get(&self, key: &str) -> Option<&Value<'a>> {
         match self {
-            Value::Object(members) => members
-                .iter()
-                .find(|(k, _)| k.eq_str(key))
-                .map(|(_, v)| v),
+            Value::Object(members) => members.iter().find(|(k, _)| k.eq_str(key)).map(|(_, v)| v),
             _ => None,
         }
     }
@@ -372,7 +369,10 @@ impl<'a> Parser<'a> {
         }
         let digits = text.trim_start_matches('-');
         if digits.len() > MAX_INT_DIGITS {
-            return Err(err("Exceeds the limit for integer string conversion", start));
+            return Err(err(
+                "Exceeds the limit for integer string conversion",
+                start,
+            ));
         }
         Ok((Value::Int(if text == "-0" { "0" } else { text }), i))
     }
@@ -442,10 +442,7 @@ impl<'a> Parser<'a> {
         }
         loop {
             if self.b.get(i) != Some(&b'"') {
-                return Err(err(
-                    "Expecting property name enclosed in double quotes",
-                    i,
-                ));
+                return Err(err("Expecting property name enclosed in double quotes", i));
             }
             let (key, end) = self.string(i + 1)?;
             i = self.skip_ws(end);
@@ -499,7 +496,11 @@ fn insert<'a>(
 
 /// `json.dumps(value, ensure_ascii=...)` appended to `out`. Without `ensure_ascii`, a
 /// lone surrogate cannot be written (Python's output could not be encoded either).
-pub(crate) fn dump(value: &Value<'_>, ensure_ascii: bool, out: &mut String) -> Result<(), LoneSurrogate> {
+pub(crate) fn dump(
+    value: &Value<'_>,
+    ensure_ascii: bool,
+    out: &mut String,
+) -> Result<(), LoneSurrogate> {
     match value {
         Value::Null => out.push_str("null"),
         Value::Bool(true) => out.push_str("true"),
@@ -541,13 +542,17 @@ pub(crate) fn dumps(value: &Value<'_>, ensure_ascii: bool) -> Result<String, Lon
 }
 
 /// A JSON string literal as Python writes it.
-pub(crate) fn dump_str(s: JsonStr<'_>, ensure_ascii: bool, out: &mut String) -> Result<(), LoneSurrogate> {
+pub(crate) fn dump_str(
+    s: JsonStr<'_>,
+    ensure_ascii: bool,
+    out: &mut String,
+) -> Result<(), LoneSurrogate> {
     out.push('"');
     // Fast path: nothing to escape or to decode.
     if !s.escaped
-        && s.raw.bytes().all(|b| {
-            b >= 0x20 && b != b'"' && b != b'\\' && (!ensure_ascii || b < 0x7f)
-        })
+        && s.raw
+            .bytes()
+            .all(|b| b >= 0x20 && b != b'"' && b != b'\\' && (!ensure_ascii || b < 0x7f))
     {
         out.push_str(s.raw);
         out.push('"');
@@ -676,7 +681,10 @@ mod tests {
         // Every expected string below is Python 3.11's
         // json.dumps(json.loads(text), ensure_ascii=False).
         assert_eq!(
-            py(r#"{"b":1,"a":[true,false,null],"c":{"z":"x","y":[]}}"#, false),
+            py(
+                r#"{"b":1,"a":[true,false,null],"c":{"z":"x","y":[]}}"#,
+                false
+            ),
             r#"{"b": 1, "a": [true, false, null], "c": {"z": "x", "y": []}}"#
         );
         assert_eq!(py("{}", false), "{}");
@@ -745,13 +753,41 @@ mod tests {
     #[test]
     fn loads_refuses_what_python_refuses() {
         for bad in [
-            "", " ", "{", "[1,]", "{\"a\":1,}", "01", "1.", ".5", "1e", "-", "+1", "nul",
-            "\"a\nb\"", "\"\\x\"", "\"\\u12\"", "[1] x", "{'a': 1}", "{\"a\" 1}", "\u{feff}1",
-            "\"abc", "[1 2]", "Infinityx", "-NaN",
+            "",
+            " ",
+            "{",
+            "[1,]",
+            "{\"a\":1,}",
+            "01",
+            "1.",
+            ".5",
+            "1e",
+            "-",
+            "+1",
+            "nul",
+            "\"a\nb\"",
+            "\"\\x\"",
+            "\"\\u12\"",
+            "[1] x",
+            "{'a': 1}",
+            "{\"a\" 1}",
+            "\u{feff}1",
+            "\"abc",
+            "[1 2]",
+            "Infinityx",
+            "-NaN",
         ] {
             assert!(loads(bad).is_err(), "{bad:?} should not load");
         }
-        for good in [" 1 ", "\t[\r\n]", "-Infinity", "\"\u{7f}\"", "1E+2", "-0.0e-0", "\"\\/\""] {
+        for good in [
+            " 1 ",
+            "\t[\r\n]",
+            "-Infinity",
+            "\"\u{7f}\"",
+            "1E+2",
+            "-0.0e-0",
+            "\"\\/\"",
+        ] {
             assert!(loads(good).is_ok(), "{good:?} should load");
         }
         let deep = "[".repeat(MAX_DEPTH + 1) + &"]".repeat(MAX_DEPTH + 1);
