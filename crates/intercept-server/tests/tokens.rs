@@ -644,3 +644,60 @@ async fn images_are_refused_with_a_clear_error() {
     assert_eq!(trace.calls[0].prompt_token_ids, None);
     guard.close().await;
 }
+
+#[tokio::test]
+async fn on_mismatch_chat_sends_the_turn_to_the_chat_endpoint_and_bridges_from_its_ids() {
+    use common::fake_engine::{answer_text, ids_of, EngineConfig, FakeEngine};
+    let Some(dir) = tokenizer_dir() else { return };
+    let engine = FakeEngine::start(EngineConfig {
+        name: "fake".into(),
+        token_ids: true,
+    })
+    .await;
+    let harness = Harness::new().await;
+    let mut tokens = TokensConfig::new("qwen3", dir.clone());
+    tokens.on_mismatch = OnMismatch::Chat;
+    tokens.enable_thinking = Some(false);
+    let config = SessionConfig::new("chat-path", "policy", Upstream::new(engine.base_url()))
+        .with_tokens(tokens);
+    let (session, waiter, guard) = harness.session_with(config).await;
+    let slot = guard.slot();
+    let first = chat(slot, json!({"model": "m", "messages": first_messages()})).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    // The harness edits the history: the chat endpoint renders this turn.
+    let edited = json!([{"role": "user", "content": "hi there"}]);
+    let second = chat(slot, json!({"model": "m", "messages": edited})).await;
+    assert_eq!(second.status, 200, "{}", second.text());
+    let reply = second.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(reply, answer_text("hi there"));
+    assert!(
+        second.json()["prompt_token_ids"].is_null(),
+        "the harness did not ask for ids"
+    );
+    waiter.wait_for(2).await;
+    let record = session.trace().calls[1].clone();
+    assert_eq!(record.token_path, Some(TokenPath::Chat));
+    assert_eq!(record.token_reason.as_deref(), Some("history_edited"));
+    let prompt = record.prompt_token_ids.clone().unwrap();
+    let completion = record.completion_token_ids.clone().unwrap();
+    assert_eq!(prompt, ids_of("hi there"));
+    // The next turn extends the chat turn: bridged from the ids the engine returned.
+    let mut messages = edited.as_array().unwrap().clone();
+    messages.push(json!({"role": "assistant", "content": reply}));
+    messages.push(json!({"role": "user", "content": "and again"}));
+    let third = chat(slot, json!({"model": "m", "messages": messages})).await;
+    assert_eq!(third.status, 200, "{}", third.text());
+    waiter.wait_for(3).await;
+    let record = session.trace().calls[2].clone();
+    assert_eq!(record.token_path, Some(TokenPath::Bridged));
+    let sent = engine.seen().last().unwrap().body.clone();
+    let ids: Vec<u32> = serde_json::from_value(sent["token_ids"].clone()).unwrap();
+    assert!(
+        ids.starts_with(&[&prompt[..], &completion[..]].concat()),
+        "{ids:?}"
+    );
+    guard.close().await;
+}
