@@ -143,7 +143,7 @@ impl<'a> JsonStr<'a> {
     }
 
     /// The decoded string; a lone surrogate reads as U+FFFD.
-    pub(crate) fn to_str_lossy(&self) -> Cow<'a, str> {
+    pub(crate) fn to_str_lossy(self) -> Cow<'a, str> {
         if !self.escaped {
             return Cow::Borrowed(self.raw);
         }
@@ -156,7 +156,7 @@ impl<'a> JsonStr<'a> {
     }
 
     /// The decoded string, or [`LoneSurrogate`] if it holds one.
-    pub(crate) fn to_str(&self) -> Result<Cow<'a, str>, LoneSurrogate> {
+    pub(crate) fn to_str(self) -> Result<Cow<'a, str>, LoneSurrogate> {
         if !self.escaped {
             return Ok(Cow::Borrowed(self.raw));
         }
@@ -273,6 +273,9 @@ fn err(message: &'static str, offset: usize) -> JsonError {
     JsonError { message, offset }
 }
 
+/// One of the parser's readers: from a position to a value and where it ends.
+type Read<'a> = Result<(Value<'a>, usize), JsonError>;
+
 struct Parser<'a> {
     s: &'a str,
     b: &'a [u8],
@@ -312,11 +315,7 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn nested(
-        &mut self,
-        i: usize,
-        f: fn(&mut Self, usize) -> Result<(Value<'a>, usize), JsonError>,
-    ) -> Result<(Value<'a>, usize), JsonError> {
+    fn nested(&mut self, i: usize, f: fn(&mut Self, usize) -> Read<'a>) -> Read<'a> {
         if self.depth >= MAX_DEPTH {
             return Err(err("maximum recursion depth exceeded", i));
         }
