@@ -125,7 +125,10 @@ mod log;
 mod reply;
 mod responses;
 mod server;
+mod sglang;
 mod sse;
+mod tokens;
+mod vllm;
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -140,9 +143,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use chat::render_chat;
-pub use config::MockConfig;
+pub use config::{MockConfig, VllmVersion};
 pub use log::{ReceivedRequest, RequestBody};
-pub use reply::{Reply, ToolCall, Usage, ANTHROPIC_CONTEXT_LENGTH_MESSAGE, CONTEXT_LENGTH_MESSAGE};
+pub use reply::{
+    Reply, ToolCall, Usage, ANTHROPIC_CONTEXT_LENGTH_MESSAGE, CONTEXT_LENGTH_MESSAGE,
+    SGLANG_CONTEXT_LENGTH_MESSAGE, VLLM_CONTEXT_LENGTH_MESSAGE,
+};
 
 /// The path of the Chat Completions route.
 pub const CHAT_COMPLETIONS_PATH: &str = "/v1/chat/completions";
@@ -162,6 +168,12 @@ pub const MESSAGES_PATH: &str = "/v1/messages";
 
 /// The path of the Anthropic token-counting route.
 pub const COUNT_TOKENS_PATH: &str = "/v1/messages/count_tokens";
+
+/// The path of vLLM's token-in/token-out route (at the server's root, not under `/v1`).
+pub const VLLM_GENERATE_PATH: &str = "/inference/v1/generate";
+
+/// The path of SGLang's native generate route.
+pub const SGLANG_GENERATE_PATH: &str = "/generate";
 
 /// A running mock model server. See the [module docs](self) for what it answers.
 ///
@@ -186,6 +198,8 @@ pub struct MockUpstream {
 /// State shared by the handle, the accept loop and the request handlers.
 pub(crate) struct Shared {
     config: MockConfig,
+    /// The tokenizer of the token routes, from `config`.
+    vocab: Option<tokens::Vocab>,
     queue: Mutex<VecDeque<Reply>>,
     /// Length of `queue`, readable without the lock (the echo path skips the lock).
     queued: AtomicUsize,
@@ -205,6 +219,7 @@ pub(crate) struct Shared {
 impl Shared {
     fn new(config: MockConfig) -> Self {
         Self {
+            vocab: config.tokenizer.clone().map(tokens::Vocab::new),
             config,
             queue: Mutex::new(VecDeque::new()),
             queued: AtomicUsize::new(0),
@@ -218,6 +233,11 @@ impl Shared {
             notify: Notify::new(),
             token: CancellationToken::new(),
         }
+    }
+
+    /// The number of the next answer (for its id).
+    fn next_number(&self) -> u64 {
+        self.completion_ids.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     fn pop_reply(&self) -> Option<Reply> {
@@ -327,6 +347,16 @@ impl MockUpstream {
     /// The URL of the token-counting route, `<anthropic_base_url>/v1/messages/count_tokens`.
     pub fn count_tokens_url(&self) -> String {
         format!("http://{}{COUNT_TOKENS_PATH}", self.addr)
+    }
+
+    /// The URL of vLLM's token route, `http://127.0.0.1:<port>/inference/v1/generate`.
+    pub fn vllm_generate_url(&self) -> String {
+        format!("http://{}{VLLM_GENERATE_PATH}", self.addr)
+    }
+
+    /// The URL of SGLang's generate route, `http://127.0.0.1:<port>/generate`.
+    pub fn sglang_generate_url(&self) -> String {
+        format!("http://{}{SGLANG_GENERATE_PATH}", self.addr)
     }
 
     /// The configuration the mock runs with.

@@ -16,6 +16,18 @@ pub const CONTEXT_LENGTH_MESSAGE: &str = "This model's maximum context length is
 /// words.
 pub const ANTHROPIC_CONTEXT_LENGTH_MESSAGE: &str = "prompt is too long: 5000 tokens > 4096 maximum";
 
+/// The message of [`Reply::context_length_error`] on vLLM's `/inference/v1/generate`, in
+/// vLLM's words (its input processor's).
+pub const VLLM_CONTEXT_LENGTH_MESSAGE: &str =
+    "The decoder prompt (length 5000) is longer than the \
+     maximum model length of 4096. Make sure that `max_model_len` is no smaller than the number \
+     of text tokens.";
+
+/// The message of [`Reply::context_length_error`] on SGLang's `/generate`, in SGLang's
+/// words.
+pub const SGLANG_CONTEXT_LENGTH_MESSAGE: &str =
+    "The input (5000 tokens) is longer than the model's context length (4096 tokens).";
+
 /// One scripted answer of the mock, pushed with
 /// [`MockUpstream::push`](super::MockUpstream::push) and used by the next request.
 ///
@@ -89,6 +101,9 @@ pub(crate) struct Completion {
     /// Compute content and tool calls from the request (the echo behaviour).
     pub(crate) echo: bool,
     pub(crate) content: Option<String>,
+    /// `content` is the whole completion text of the token routes, sent as is
+    /// ([`Reply::raw_completion`]).
+    pub(crate) raw: bool,
     pub(crate) reasoning: Option<String>,
     pub(crate) tool_calls: Vec<ToolCall>,
     pub(crate) finish_reason: Option<String>,
@@ -191,6 +206,20 @@ impl Reply {
     pub fn text(content: impl Into<String>) -> Self {
         Self::completion(Completion {
             content: Some(content.into()),
+            ..Completion::default()
+        })
+    }
+
+    /// A completion whose text is exactly `text`, for the token routes
+    /// (`/inference/v1/generate`, `/generate`): tokenized as it is, with no think block or
+    /// tool-call layout around it, so a script can send what a real model gets wrong (an
+    /// unclosed `<think>`, a `<tool_call>` with broken JSON or without its end tag). The
+    /// stop id is appended as for any completion. The other routes answer it as a message
+    /// with this content.
+    pub fn raw_completion(text: impl Into<String>) -> Self {
+        Self::completion(Completion {
+            content: Some(text.into()),
+            raw: true,
             ..Completion::default()
         })
     }

@@ -31,6 +31,7 @@ use crate::respond::{error_response, json_response};
 use crate::upstream::{read_all, ReadError, UpstreamBody};
 
 pub(crate) mod stream;
+mod tokens;
 
 /// The keepalive written while an upstream stream is silent: a bare comment line
 /// without the blank line that would close an event.
@@ -72,7 +73,7 @@ pub(crate) struct Call {
     /// The ids sent to and received from the engine, when the prompt was rendered to
     /// ids before it left (a session that generates, or the token path): filled by
     /// whoever made the answer, read by the record.
-    tokens: Arc<parking_lot::Mutex<Option<intercept_core::TurnTokens>>>,
+    tokens: Arc<parking_lot::Mutex<crate::tokens::TokenSlot>>,
 }
 
 /// What admitting a call produced: the rollout entered, the pause admission, and for a
@@ -409,6 +410,21 @@ impl Call {
         if self.entry.session.generates() {
             return self.open_generated().await;
         }
+        if let Some(tito) = &self.entry.tito {
+            if let Some(opened) = self.open_tokens(tito).await? {
+                return Ok(opened);
+            }
+        }
+        self.send_to_engines(|engine| self.upstream_request(engine))
+            .await
+    }
+
+    /// Sends the request `build` makes for an engine to the session's engine (see
+    /// [`Call::open`]) and waits for the response head.
+    async fn send_to_engines(
+        &self,
+        build: impl Fn(&str) -> Result<http::Request<crate::http_body::SliceBody>, Error>,
+    ) -> Result<(Response<UpstreamBody>, Instant), Error> {
         let upstream = self.entry.session.upstream();
         let engines = upstream.engines();
         let session = self.entry.session.id();
@@ -436,7 +452,7 @@ impl Call {
             tried |= bit(index);
             self.engine.store(index, Ordering::Relaxed);
             let engine = &engines[index];
-            let req = self.upstream_request(engine)?;
+            let req = build(engine)?;
             let send = self.shared.upstream.send_to(req);
             let sent = match self.shared.config.upstream_timeout {
                 Some(t) => match tokio::time::timeout(t, send).await {
@@ -492,7 +508,7 @@ impl Call {
             })??,
             None => generate.await?,
         };
-        *self.tokens.lock() = generated.tokens;
+        self.tokens.lock().tokens = generated.tokens;
         let (body, content_type) = if self.prepared.stream {
             let value: serde_json::Value =
                 serde_json::from_slice(&generated.response).map_err(|e| {
@@ -720,11 +736,16 @@ impl Call {
         }
         self.shared.stats.record(&outcome.error);
         // A call that failed before the relay began still says capture was asked for.
-        let rendered = self.tokens.lock().take();
-        let (token_path, token_reason) = rendered
+        let slot = std::mem::take(&mut *self.tokens.lock());
+        let (mut token_path, mut token_reason) = slot
+            .tokens
             .as_ref()
             .map_or((None, None), |t| (t.path, t.reason.clone()));
-        let tokens = match rendered {
+        if let Some(reason) = slot.chat_reason {
+            token_path = Some(intercept_core::TokenPath::Chat);
+            token_reason = Some(reason);
+        }
+        let tokens = match slot.tokens {
             Some(t) => CapturedTokens {
                 status: TokenCapture::Captured,
                 prompt_token_ids: Some(t.prompt_ids),
@@ -733,6 +754,30 @@ impl Call {
             },
             None => self.captured(outcome.tokens),
         };
+        // A turn that succeeded is the one the session's next turn bridges from.
+        if let (Some(tito), Some(pending), None, Some(prompt), Some(completion)) = (
+            &self.entry.tito,
+            slot.pending,
+            &outcome.error,
+            &tokens.prompt_token_ids,
+            &tokens.completion_token_ids,
+        ) {
+            let read;
+            let message = match (&outcome.summary.message, &outcome.response) {
+                (Some(m), _) => Some(&**m),
+                (None, Some(response)) => {
+                    read = intercept_core::episode::response_message(
+                        self.dialect.kind(),
+                        response.bytes(),
+                    );
+                    read.as_ref()
+                }
+                (None, None) => None,
+            };
+            if let (Some(message), 200) = (message, outcome.status) {
+                tito.finished(pending, message, prompt, completion);
+            }
+        }
         let record = CallRecord {
             session: session.id().to_owned(),
             seq: self.seq,

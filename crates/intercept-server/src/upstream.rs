@@ -129,6 +129,13 @@ impl MadeBody {
             http_body_util::Full::new(bytes).map_err(|never| match never {}),
         ))
     }
+
+    /// Any body.
+    pub(crate) fn new(
+        body: impl http_body::Body<Data = Bytes, Error = BodyError> + Send + Sync + 'static,
+    ) -> Self {
+        MadeBody(Box::pin(body))
+    }
 }
 
 impl fmt::Debug for MadeBody {
@@ -328,6 +335,51 @@ impl UpstreamClient {
         let mut req = Request::post(uri)
             .body(SliceBody::new(body.chunks()))
             .map_err(|e| Error::Internal(format!("cannot build the upstream request: {e}")))?;
+        *req.headers_mut() = headers;
+        Ok(req)
+    }
+
+    /// Builds the request of a call on the token path: `body` posted to the engine's
+    /// token endpoint `path` on `base_url` without its `/v1` (vLLM mounts
+    /// `/inference/v1/generate` at the server's root), with the upstream's headers and
+    /// its key as a bearer token.
+    pub(crate) fn engine_request(
+        &self,
+        upstream: &Upstream,
+        base_url: &str,
+        path: &str,
+        session_id: &str,
+        body: Bytes,
+    ) -> Result<Request<SliceBody>, Error> {
+        let trimmed = base_url.trim_end_matches('/');
+        let root = trimmed.strip_suffix("/v1").unwrap_or(trimmed);
+        let uri = self.uris.get(root, path)?;
+        let mut headers = HeaderMap::new();
+        for (name, value) in &upstream.headers {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::try_from(name.as_str()),
+                HeaderValue::try_from(value.as_str()),
+            ) {
+                headers.insert(n, v);
+            }
+        }
+        if let Ok(v) = HeaderValue::try_from(session_id) {
+            headers.insert(HeaderName::from_static("x-session-id"), v);
+        }
+        if let Some(Ok(v)) = upstream
+            .api_key
+            .as_deref()
+            .map(|key| HeaderValue::try_from(format!("Bearer {key}")))
+        {
+            headers.insert(http::header::AUTHORIZATION, v);
+        }
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        let mut req = Request::post(uri)
+            .body(SliceBody::new(vec![body]))
+            .map_err(|e| Error::Internal(format!("cannot build the engine request: {e}")))?;
         *req.headers_mut() = headers;
         Ok(req)
     }

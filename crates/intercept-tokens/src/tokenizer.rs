@@ -66,6 +66,102 @@ pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
     eos_token: Option<String>,
+    /// Each id's bytes, when the decoder is byte-level (then decoding is these bytes
+    /// joined, read as UTF-8 with U+FFFD for what is not).
+    bytes: Option<ByteTable>,
+}
+
+/// Every token's bytes, in one buffer.
+#[derive(Debug)]
+struct ByteTable {
+    bytes: Vec<u8>,
+    /// `ends[id]` is where the bytes of `id` end (they start where `id - 1`'s end).
+    ends: Vec<u32>,
+}
+
+impl ByteTable {
+    /// The table of a tokenizer whose decoder is `ByteLevel` (GPT-2's byte alphabet),
+    /// built as that decoder decodes one token: a token all of whose characters are in
+    /// the alphabet gives their bytes, any other (an added token such as `<think>` whose
+    /// characters are not) its UTF-8 text.
+    fn build(inner: &tokenizers::Tokenizer) -> Option<Self> {
+        if !matches!(
+            inner.get_decoder(),
+            Some(tokenizers::decoders::DecoderWrapper::ByteLevel(_))
+        ) {
+            return None;
+        }
+        let alphabet = byte_alphabet();
+        let n = inner.get_vocab_size(true);
+        let mut bytes = Vec::with_capacity(n * 8);
+        let mut ends = Vec::with_capacity(n);
+        let mut id: u32 = 0;
+        // Ids may have holes; an id with no token decodes to nothing, as in `decode`.
+        let max = inner
+            .get_added_tokens_decoder()
+            .keys()
+            .copied()
+            .max()
+            .map_or(0, |m| m as usize + 1)
+            .max(n);
+        while (id as usize) < max {
+            if let Some(token) = inner.id_to_token(id) {
+                let start = bytes.len();
+                let mut all = true;
+                for c in token.chars() {
+                    match alphabet(c) {
+                        Some(b) => bytes.push(b),
+                        None => {
+                            all = false;
+                            break;
+                        }
+                    }
+                }
+                if !all {
+                    bytes.truncate(start);
+                    bytes.extend_from_slice(token.as_bytes());
+                }
+            }
+            ends.push(u32::try_from(bytes.len()).ok()?);
+            id += 1;
+        }
+        bytes.shrink_to_fit();
+        Some(ByteTable { bytes, ends })
+    }
+
+    fn get(&self, id: u32) -> &[u8] {
+        let i = id as usize;
+        match self.ends.get(i) {
+            Some(&end) => {
+                let start = if i == 0 { 0 } else { self.ends[i - 1] };
+                &self.bytes[start as usize..end as usize]
+            }
+            None => &[],
+        }
+    }
+}
+
+/// GPT-2's byte-level alphabet, read backwards: the byte each of its 256 characters
+/// stands for.
+fn byte_alphabet() -> impl Fn(char) -> Option<u8> {
+    let mut table = [0u8; 324];
+    let mut set = [false; 324];
+    let mut shifted = 0u32;
+    for b in 0..=255u8 {
+        let printable = matches!(b, b'!'..=b'~' | 0xa1..=0xac | 0xae..=0xff);
+        let c = if printable {
+            u32::from(b)
+        } else {
+            shifted += 1;
+            255 + shifted
+        };
+        table[c as usize] = b;
+        set[c as usize] = true;
+    }
+    move |c: char| {
+        let i = c as usize;
+        (i < table.len() && set[i]).then(|| table[i])
+    }
 }
 
 impl Tokenizer {
@@ -146,10 +242,12 @@ impl Tokenizer {
             }
             _ => None,
         };
+        let bytes = ByteTable::build(&inner);
         Ok(Tokenizer {
             inner,
             path: path.to_owned(),
             eos_token,
+            bytes,
         })
     }
 
@@ -180,7 +278,32 @@ impl Tokenizer {
     /// The text of `ids`, special tokens included. Bytes that do not form whole UTF-8
     /// characters decode to U+FFFD, as Python's `errors="replace"`.
     pub fn decode(&self, ids: &[u32]) -> String {
-        self.inner.decode(ids, false).unwrap_or_default()
+        match &self.bytes {
+            Some(table) => {
+                let mut buf = Vec::with_capacity(ids.len() * 4);
+                for &id in ids {
+                    buf.extend_from_slice(table.get(id));
+                }
+                match String::from_utf8(buf) {
+                    Ok(s) => s,
+                    Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+                }
+            }
+            None => self.inner.decode(ids, false).unwrap_or_default(),
+        }
+    }
+
+    /// The bytes one id decodes to, when the decoder is byte-level (`None` otherwise).
+    /// An id outside the vocabulary gives no bytes, as [`decode`](Self::decode) skips it.
+    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        self.bytes.as_ref().map(|t| t.get(id))
+    }
+
+    /// Whether the decoder is byte-level: decoding is each id's
+    /// [`token_bytes`](Self::token_bytes) joined, so it can run incrementally
+    /// ([`TextDecoder`](crate::TextDecoder)).
+    pub fn is_byte_level(&self) -> bool {
+        self.bytes.is_some()
     }
 
     /// The id of one token of the vocabulary (added tokens included).
