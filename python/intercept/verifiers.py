@@ -60,6 +60,7 @@ __all__ = [
     "PrimeTunnelConfig",
     "CustomTunnelConfig",
     "make_interception",
+    "intercept_session",
 ]
 
 
@@ -185,6 +186,7 @@ class _Compat:
             on_response=bridge.on_response if bridge.inspects_responses else None,
             hook_headers=sorted(vf().semantic.ACP_EXTENSION_HEADERS),
         )
+        session._intercept_session = ours
         ours._native.set_record_hook(bridge.on_record, loop)
         if client is not None:
             ours._native.set_generate_hook(bridge.on_generate, loop)
@@ -263,6 +265,15 @@ class ElasticInterceptionPool(_Compat):
         tunnel = Prime() if requires_tunnel else None
         super().__init__(ElasticPool(multiplex=multiplex, tunnel=tunnel, **_settings(state_service_secrets, settings)), upstream)
         self.config = config
+
+
+def intercept_session(session: Any) -> Session | None:
+    """The `intercept.Session` that carried a verifiers `RolloutSession` acquired through
+    `intercept.verifiers` (None for one that was not): intercept's own record of the
+    rollout, its calls (with the token ids of a train-client rollout: `prompt_token_ids`,
+    `completion_token_ids`, `completion_logprobs`, `token_path`) and its episode."""
+    found = getattr(session, "_intercept_session", None)
+    return found if isinstance(found, Session) else None
 
 
 def make_interception(
