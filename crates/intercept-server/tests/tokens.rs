@@ -701,3 +701,56 @@ async fn on_mismatch_chat_sends_the_turn_to_the_chat_endpoint_and_bridges_from_i
     );
     guard.close().await;
 }
+
+#[tokio::test]
+async fn an_engine_answer_past_max_response_bytes_is_cut_off_and_recorded_as_failed() {
+    let Some(dir) = tokenizer_dir() else { return };
+    let tokenizer = intercept_tokens::shared(&dir).expect("tokenizer");
+    let engine = MockUpstream::start_with(MockConfig {
+        tokenizer: Some(tokenizer),
+        ..MockConfig::default()
+    })
+    .await
+    .expect("engine");
+    let harness = Harness::with_config(intercept_server::ServerConfig {
+        max_response_bytes: 4096,
+        ..intercept_server::ServerConfig::default()
+    })
+    .await;
+    let config = SessionConfig::new("big", "policy", Upstream::new(engine.base_url()))
+        .with_tokens(TokensConfig::new("qwen3", dir));
+    let (session, waiter, guard) = harness.session_with(config).await;
+    let long = "word ".repeat(3000);
+    for stream in [false, true] {
+        engine.push(Reply::text(long.clone()).with_chunks(50));
+        let answer = chat(
+            guard.slot(),
+            json!({"model": "m", "messages": first_messages(), "stream": stream}),
+        )
+        .await;
+        if stream {
+            // The head was sent: the stream ends with the dialect's error event.
+            assert!(
+                answer.text().contains("max_response_bytes"),
+                "{}",
+                answer.text()
+            );
+            assert!(!answer.text().contains("[DONE]"), "{}", answer.text());
+        } else {
+            assert!(answer.status >= 500, "{}", answer.text());
+            assert!(
+                answer.text().contains("max_response_bytes"),
+                "{}",
+                answer.text()
+            );
+        }
+    }
+    waiter.wait_for(2).await;
+    let trace = session.trace();
+    assert_eq!(trace.calls.len(), 2);
+    for record in &trace.calls {
+        assert!(record.error.is_some(), "{:?}", record.status);
+        assert!(record.prompt_token_ids.is_some());
+    }
+    guard.close().await;
+}

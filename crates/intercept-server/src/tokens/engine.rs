@@ -237,8 +237,11 @@ fn piece(engine: TokenEngine, value: &Value, seen: usize) -> Result<Piece, Strin
 enum Intake {
     /// One JSON answer, gathered up to a bound.
     Json { buf: BytesMut, limit: u64 },
-    /// A stream of SSE chunks, each parsed as it arrives.
+    /// A stream of SSE chunks, each parsed as it arrives; at most `limit` bytes in all
+    /// (an engine that sends forever, or one endless event, is cut off).
     Stream {
+        limit: u64,
+        received: u64,
         splitter: SseSplitter,
         /// Behind a lock only so that the body is `Sync`; one task polls it.
         parser: Mutex<Box<dyn StreamParser>>,
@@ -279,6 +282,8 @@ impl EngineAnswer {
             .unwrap_or_default();
         let intake = if stream {
             Intake::Stream {
+                limit,
+                received: 0,
                 splitter: SseSplitter::new(),
                 parser: Mutex::new(renderer.stream(&prompt_ids)),
             }
@@ -397,7 +402,18 @@ impl EngineAnswer {
                 buf.extend_from_slice(data);
                 Ok(())
             }
-            Intake::Stream { splitter, .. } => {
+            Intake::Stream {
+                splitter,
+                limit,
+                received,
+                ..
+            } => {
+                *received += data.len() as u64;
+                if *received > *limit {
+                    return Err(format!(
+                        "the engine's stream passed the configured max_response_bytes ({limit} bytes)"
+                    ));
+                }
                 splitter.push_bytes(data.clone());
                 loop {
                     let Intake::Stream { splitter, .. } = &mut self.intake else {
