@@ -610,7 +610,9 @@ fn tokens_value(value: serde_json::Value) -> Result<Option<TokensConfig>, String
         serde_json::Value::Null | serde_json::Value::Bool(false) => Ok(None),
         serde_json::Value::Object(map) => {
             check_tokens_patch("tokens", &map)?;
-            merge_tokens(None, &map).map(Some)
+            serde_json::from_value(serde_json::Value::Object(map))
+                .map(Some)
+                .map_err(|e| format!("tokens: {e}; the fields are {TOKENS_FIELDS}"))
         }
         other => Err(format!(
             "expected an object of {TOKENS_FIELDS}, or `off`; got {other}"
