@@ -83,7 +83,7 @@ impl Session for Generating {
         self.started.notify_waiters();
         match &self.behaviour {
             Behaviour::Answer => Ok(Generated {
-                response: Bytes::from(serde_json::to_vec(&completion("made here")).unwrap()),
+                response: Bytes::from(completion("made here").to_string()),
                 tokens: Some(TurnTokens {
                     prompt_ids: vec![1, 2, 3],
                     completion_ids: vec![7, 8],

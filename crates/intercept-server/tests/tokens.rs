@@ -105,9 +105,9 @@ fn first_messages() -> Value {
 }
 
 fn rendered(rig: &Rig, messages: &Value, tools: &Value) -> Vec<u32> {
-    let m = ChatMessage::parse_array(&messages.to_string()).unwrap();
-    let t = ToolSpec::parse_array(&tools.to_string()).unwrap();
-    rig.qwen3.render(&m, &t, true).unwrap().token_ids
+    let m = ChatMessage::parse_array(&messages.to_string()).expect("messages");
+    let t = ToolSpec::parse_array(&tools.to_string()).expect("tools");
+    rig.qwen3.render(&m, &t, true).expect("render").token_ids
 }
 
 async fn chat(slot: &intercept_core::Slot, body: Value) -> Answer {
@@ -181,7 +181,7 @@ async fn a_tool_loop_is_rendered_once_then_bridged_and_recorded_id_for_id() {
     // Turn 2: the harness sends the turn back (without its reasoning, arguments
     // re-serialised) and the tool's result: bridged from the exact ids.
     rig.engine.push(Reply::text("It is sunny in Paris."));
-    let mut messages = first_messages().as_array().unwrap().clone();
+    let mut messages = first_messages().as_array().expect("array").clone();
     messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": call_id, "type": "function",
         "function": {"name": "get_weather", "arguments": "{\"opts\":{\"n\":1.5,\"units\":[\"c\",\"f\"]},\"city\":\"Paris\"}"}}]}));
     messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": "Sunny, 21 °C"}));
@@ -217,7 +217,6 @@ async fn a_tool_loop_is_rendered_once_then_bridged_and_recorded_id_for_id() {
 
     // Turn 3: a new user query re-renders (thinking retention), the reason recorded.
     rig.engine.push(Reply::text("You're welcome."));
-    let mut messages = messages;
     messages.push(json!({"role": "assistant", "content": "It is sunny in Paris."}));
     messages.push(json!({"role": "user", "content": "Thanks!"}));
     let third = chat(
@@ -430,7 +429,7 @@ async fn bad_settings_are_refused_when_the_session_is_acquired() {
     let session = Arc::new(RolloutSession::new(
         SessionConfig::new("bad", "policy", upstream.clone()).with_tokens(missing),
     ));
-    let err = server.acquire(session).await.err().expect("refused");
+    let err = server.acquire(session).await.expect_err("refused");
     assert_eq!(err.status(), 400);
     assert!(
         err.to_string().contains("/no/such/tokenizer-folder"),
@@ -440,7 +439,7 @@ async fn bad_settings_are_refused_when_the_session_is_acquired() {
     let session = Arc::new(RolloutSession::new(
         SessionConfig::new("bad2", "policy", upstream).with_tokens(unknown),
     ));
-    let err = server.acquire(session).await.err().expect("refused");
+    let err = server.acquire(session).await.expect_err("refused");
     assert_eq!(err.status(), 400);
     assert!(err.to_string().contains("llama9"), "{err}");
 }
