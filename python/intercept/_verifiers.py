@@ -187,6 +187,16 @@ def _train_refusal(dialect: str) -> str:
     )
 
 
+def _plain(values: Any) -> list[Any]:
+    """A token stream as a list of Python numbers: verifiers 0.4.0 keeps lists, later
+    releases numpy arrays."""
+    if values is None:
+        return []
+    tolist = getattr(values, "tolist", None)
+    out: list[Any] = tolist() if callable(tolist) else list(values)
+    return out
+
+
 def _bridgeable_tail(messages: list[Any]) -> bool:
     """The train client's test for a tail its renderer may bridge: tool results, then at
     most one user message."""
@@ -307,9 +317,9 @@ class Bridge:
         out: dict[str, Any] = {"response": response.raw, "tokens": None}
         if tokens is not None:
             out["tokens"] = {
-                "prompt_ids": list(tokens.prompt_ids),
-                "completion_ids": list(tokens.completion_ids),
-                "logprobs": list(tokens.completion_logprobs or []),
+                "prompt_ids": _plain(tokens.prompt_ids),
+                "completion_ids": _plain(tokens.completion_ids),
+                "logprobs": _plain(tokens.completion_logprobs),
                 "path": "bridged" if tokens.bridged else "rendered",
                 "reason": None if tokens.bridged else self._unbridged(p.turn),
             }
