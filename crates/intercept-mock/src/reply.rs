@@ -39,8 +39,10 @@ pub const SGLANG_CONTEXT_LENGTH_MESSAGE: &str =
 /// [`Reply::stream_error`]) becomes a `chat.completion` object on
 /// `/v1/chat/completions`, a `response` object on `/v1/responses` and a `message` object
 /// on `/v1/messages`, or that dialect's event stream when the request has
-/// `"stream": true`. [`Reply::error`], [`Reply::context_length_error`] and
-/// [`Reply::responses_failed`] take the route's error shape (any other path gets
+/// `"stream": true`; on the token routes (vLLM's `/inference/v1/generate`, SGLang's
+/// `/generate`) it becomes completion ids, laid out as Qwen3 samples them (see the
+/// [crate docs](crate#token-routes)). [`Reply::error`], [`Reply::context_length_error`]
+/// and [`Reply::responses_failed`] take the route's error shape (any other path gets
 /// OpenAI's). [`Reply::raw`], [`Reply::error_json`] and [`Reply::events`] are sent
 /// verbatim whatever the route and the request asked for.
 ///
@@ -248,7 +250,14 @@ impl Reply {
     ///   type `invalid_request_error` for 400, `authentication_error` for 401,
     ///   `permission_error` for 403, `not_found_error` for 404, `request_too_large` for
     ///   413, `rate_limit_error` for 429, `overloaded_error` for 503 and 529, `api_error`
-    ///   for other 5xx.
+    ///   for other 5xx;
+    /// - vLLM (`/inference/v1/generate`):
+    ///   `{"error":{"message":..,"type":..,"param":null,"code":<status>}}`, type
+    ///   `BadRequestError` for 400, `NotFoundError` for 404, `UnprocessableEntityError`
+    ///   for 422, `InternalServerError` for 500, `NotImplementedError` for 501, else the
+    ///   status phrase (`Service Unavailable`, ...);
+    /// - SGLang (`/generate`): `{"error":{"message":..}}` for 400, else
+    ///   `{"object":"error","message":..,"type":"<status>","param":null,"code":<status>}`.
     ///
     /// A status outside 100..=999 becomes 500.
     pub fn error(status: u16, message: impl Into<String>) -> Self {
@@ -273,7 +282,10 @@ impl Reply {
     ///   `invalid_request_error`, param `messages`, code `context_length_exceeded`;
     /// - Responses: the same with param `input`;
     /// - Anthropic: `{"type":"error","error":{"type":"invalid_request_error","message":
-    ///   `[`ANTHROPIC_CONTEXT_LENGTH_MESSAGE`]`}}`.
+    ///   `[`ANTHROPIC_CONTEXT_LENGTH_MESSAGE`]`}}`;
+    /// - vLLM's `/inference/v1/generate`: `{"error":{"message":`
+    ///   [`VLLM_CONTEXT_LENGTH_MESSAGE`]`,"type":"BadRequestError","param":null,"code":400}}`;
+    /// - SGLang's `/generate`: `{"error":{"message":`[`SGLANG_CONTEXT_LENGTH_MESSAGE`]`}}`.
     pub fn context_length_error() -> Self {
         Self::new(ReplyKind::ContextLength)
     }
@@ -370,8 +382,9 @@ impl Reply {
     /// status `incomplete` with `incomplete_details.reason` `max_output_tokens`
     /// (`content_filter` likewise, reason `content_filter`), anything else `completed`.
     /// Anthropic: `stop` becomes `end_turn`, `length` `max_tokens`, `tool_calls`
-    /// `tool_use`, anything else (`stop_sequence`, `refusal`, ...) is sent as is. No effect
-    /// on non-completion replies.
+    /// `tool_use`, anything else (`stop_sequence`, `refusal`, ...) is sent as is. The
+    /// token routes: `length` ends the ids without the stop id (finish reason `length`),
+    /// anything else is a normal `stop`. No effect on non-completion replies.
     pub fn with_finish_reason(mut self, reason: impl Into<String>) -> Self {
         if let Some(completion) = self.completion_mut() {
             completion.finish_reason = Some(reason.into());
@@ -380,7 +393,8 @@ impl Reply {
     }
 
     /// Reports this usage instead of the computed word counts (Responses and Anthropic:
-    /// `input_tokens` and `output_tokens`). No effect on non-completion replies.
+    /// `input_tokens` and `output_tokens`; the token routes: instead of the id counts).
+    /// No effect on non-completion replies.
     pub fn with_usage(mut self, prompt_tokens: u64, completion_tokens: u64) -> Self {
         if let Some(completion) = self.completion_mut() {
             completion.usage = Some(Usage::new(prompt_tokens, completion_tokens));
@@ -401,14 +415,20 @@ impl Reply {
     }
 
     /// Ends a stream with an error event after the content instead of its terminal
-    /// events (no finish chunk or `[DONE]`, no `message_delta`/`message_stop`, no
-    /// `response.completed`):
+    /// events (on the chat routes no finish chunk or `[DONE]`, no
+    /// `message_delta`/`message_stop`, no `response.completed`):
     ///
     /// - Chat: `data: {"error":{"message":..,"type":<error_type>,"param":null,"code":null}}`;
     /// - Responses: `event: error` with
     ///   `{"type":"error","sequence_number":N,"code":<error_type>,"message":..,"param":null}`;
     /// - Anthropic: `event: error` with
-    ///   `{"type":"error","error":{"type":<error_type>,"message":..}}`.
+    ///   `{"type":"error","error":{"type":<error_type>,"message":..}}`;
+    /// - vLLM's `/inference/v1/generate`: the ids without a finish reason, then
+    ///   `data: {"error":{"message":..,"type":<error_type>,"param":null,"code":<status>}}`
+    ///   and, as vLLM does, `data: [DONE]`;
+    /// - SGLang's `/generate`: the outputs, the last one unfinished, then
+    ///   `data: {"error":{"message":..,"type":<error_type>,"code":<status>,"retryable":
+    ///   false}}` and `data: [DONE]`.
     ///
     /// A request that did not ask for a stream gets the error as an HTTP error in the
     /// route's shape, with this type and the status it implies (`invalid_request_error`

@@ -485,6 +485,53 @@ async fn vllm_streams_chunks_of_ids_then_usage_then_done() {
 }
 
 #[tokio::test]
+async fn streams_pause_by_the_chunk_delay() {
+    let Some(tokenizer) = qwen3() else { return };
+    let chunk_delay = std::time::Duration::from_millis(20);
+    let mock = start(
+        &tokenizer,
+        MockConfig {
+            chunks: 3,
+            chunk_delay,
+            ..MockConfig::default()
+        },
+    )
+    .await;
+    let client = client();
+    let prompt = prompt(&tokenizer, "slowly");
+    let mut body = renderers_body(&prompt);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    mock.push(Reply::text("one two three four five six"));
+    let started = tokio::time::Instant::now();
+    let answer = vllm(&client, &mock, &body).await;
+    // Three chunks of ids, the usage chunk, [DONE]: four pauses.
+    assert_eq!(answer.events().len(), 5);
+    assert!(
+        started.elapsed() >= chunk_delay * 4,
+        "{:?}",
+        started.elapsed()
+    );
+
+    mock.push(Reply::text("one two three four five six"));
+    let started = tokio::time::Instant::now();
+    let answer = sglang(
+        &client,
+        &mock,
+        &json!({"input_ids": prompt, "stream": true}),
+    )
+    .await;
+    // Three outputs and [DONE]: three pauses.
+    assert_eq!(answer.events().len(), 4);
+    assert!(
+        started.elapsed() >= chunk_delay * 3,
+        "{:?}",
+        started.elapsed()
+    );
+    mock.shutdown().await;
+}
+
+#[tokio::test]
 async fn vllm_errors_have_vllms_shape() {
     let Some(tokenizer) = qwen3() else { return };
     let mock = start(&tokenizer, MockConfig::default()).await;
@@ -1036,5 +1083,105 @@ async fn token_routes_without_a_tokenizer_answer_501() {
     assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(answer.json()["error"]["type"], "InternalServerError");
     assert_eq!(mock.request_count(), 3);
+    mock.shutdown().await;
+}
+
+/// The Python with `renderers` from `INTERCEPT_PYTHON`, or `None` (after a notice) when it
+/// is not configured outside CI.
+fn python() -> Option<PathBuf> {
+    match std::env::var_os("INTERCEPT_PYTHON") {
+        Some(python) => Some(PathBuf::from(python)),
+        None if std::env::var_os("CI").is_some() => panic!(
+            "INTERCEPT_PYTHON is unset: CI must point it at a Python with renderers==0.1.12 \
+             and openai installed"
+        ),
+        None => {
+            eprintln!(
+                "notice: skipped, set INTERCEPT_PYTHON to a Python with renderers==0.1.12 to \
+                 run it"
+            );
+            None
+        }
+    }
+}
+
+/// `renderers`' own client (verifiers' train client calls it) reads the mock's answers:
+/// reasoning and parallel calls parse back, the bridge extends a turn's ids, a broken
+/// call is reported as broken.
+#[tokio::test]
+async fn renderers_client_reads_the_mock() {
+    let Some(tokenizer) = qwen3() else { return };
+    let Some(python) = python() else { return };
+    let mock = start(&tokenizer, MockConfig::default()).await;
+    mock.push_many([
+        Reply::tool_calls([
+            ToolCall::new("get_weather", r#"{"city": "Paris"}"#),
+            ToolCall::new("get_time", r#"{"tz": "Europe/Paris"}"#),
+        ])
+        .with_reasoning("Two lookups."),
+        Reply::echo(),
+        Reply::raw_completion(
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\n</tool_call>",
+        ),
+    ]);
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/python/renderers_generate.py"
+    );
+    let dir = std::env::var_os("INTERCEPT_QWEN3_TOKENIZER").unwrap();
+    let run = tokio::process::Command::new(&python)
+        .arg(script)
+        .arg(mock.base_url())
+        .arg(dir)
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(std::time::Duration::from_secs(300), run)
+        .await
+        .expect("the renderers check runs in five minutes")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the renderers check failed:\n{stderr}"
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+
+    // The engine received what the client meant to send; turn 2 starts with turn 1's
+    // prompt and completion ids, as token-in/token-out promises.
+    let generates: Vec<Value> = mock
+        .requests()
+        .iter()
+        .filter(|request| request.path == "/inference/v1/generate")
+        .map(|request| request.json().unwrap().clone())
+        .collect();
+    assert_eq!(generates.len(), 3);
+    assert_eq!(generates[0]["token_ids"], seen["first_prompt_ids"]);
+    assert_eq!(generates[1]["token_ids"], seen["second_prompt_ids"]);
+    assert_eq!(generates[2]["token_ids"], seen["third_prompt_ids"]);
+    assert_eq!(
+        generates[0]["sampling_params"]["stop_token_ids"],
+        json!([IM_END, END_OF_TEXT])
+    );
+    assert_eq!(generates[0]["sampling_params"]["logprobs"], 1);
+    let first: Vec<u32> = [
+        ids_of(&seen["first_prompt_ids"]),
+        ids_of(&seen["first_completion_ids"]),
+    ]
+    .concat();
+    let second = ids_of(&seen["second_prompt_ids"]);
+    assert!(
+        second.starts_with(&first),
+        "the bridge extends turn 1's ids"
+    );
+    assert_eq!(
+        tokenizer.decode(&second[first.len()..]),
+        "\n<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\n12:00\n\
+         </tool_response><|im_end|>\n<|im_start|>assistant\n"
+    );
+    assert_eq!(
+        tokenizer.decode(&ids_of(&seen["second_completion_ids"])),
+        "tool said: sunny\n12:00<|im_end|>"
+    );
     mock.shutdown().await;
 }

@@ -737,6 +737,15 @@ impl Call {
         self.shared.stats.record(&outcome.error);
         // A call that failed before the relay began still says capture was asked for.
         let slot = std::mem::take(&mut *self.tokens.lock());
+        // A stream's assembled response lists the calls that did not parse where the
+        // JSON answer does.
+        if let (Some(bad), Some(response)) = (&slot.malformed, &outcome.response) {
+            outcome.response = Some(crate::tokens::with_malformed(
+                self.dialect.kind(),
+                response,
+                bad,
+            ));
+        }
         let (mut token_path, mut token_reason) = slot
             .tokens
             .as_ref()

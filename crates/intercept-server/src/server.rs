@@ -262,9 +262,12 @@ impl Interception for InterceptionServer {
         let tito = match session.tokens() {
             Some(config) => {
                 let config = config.clone();
-                let loaded = tokio::task::spawn_blocking(move || crate::tokens::Tito::load(&config))
-                    .await
-                    .map_err(|e| Error::Internal(format!("loading the tokenizer failed: {e}")))??;
+                let loaded =
+                    tokio::task::spawn_blocking(move || crate::tokens::Tito::load(&config))
+                        .await
+                        .map_err(|e| {
+                            Error::Internal(format!("loading the tokenizer failed: {e}"))
+                        })??;
                 Some(Arc::new(loaded))
             }
             None => None,

@@ -66,7 +66,7 @@ pub use message::{
 pub use qwen3::Qwen3Renderer;
 pub use render::{
     renderer, Decline, ParsedResponse, ParsedToolCall, RenderError, Rendered, Renderer,
-    RendererError, RendererOptions, StreamEvent, StreamParser, ThinkingRetention,
-    ToolCallStatus, RENDERERS,
+    RendererError, RendererOptions, StreamEvent, StreamParser, ThinkingRetention, ToolCallStatus,
+    RENDERERS,
 };
 pub use tokenizer::{shared, Tokenizer, TokenizerError};

@@ -83,7 +83,9 @@ pub enum MessageError {
         field: &'static str,
     },
     /// A tool of a kind the renderer cannot show the model.
-    #[error("tools[{index}] is a {kind:?} tool; the renderer renders unnamespaced function tools only")]
+    #[error(
+        "tools[{index}] is a {kind:?} tool; the renderer renders unnamespaced function tools only"
+    )]
     UnsupportedTool {
         /// The tool's index.
         index: usize,
@@ -442,7 +444,10 @@ fn load<'a>(json: &'a str, what: &'static str) -> Result<Value<'a>, MessageError
     })
 }
 
-fn elements<'v, 'a>(value: &'v Value<'a>, what: &'static str) -> Result<&'v [Value<'a>], MessageError> {
+fn elements<'v, 'a>(
+    value: &'v Value<'a>,
+    what: &'static str,
+) -> Result<&'v [Value<'a>], MessageError> {
     match value {
         Value::Array(items) => Ok(items),
         _ => Err(MessageError::NotAnArray { what }),
@@ -544,9 +549,13 @@ fn raw_message(value: &Value<'_>, index: usize) -> Result<ChatMessage, MessageEr
                         Some(Value::Str(s)) => {
                             parts.push(ContentPart::Text(r.text(*s, "content.text")?))
                         }
-                        _ => parts.push(ContentPart::Other(json::dumps(item, true).unwrap_or_default())),
+                        _ => parts.push(ContentPart::Other(
+                            json::dumps(item, true).unwrap_or_default(),
+                        )),
                     },
-                    other => parts.push(ContentPart::Other(json::dumps(other, true).unwrap_or_default())),
+                    other => parts.push(ContentPart::Other(
+                        json::dumps(other, true).unwrap_or_default(),
+                    )),
                 }
             }
             Content::Parts(parts)
@@ -586,7 +595,11 @@ fn raw_message(value: &Value<'_>, index: usize) -> Result<ChatMessage, MessageEr
                     Some(Value::Str(s)) => Some(s.to_str_lossy().into_owned()),
                     _ => None,
                 };
-                tool_calls.push(ToolCallIn { id, name, arguments });
+                tool_calls.push(ToolCallIn {
+                    id,
+                    name,
+                    arguments,
+                });
             }
         }
         Some(v) if v.truthy() => return Err(r.wrong("tool_calls", "a JSON array")),
@@ -623,7 +636,9 @@ fn chat_content(r: &Reader<'_, '_>) -> Result<Content, MessageError> {
                     };
                     parts.push(ContentPart::Text(text));
                 } else if kind.is_some_and(|k| k.eq_str("image_url")) {
-                    parts.push(ContentPart::Other(json::dumps(item, true).unwrap_or_default()));
+                    parts.push(ContentPart::Other(
+                        json::dumps(item, true).unwrap_or_default(),
+                    ));
                 }
             }
             Ok(Content::Parts(parts))
@@ -668,7 +683,10 @@ fn chat_message(value: &Value<'_>, index: usize) -> Result<ChatMessage, MessageE
     if role != Role::Assistant {
         let content = chat_content(&r)?;
         let tool_call_id = if role == Role::Tool {
-            Some(r.opt_string("tool_call_id", "tool_call_id")?.unwrap_or_default())
+            Some(
+                r.opt_string("tool_call_id", "tool_call_id")?
+                    .unwrap_or_default(),
+            )
         } else {
             None
         };
@@ -692,7 +710,9 @@ fn chat_message(value: &Value<'_>, index: usize) -> Result<ChatMessage, MessageE
             s
         }
         Some(Value::Str(s)) => r.text(*s, "content")?,
-        Some(v) if v.truthy() => return Err(r.wrong("content", "a string, a list of parts or null")),
+        Some(v) if v.truthy() => {
+            return Err(r.wrong("content", "a string, a list of parts or null"))
+        }
         _ => String::new(),
     };
     let reasoning_content = chat_reasoning(&r)?;
@@ -747,7 +767,11 @@ fn chat_message(value: &Value<'_>, index: usize) -> Result<ChatMessage, MessageE
                         })
                     }
                 };
-                let arg_key = if kind == "custom" { "input" } else { "arguments" };
+                let arg_key = if kind == "custom" {
+                    "input"
+                } else {
+                    "arguments"
+                };
                 let arguments = match native.get(arg_key) {
                     Some(Value::Str(s)) => r.text(*s, "tool_calls[].function.arguments")?,
                     Some(v) => r.dumped(v, "tool_calls[].function.arguments")?,
@@ -856,13 +880,13 @@ fn chat_tool(value: &Value<'_>, index: usize) -> Result<ToolSpec, MessageError> 
     dumped.push_str(", \"parameters\": ");
     match tool.get("parameters") {
         None => dumped.push_str("{}"),
-        Some(p @ Value::Object(_)) => json::dump(p, false, &mut dumped).map_err(|_| {
-            MessageError::LoneSurrogate {
+        Some(p @ Value::Object(_)) => {
+            json::dump(p, false, &mut dumped).map_err(|_| MessageError::LoneSurrogate {
                 what: "tools",
                 index,
                 field: "function.parameters",
-            }
-        })?,
+            })?
+        }
         Some(_) => return Err(r.wrong("function.parameters", "a JSON object")),
     }
     if let Some(strict) = strict {
@@ -895,7 +919,10 @@ mod tests {
         assert_eq!(msgs[1].reasoning_content(), Some(""));
         let calls = msgs[1].tool_calls();
         assert_eq!(calls[0].arguments(), r#"{"z": 1, "a": [1.5, "é"]}"#);
-        assert_eq!((calls[1].name(), calls[1].arguments()), ("g", r#"{"x": 1}"#));
+        assert_eq!(
+            (calls[1].name(), calls[1].arguments()),
+            ("g", r#"{"x": 1}"#)
+        );
         assert_eq!((calls[2].name(), calls[2].arguments()), ("h", "{}"));
         assert_eq!(msgs[2].tool_call_id(), Some("c1"));
         assert!(matches!(

@@ -66,6 +66,9 @@ pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
     eos_token: Option<String>,
+    /// The vocabulary's size, added tokens included (counted once: `tokenizers` builds the
+    /// whole vocabulary to count it).
+    vocab_size: usize,
     /// Each id's bytes, when the decoder is byte-level (then decoding is these bytes
     /// joined, read as UTF-8 with U+FFFD for what is not).
     bytes: Option<ByteTable>,
@@ -244,6 +247,7 @@ impl Tokenizer {
         };
         let bytes = ByteTable::build(&inner);
         Ok(Tokenizer {
+            vocab_size: inner.get_vocab_size(true),
             inner,
             path: path.to_owned(),
             eos_token,
@@ -318,7 +322,7 @@ impl Tokenizer {
 
     /// The vocabulary's size, added tokens included.
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        self.vocab_size
     }
 
     /// The Hugging Face tokenizer underneath.
@@ -330,19 +334,28 @@ impl Tokenizer {
 /// Loads each tokenizer once per process: every caller naming the same files (by
 /// canonical path) shares one [`Tokenizer`].
 pub fn shared(path: impl AsRef<Path>) -> Result<Arc<Tokenizer>, TokenizerError> {
-    static LOADED: OnceLock<Mutex<HashMap<PathBuf, Arc<Tokenizer>>>> = OnceLock::new();
+    /// One slot per canonical path: the first caller loads it while later ones wait on
+    /// the slot (not on the whole registry), so a tokenizer is loaded once even when many
+    /// sessions name it at once.
+    type Slot = Arc<Mutex<Option<Arc<Tokenizer>>>>;
+    static LOADED: OnceLock<Mutex<HashMap<PathBuf, Slot>>> = OnceLock::new();
     let path = path.as_ref();
     let key = std::fs::canonicalize(path).map_err(|e| TokenizerError::Unreadable {
         path: path.to_owned(),
         message: e.to_string(),
     })?;
-    let map = LOADED.get_or_init(Default::default);
-    if let Some(t) = map.lock().get(&key) {
+    let slot = LOADED
+        .get_or_init(Default::default)
+        .lock()
+        .entry(key.clone())
+        .or_default()
+        .clone();
+    let mut slot = slot.lock();
+    if let Some(t) = &*slot {
         return Ok(t.clone());
     }
-    // Loaded outside the lock (a large tokenizer takes a while); a second loader of the
-    // same path keeps the first one stored.
+    // A failed load leaves the slot empty: the next caller tries again.
     let loaded = Arc::new(Tokenizer::load(&key)?);
-    let mut map = map.lock();
-    Ok(map.entry(key).or_insert(loaded).clone())
+    *slot = Some(loaded.clone());
+    Ok(loaded)
 }

@@ -94,16 +94,25 @@ fn encode_and_decode_agree_with_python() {
     let Some(mut py) = oracle() else { return };
     for text in TRICKY {
         let ours = tok.encode(text);
-        let theirs = ids_of(&py.ask(&format!(r#"{{"op":"encode","text":{}}}"#, quote(text)))["ids"]);
+        let theirs =
+            ids_of(&py.ask(&format!(r#"{{"op":"encode","text":{}}}"#, quote(text)))["ids"]);
         assert_eq!(ours, theirs, "encode({text:?})");
         let back = py.ask(&format!(r#"{{"op":"decode","ids":{}}}"#, id_list(&ours)));
-        assert_eq!(back["text"].as_str(), Some(tok.decode(&ours).as_str()), "decode of {text:?}");
+        assert_eq!(
+            back["text"].as_str(),
+            Some(tok.decode(&ours).as_str()),
+            "decode of {text:?}"
+        );
     }
     // Ids that cut characters in the middle decode to U+FFFD the same way.
     let emoji = tok.encode("😀中");
     for cut in 0..=emoji.len() {
         let ids = &emoji[..cut];
         let back = py.ask(&format!(r#"{{"op":"decode","ids":{}}}"#, id_list(ids)));
-        assert_eq!(back["text"].as_str(), Some(tok.decode(ids).as_str()), "{ids:?}");
+        assert_eq!(
+            back["text"].as_str(),
+            Some(tok.decode(ids).as_str()),
+            "{ids:?}"
+        );
     }
 }

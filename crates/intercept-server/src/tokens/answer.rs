@@ -137,6 +137,11 @@ impl AnswerWriter {
         }
     }
 
+    /// The streamed tool calls that did not parse, as `tool_call_errors` lists them.
+    pub(crate) fn malformed(&self) -> Option<Value> {
+        malformed(&self.calls)
+    }
+
     pub(crate) fn started(&self) -> bool {
         self.started
     }
@@ -213,7 +218,11 @@ impl AnswerWriter {
                 for (id, c) in &ok {
                     output.push(function_call_item(id, c));
                 }
-                let status = if engine_finish == Some("length") { "incomplete" } else { "completed" };
+                let status = if engine_finish == Some("length") {
+                    "incomplete"
+                } else {
+                    "completed"
+                };
                 let usage = json!({"input_tokens": prompt_tokens, "output_tokens": completion_tokens,
                                    "total_tokens": prompt_tokens + completion_tokens});
                 let mut v = self.response_object(status, output, Some(usage));
@@ -234,8 +243,10 @@ impl AnswerWriter {
                 if !ok.is_empty() {
                     message["tool_calls"] = ok
                         .iter()
-                        .map(|(id, c)| json!({"id": id, "type": "function",
-                            "function": {"name": c.name, "arguments": arguments(c)}}))
+                        .map(|(id, c)| {
+                            json!({"id": id, "type": "function",
+                            "function": {"name": c.name, "arguments": arguments(c)}})
+                        })
                         .collect();
                 }
                 if let Some(bad) = malformed(&calls) {
@@ -256,7 +267,9 @@ impl AnswerWriter {
     /// One parsed piece of a streamed completion.
     pub(crate) fn event(&mut self, event: &StreamEvent, out: &mut BytesMut) {
         match event {
-            StreamEvent::Reasoning(text) if !text.is_empty() => self.delta(Open::Reasoning, text, out),
+            StreamEvent::Reasoning(text) if !text.is_empty() => {
+                self.delta(Open::Reasoning, text, out)
+            }
             StreamEvent::Content(text) if !text.is_empty() => self.delta(Open::Text, text, out),
             StreamEvent::ToolCall(call) => self.tool_call(call.clone(), out),
             _ => {}
@@ -273,7 +286,10 @@ impl AnswerWriter {
         match self.shape {
             Shape::Chat => {
                 if self.sequence == 0 {
-                    data(out, &self.chat_chunk(json!({"role": "assistant", "content": ""}), None));
+                    data(
+                        out,
+                        &self.chat_chunk(json!({"role": "assistant", "content": ""}), None),
+                    );
                     self.sequence = 1;
                 }
                 let delta = match kind {
@@ -289,23 +305,39 @@ impl AnswerWriter {
                         Open::Reasoning => json!({"type": "thinking", "thinking": ""}),
                         Open::Text => json!({"type": "text", "text": ""}),
                     };
-                    named(out, "content_block_start", &json!({"type": "content_block_start", "index": self.index, "content_block": block}));
+                    named(
+                        out,
+                        "content_block_start",
+                        &json!({"type": "content_block_start", "index": self.index, "content_block": block}),
+                    );
                     self.open = Some(kind);
                 }
                 let delta = match kind {
                     Open::Reasoning => json!({"type": "thinking_delta", "thinking": text}),
                     Open::Text => json!({"type": "text_delta", "text": text}),
                 };
-                named(out, "content_block_delta", &json!({"type": "content_block_delta", "index": self.index, "delta": delta}));
+                named(
+                    out,
+                    "content_block_delta",
+                    &json!({"type": "content_block_delta", "index": self.index, "delta": delta}),
+                );
             }
             Shape::Responses => {
                 if self.open != Some(kind) {
                     self.close(out);
                     let item = match kind {
-                        Open::Reasoning => json!({"id": self.item_id("rs"), "type": "reasoning", "summary": [], "content": []}),
-                        Open::Text => json!({"id": self.item_id("msg"), "type": "message", "role": "assistant", "status": "in_progress", "content": []}),
+                        Open::Reasoning => {
+                            json!({"id": self.item_id("rs"), "type": "reasoning", "summary": [], "content": []})
+                        }
+                        Open::Text => {
+                            json!({"id": self.item_id("msg"), "type": "message", "role": "assistant", "status": "in_progress", "content": []})
+                        }
                     };
-                    self.emit(out, "response.output_item.added", json!({"output_index": self.index, "item": item}));
+                    self.emit(
+                        out,
+                        "response.output_item.added",
+                        json!({"output_index": self.index, "item": item}),
+                    );
                     if kind == Open::Text {
                         self.emit(out, "response.content_part.added", json!({"item_id": self.item_id("msg"), "output_index": self.index, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}));
                     }
@@ -336,21 +368,40 @@ impl AnswerWriter {
         match self.shape {
             Shape::Chat => {
                 if self.sequence == 0 {
-                    data(out, &self.chat_chunk(json!({"role": "assistant", "content": ""}), None));
+                    data(
+                        out,
+                        &self.chat_chunk(json!({"role": "assistant", "content": ""}), None),
+                    );
                     self.sequence = 1;
                 }
-                let index = self.calls.iter().filter(|c| c.status == ToolCallStatus::Ok).count();
+                let index = self
+                    .calls
+                    .iter()
+                    .filter(|c| c.status == ToolCallStatus::Ok)
+                    .count();
                 let delta = json!({"tool_calls": [{"index": index, "id": id, "type": "function",
                     "function": {"name": call.name, "arguments": arguments(&call)}}]});
                 data(out, &self.chat_chunk(delta, None));
             }
             Shape::Messages => {
                 self.close(out);
-                named(out, "content_block_start", &json!({"type": "content_block_start", "index": self.index,
-                    "content_block": {"type": "tool_use", "id": id, "name": call.name, "input": {}}}));
-                named(out, "content_block_delta", &json!({"type": "content_block_delta", "index": self.index,
-                    "delta": {"type": "input_json_delta", "partial_json": arguments(&call)}}));
-                named(out, "content_block_stop", &json!({"type": "content_block_stop", "index": self.index}));
+                named(
+                    out,
+                    "content_block_start",
+                    &json!({"type": "content_block_start", "index": self.index,
+                    "content_block": {"type": "tool_use", "id": id, "name": call.name, "input": {}}}),
+                );
+                named(
+                    out,
+                    "content_block_delta",
+                    &json!({"type": "content_block_delta", "index": self.index,
+                    "delta": {"type": "input_json_delta", "partial_json": arguments(&call)}}),
+                );
+                named(
+                    out,
+                    "content_block_stop",
+                    &json!({"type": "content_block_stop", "index": self.index}),
+                );
                 self.index += 1;
             }
             Shape::Responses => {
@@ -358,11 +409,19 @@ impl AnswerWriter {
                 let mut item = function_call_item(&id, &call);
                 item["status"] = json!("in_progress");
                 item["arguments"] = json!("");
-                self.emit(out, "response.output_item.added", json!({"output_index": self.index, "item": item.clone()}));
+                self.emit(
+                    out,
+                    "response.output_item.added",
+                    json!({"output_index": self.index, "item": item.clone()}),
+                );
                 self.emit(out, "response.function_call_arguments.delta", json!({"item_id": item["id"], "output_index": self.index, "delta": arguments(&call)}));
                 self.emit(out, "response.function_call_arguments.done", json!({"item_id": item["id"], "output_index": self.index, "arguments": arguments(&call)}));
                 let done = function_call_item(&id, &call);
-                self.emit(out, "response.output_item.done", json!({"output_index": self.index, "item": done}));
+                self.emit(
+                    out,
+                    "response.output_item.done",
+                    json!({"output_index": self.index, "item": done}),
+                );
                 self.index += 1;
             }
         }
@@ -377,16 +436,28 @@ impl AnswerWriter {
         match self.shape {
             Shape::Messages => {
                 if open == Open::Reasoning {
-                    named(out, "content_block_delta", &json!({"type": "content_block_delta", "index": self.index, "delta": {"type": "signature_delta", "signature": ""}}));
+                    named(
+                        out,
+                        "content_block_delta",
+                        &json!({"type": "content_block_delta", "index": self.index, "delta": {"type": "signature_delta", "signature": ""}}),
+                    );
                 }
-                named(out, "content_block_stop", &json!({"type": "content_block_stop", "index": self.index}));
+                named(
+                    out,
+                    "content_block_stop",
+                    &json!({"type": "content_block_stop", "index": self.index}),
+                );
             }
             Shape::Responses => match open {
                 Open::Reasoning => {
                     let item = self.reasoning_item(&self.reasoning.clone());
                     let id = self.item_id("rs");
                     self.emit(out, "response.reasoning_text.done", json!({"item_id": id, "output_index": self.index, "content_index": 0, "text": self.reasoning.clone()}));
-                    self.emit(out, "response.output_item.done", json!({"output_index": self.index, "item": item}));
+                    self.emit(
+                        out,
+                        "response.output_item.done",
+                        json!({"output_index": self.index, "item": item}),
+                    );
                 }
                 Open::Text => {
                     let id = self.item_id("msg");
@@ -394,7 +465,11 @@ impl AnswerWriter {
                     self.emit(out, "response.output_text.done", json!({"item_id": id, "output_index": self.index, "content_index": 0, "text": text, "logprobs": []}));
                     self.emit(out, "response.content_part.done", json!({"item_id": id, "output_index": self.index, "content_index": 0, "part": {"type": "output_text", "text": text, "annotations": []}}));
                     let item = self.message_item(&text);
-                    self.emit(out, "response.output_item.done", json!({"output_index": self.index, "item": item}));
+                    self.emit(
+                        out,
+                        "response.output_item.done",
+                        json!({"output_index": self.index, "item": item}),
+                    );
                 }
             },
             _ => {}
@@ -416,7 +491,10 @@ impl AnswerWriter {
         match self.shape {
             Shape::Chat => {
                 if self.sequence == 0 {
-                    data(out, &self.chat_chunk(json!({"role": "assistant", "content": ""}), None));
+                    data(
+                        out,
+                        &self.chat_chunk(json!({"role": "assistant", "content": ""}), None),
+                    );
                 }
                 let mut delta = json!({});
                 if let Some(bad) = bad {
@@ -424,10 +502,13 @@ impl AnswerWriter {
                 }
                 data(out, &self.chat_chunk(delta, Some(finish)));
                 if self.include_usage {
-                    data(out, &json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                    data(
+                        out,
+                        &json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                         "model": self.model, "choices": [],
                         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                                  "total_tokens": prompt_tokens + completion_tokens}}));
+                                  "total_tokens": prompt_tokens + completion_tokens}}),
+                    );
                 }
                 out.extend_from_slice(b"data: [DONE]\n\n");
             }
@@ -450,7 +531,12 @@ impl AnswerWriter {
                 if !self.text.is_empty() {
                     output.push(self.message_item(&self.text.clone()));
                 }
-                for c in self.calls.clone().iter().filter(|c| c.status == ToolCallStatus::Ok) {
+                for c in self
+                    .calls
+                    .clone()
+                    .iter()
+                    .filter(|c| c.status == ToolCallStatus::Ok)
+                {
                     output.push(function_call_item(&c.raw, c));
                 }
                 let length = engine_finish == Some("length");
@@ -464,7 +550,11 @@ impl AnswerWriter {
                 if let Some(bad) = bad {
                     response["tool_call_errors"] = bad;
                 }
-                let name = if length { "response.incomplete" } else { "response.completed" };
+                let name = if length {
+                    "response.incomplete"
+                } else {
+                    "response.completed"
+                };
                 self.emit(out, name, json!({"response": response}));
             }
         }

@@ -30,6 +30,9 @@ pub(crate) struct TokenSlot {
     pub(crate) pending: Option<super::Pending>,
     /// Set for a call sent to the upstream's chat endpoint (`on_mismatch = "chat"`): why.
     pub(crate) chat_reason: Option<String>,
+    /// The tool calls that did not parse, as the answer lists them
+    /// (`tool_call_errors`), for the record of a streamed answer.
+    pub(crate) malformed: Option<Value>,
 }
 
 /// Sampling settings of a request that the engines take under the same name.
@@ -75,7 +78,11 @@ pub(crate) fn request_body(
     // Anthropic `max_tokens`.
     let max_tokens = ["max_completion_tokens", "max_tokens", "max_output_tokens"]
         .iter()
-        .find_map(|k| body.get::<Value>(k).and_then(Result::ok).filter(|v| !v.is_null()));
+        .find_map(|k| {
+            body.get::<Value>(k)
+                .and_then(Result::ok)
+                .filter(|v| !v.is_null())
+        });
     let mut extra_stops: Vec<u32> = body
         .get::<Vec<u32>>("stop_token_ids")
         .and_then(Result::ok)
@@ -122,9 +129,9 @@ pub(crate) fn request_body(
             v
         }
     };
-    serde_json::to_vec(&value)
-        .map(Bytes::from)
-        .map_err(|e| intercept_core::Error::Internal(format!("cannot write the engine request: {e}")))
+    serde_json::to_vec(&value).map(Bytes::from).map_err(|e| {
+        intercept_core::Error::Internal(format!("cannot write the engine request: {e}"))
+    })
 }
 
 /// The ids, logprobs and finish reason of one engine answer or stream chunk.
@@ -141,13 +148,22 @@ struct Piece {
 fn piece(engine: TokenEngine, value: &Value, seen: usize) -> Result<Piece, String> {
     match engine {
         TokenEngine::Sglang => {
-            let ids: Vec<u32> = serde_json::from_value(value.get("output_ids").cloned().unwrap_or(Value::Array(vec![])))
-                .map_err(|e| format!("`output_ids` is not a list of token ids: {e}"))?;
+            let ids: Vec<u32> = serde_json::from_value(
+                value
+                    .get("output_ids")
+                    .cloned()
+                    .unwrap_or(Value::Array(vec![])),
+            )
+            .map_err(|e| format!("`output_ids` is not a list of token ids: {e}"))?;
             let meta = value.get("meta_info");
             let logprobs: Vec<f64> = meta
                 .and_then(|m| m.get("output_token_logprobs"))
                 .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(|e| e.get(0).and_then(Value::as_f64)).collect())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|e| e.get(0).and_then(Value::as_f64))
+                        .collect()
+                })
                 .unwrap_or_default();
             let finish = meta
                 .and_then(|m| m.get("finish_reason"))
@@ -156,7 +172,13 @@ fn piece(engine: TokenEngine, value: &Value, seen: usize) -> Result<Piece, Strin
                 .map(str::to_owned);
             // Cumulative chunks (the whole output so far) or incremental ones.
             let (ids, logprobs) = if ids.len() >= seen && seen > 0 {
-                (ids[seen..].to_vec(), logprobs.get(seen..).map(<[f64]>::to_vec).unwrap_or_default())
+                (
+                    ids[seen..].to_vec(),
+                    logprobs
+                        .get(seen..)
+                        .map(<[f64]>::to_vec)
+                        .unwrap_or_default(),
+                )
             } else {
                 (ids, logprobs)
             };
@@ -164,7 +186,9 @@ fn piece(engine: TokenEngine, value: &Value, seen: usize) -> Result<Piece, Strin
                 ids,
                 logprobs,
                 finish,
-                prompt_tokens: meta.and_then(|m| m.get("prompt_tokens")).and_then(Value::as_u64),
+                prompt_tokens: meta
+                    .and_then(|m| m.get("prompt_tokens"))
+                    .and_then(Value::as_u64),
             })
         }
         _ => {
@@ -181,14 +205,19 @@ fn piece(engine: TokenEngine, value: &Value, seen: usize) -> Result<Piece, Strin
             };
             let ids: Vec<u32> = match choice.get("token_ids") {
                 None | Some(Value::Null) => Vec::new(),
-                Some(v) => serde_json::from_value(v.clone())
-                    .map_err(|e| format!("`choices[0].token_ids` is not a list of token ids: {e}"))?,
+                Some(v) => serde_json::from_value(v.clone()).map_err(|e| {
+                    format!("`choices[0].token_ids` is not a list of token ids: {e}")
+                })?,
             };
             let logprobs = choice
                 .get("logprobs")
                 .and_then(|l| l.get("content"))
                 .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(|e| e.get("logprob").and_then(Value::as_f64)).collect())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|e| e.get("logprob").and_then(Value::as_f64))
+                        .collect()
+                })
                 .unwrap_or_default();
             let finish = choice
                 .get("finish_reason")
@@ -208,8 +237,11 @@ fn piece(engine: TokenEngine, value: &Value, seen: usize) -> Result<Piece, Strin
 enum Intake {
     /// One JSON answer, gathered up to a bound.
     Json { buf: BytesMut, limit: u64 },
-    /// A stream of SSE chunks, each parsed as it arrives.
+    /// A stream of SSE chunks, each parsed as it arrives; at most `limit` bytes in all
+    /// (an engine that sends forever, or one endless event, is cut off).
     Stream {
+        limit: u64,
+        received: u64,
         splitter: SseSplitter,
         /// Behind a lock only so that the body is `Sync`; one task polls it.
         parser: Mutex<Box<dyn StreamParser>>,
@@ -250,6 +282,8 @@ impl EngineAnswer {
             .unwrap_or_default();
         let intake = if stream {
             Intake::Stream {
+                limit,
+                received: 0,
                 splitter: SseSplitter::new(),
                 parser: Mutex::new(renderer.stream(&prompt_ids)),
             }
@@ -280,7 +314,11 @@ impl EngineAnswer {
         if let Some(n) = p.prompt_tokens {
             // The engine's own count of the prompt, when it gives one, must be ours.
             if n as usize != self.prompt_len && self.prompt_len > 0 {
-                tracing::debug!(engine = n, sent = self.prompt_len, "the engine counted another prompt length");
+                tracing::debug!(
+                    engine = n,
+                    sent = self.prompt_len,
+                    "the engine counted another prompt length"
+                );
             }
         }
         self.completion.extend_from_slice(&p.ids);
@@ -303,15 +341,32 @@ impl EngineAnswer {
                 let value: Value = serde_json::from_slice(buf)
                     .map_err(|e| format!("the engine's answer is not JSON: {e}"))?;
                 self.take(&value, out)?;
-                let prompt = self.slot.lock().tokens.as_ref().map(|t| t.prompt_ids.clone()).unwrap_or_default();
+                let prompt = self
+                    .slot
+                    .lock()
+                    .tokens
+                    .as_ref()
+                    .map(|t| t.prompt_ids.clone())
+                    .unwrap_or_default();
                 let parsed = self.renderer.parse(&self.completion, &prompt);
-                self.writer.complete(&parsed, self.finish.as_deref(), self.prompt_len, self.completion.len(), out);
+                self.writer.complete(
+                    &parsed,
+                    self.finish.as_deref(),
+                    self.prompt_len,
+                    self.completion.len(),
+                    out,
+                );
             }
             Intake::Stream { parser, .. } => {
                 for event in parser.get_mut().finish() {
                     self.writer.event(&event, out);
                 }
-                self.writer.finish(self.finish.as_deref(), self.prompt_len, self.completion.len(), out);
+                self.writer.finish(
+                    self.finish.as_deref(),
+                    self.prompt_len,
+                    self.completion.len(),
+                    out,
+                );
             }
         }
         let mut slot = self.slot.lock();
@@ -320,6 +375,9 @@ impl EngineAnswer {
             t.logprobs = std::mem::take(&mut self.logprobs);
         }
         slot.complete = true;
+        if matches!(self.intake, Intake::Stream { .. }) {
+            slot.malformed = self.writer.malformed();
+        }
         Ok(())
     }
 
@@ -344,7 +402,18 @@ impl EngineAnswer {
                 buf.extend_from_slice(data);
                 Ok(())
             }
-            Intake::Stream { splitter, .. } => {
+            Intake::Stream {
+                splitter,
+                limit,
+                received,
+                ..
+            } => {
+                *received += data.len() as u64;
+                if *received > *limit {
+                    return Err(format!(
+                        "the engine's stream passed the configured max_response_bytes ({limit} bytes)"
+                    ));
+                }
                 splitter.push_bytes(data.clone());
                 loop {
                     let Intake::Stream { splitter, .. } = &mut self.intake else {

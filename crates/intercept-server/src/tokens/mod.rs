@@ -64,6 +64,8 @@ pub(crate) enum Plan {
 /// The request's conversation, read for the renderer and keyed for the bridge.
 #[derive(Debug)]
 pub(crate) struct Conversation {
+    /// A Chat Completions request (only those can go to the chat endpoint instead).
+    chat: bool,
     pub(crate) messages: Vec<ChatMessage>,
     pub(crate) tools: Vec<ToolSpec>,
     keys: Vec<Key>,
@@ -155,7 +157,7 @@ impl Tito {
 
     fn mismatch(&self, conversation: &Conversation, reason: &str) -> Result<Plan, Error> {
         match self.config.on_mismatch {
-            OnMismatch::Chat => Ok(Plan::Chat {
+            OnMismatch::Chat if conversation.chat => Ok(Plan::Chat {
                 reason: reason.to_owned(),
             }),
             OnMismatch::Fail => Err(Error::Conflict(format!(
@@ -176,7 +178,9 @@ impl Tito {
         let rendered = self
             .renderer
             .render(&conversation.messages, &conversation.tools, true)
-            .map_err(|e| Error::invalid(format!("token path: cannot render the conversation: {e}")))?;
+            .map_err(|e| {
+                Error::invalid(format!("token path: cannot render the conversation: {e}"))
+            })?;
         Ok(Plan::Ids {
             prompt_ids: rendered.token_ids,
             path,
@@ -186,7 +190,13 @@ impl Tito {
 
     /// A turn finished: what it covers (its conversation and the message it sampled)
     /// becomes the newest turn to bridge from.
-    pub(crate) fn finished(&self, pending: Pending, sampled: &Message, prompt: &[u32], completion: &[u32]) {
+    pub(crate) fn finished(
+        &self,
+        pending: Pending,
+        sampled: &Message,
+        prompt: &[u32],
+        completion: &[u32],
+    ) {
         let mut keys = pending.keys;
         keys.push(sampled.hashes().1);
         let turn = Turn {
@@ -197,11 +207,34 @@ impl Tito {
         };
         let mut turns = self.turns.lock();
         // The turn it extends is superseded.
-        turns.retain(|t| !(t.keys.len() < turn.keys.len() && turn.keys[..t.keys.len()] == t.keys[..]));
+        turns.retain(|t| {
+            !(t.keys.len() < turn.keys.len() && turn.keys[..t.keys.len()] == t.keys[..])
+        });
         if turns.len() >= TURNS_KEPT {
             turns.pop_front();
         }
         turns.push_back(turn);
+    }
+}
+
+/// `response` (a dialect's JSON answer) with `bad` as its `tool_call_errors`: on the
+/// Chat message, at the top of a Responses or Anthropic answer.
+pub(crate) fn with_malformed(
+    kind: DialectKind,
+    response: &intercept_core::RawJson,
+    bad: &Value,
+) -> intercept_core::RawJson {
+    let mut value = response.to_value();
+    let target = match kind {
+        DialectKind::ChatCompletions => value.pointer_mut("/choices/0/message"),
+        _ => Some(&mut value),
+    };
+    match target {
+        Some(Value::Object(map)) => {
+            map.insert("tool_call_errors".into(), bad.clone());
+            intercept_core::RawJson::new(serde_json::to_vec(&value).unwrap_or_default().into())
+        }
+        _ => response.clone(),
     }
 }
 
@@ -217,11 +250,10 @@ impl Conversation {
                     .map_err(|_| Error::invalid("`messages` is not UTF-8"))?;
                 let messages = ChatMessage::parse_array(text)
                     .map_err(|e| Error::invalid(format!("messages: {e}")))?;
-                let keys = intercept_core::episode::request_messages(kind, body)
-                    .ok_or_else(|| Error::invalid("`messages` must be an array"))?
-                    .iter()
-                    .map(|m| m.hashes().1)
-                    .collect();
+                let view = intercept_core::episode::request_messages(kind, body)
+                    .ok_or_else(|| Error::invalid("`messages` must be an array"))?;
+                text_only(&view)?;
+                let keys = view.iter().map(|m| m.hashes().1).collect();
                 (messages, keys)
             }
             DialectKind::Responses | DialectKind::Messages => {
@@ -232,6 +264,7 @@ impl Conversation {
                 }
                 let view = intercept_core::episode::request_messages(kind, body)
                     .ok_or_else(|| Error::invalid("the request holds no conversation"))?;
+                text_only(&view)?;
                 let keys = view.iter().map(|m| m.hashes().1).collect();
                 let messages = view.iter().map(chat_message).collect::<Result<_, _>>()?;
                 (messages, keys)
@@ -243,10 +276,9 @@ impl Conversation {
             }
         };
         let tools = tools_of(kind, body)?;
-        let tools_hash = body
-            .raw("tools")
-            .map_or(0, xxhash_rust::xxh3::xxh3_64);
+        let tools_hash = body.raw("tools").map_or(0, xxhash_rust::xxh3::xxh3_64);
         Ok(Conversation {
+            chat: kind == DialectKind::ChatCompletions,
             messages,
             tools,
             keys,
@@ -263,18 +295,32 @@ impl Conversation {
     }
 }
 
+/// Refuses a conversation with images or other non-text content: the renderer renders
+/// text (a multimodal turn has no ids it could bridge).
+fn text_only(messages: &[Message]) -> Result<(), Error> {
+    let other = messages
+        .iter()
+        .flat_map(|m| &m.content)
+        .find(|p| !matches!(p, intercept_core::episode::Part::Text { .. }));
+    match other {
+        None => Ok(()),
+        Some(_) => Err(Error::invalid(
+            "token path: this renderer renders text only, and the conversation holds an image              or another non-text part; send text, or use a session without `tokens` for              multimodal rollouts",
+        )),
+    }
+}
+
 /// A message of the core view as the renderer's Chat message.
 fn chat_message(m: &Message) -> Result<ChatMessage, Error> {
+    // Non-text parts were refused by `text_only`.
     let text = m
         .content
         .iter()
-        .map(|p| match p {
-            intercept_core::episode::Part::Text { text } => Ok(text.as_str()),
-            _ => Err(Error::invalid(
-                "token path: images and other non-text content cannot be rendered by this renderer",
-            )),
+        .filter_map(|p| match p {
+            intercept_core::episode::Part::Text { text } => Some(text.as_str()),
+            _ => None,
         })
-        .collect::<Result<String, _>>()?;
+        .collect::<String>();
     Ok(match m.role {
         Role::System => ChatMessage::system(text),
         Role::User => ChatMessage::user(text),

@@ -143,7 +143,7 @@ impl<'a> JsonStr<'a> {
     }
 
     /// The decoded string; a lone surrogate reads as U+FFFD.
-    pub(crate) fn to_str_lossy(&self) -> Cow<'a, str> {
+    pub(crate) fn to_str_lossy(self) -> Cow<'a, str> {
         if !self.escaped {
             return Cow::Borrowed(self.raw);
         }
@@ -156,7 +156,7 @@ impl<'a> JsonStr<'a> {
     }
 
     /// The decoded string, or [`LoneSurrogate`] if it holds one.
-    pub(crate) fn to_str(&self) -> Result<Cow<'a, str>, LoneSurrogate> {
+    pub(crate) fn to_str(self) -> Result<Cow<'a, str>, LoneSurrogate> {
         if !self.escaped {
             return Ok(Cow::Borrowed(self.raw));
         }
@@ -239,10 +239,7 @@ impl<'a> Value<'a> {
     /// `d.get(key)` on a `dict`; `None` for a missing key or a value that is not a `dict`.
     pub(crate) fn get(&self, key: &str) -> Option<&Value<'a>> {
         match self {
-            Value::Object(members) => members
-                .iter()
-                .find(|(k, _)| k.eq_str(key))
-                .map(|(_, v)| v),
+            Value::Object(members) => members.iter().find(|(k, _)| k.eq_str(key)).map(|(_, v)| v),
             _ => None,
         }
     }
@@ -275,6 +272,9 @@ pub(crate) fn loads(text: &str) -> Result<Value<'_>, JsonError> {
 fn err(message: &'static str, offset: usize) -> JsonError {
     JsonError { message, offset }
 }
+
+/// One of the parser's readers: from a position to a value and where it ends.
+type Read<'a> = Result<(Value<'a>, usize), JsonError>;
 
 struct Parser<'a> {
     s: &'a str,
@@ -315,11 +315,7 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn nested(
-        &mut self,
-        i: usize,
-        f: fn(&mut Self, usize) -> Result<(Value<'a>, usize), JsonError>,
-    ) -> Result<(Value<'a>, usize), JsonError> {
+    fn nested(&mut self, i: usize, f: fn(&mut Self, usize) -> Read<'a>) -> Read<'a> {
         if self.depth >= MAX_DEPTH {
             return Err(err("maximum recursion depth exceeded", i));
         }
@@ -372,7 +368,10 @@ impl<'a> Parser<'a> {
         }
         let digits = text.trim_start_matches('-');
         if digits.len() > MAX_INT_DIGITS {
-            return Err(err("Exceeds the limit for integer string conversion", start));
+            return Err(err(
+                "Exceeds the limit for integer string conversion",
+                start,
+            ));
         }
         Ok((Value::Int(if text == "-0" { "0" } else { text }), i))
     }
@@ -442,10 +441,7 @@ impl<'a> Parser<'a> {
         }
         loop {
             if self.b.get(i) != Some(&b'"') {
-                return Err(err(
-                    "Expecting property name enclosed in double quotes",
-                    i,
-                ));
+                return Err(err("Expecting property name enclosed in double quotes", i));
             }
             let (key, end) = self.string(i + 1)?;
             i = self.skip_ws(end);
@@ -499,7 +495,11 @@ fn insert<'a>(
 
 /// `json.dumps(value, ensure_ascii=...)` appended to `out`. Without `ensure_ascii`, a
 /// lone surrogate cannot be written (Python's output could not be encoded either).
-pub(crate) fn dump(value: &Value<'_>, ensure_ascii: bool, out: &mut String) -> Result<(), LoneSurrogate> {
+pub(crate) fn dump(
+    value: &Value<'_>,
+    ensure_ascii: bool,
+    out: &mut String,
+) -> Result<(), LoneSurrogate> {
     match value {
         Value::Null => out.push_str("null"),
         Value::Bool(true) => out.push_str("true"),
@@ -541,13 +541,17 @@ pub(crate) fn dumps(value: &Value<'_>, ensure_ascii: bool) -> Result<String, Lon
 }
 
 /// A JSON string literal as Python writes it.
-pub(crate) fn dump_str(s: JsonStr<'_>, ensure_ascii: bool, out: &mut String) -> Result<(), LoneSurrogate> {
+pub(crate) fn dump_str(
+    s: JsonStr<'_>,
+    ensure_ascii: bool,
+    out: &mut String,
+) -> Result<(), LoneSurrogate> {
     out.push('"');
     // Fast path: nothing to escape or to decode.
     if !s.escaped
-        && s.raw.bytes().all(|b| {
-            b >= 0x20 && b != b'"' && b != b'\\' && (!ensure_ascii || b < 0x7f)
-        })
+        && s.raw
+            .bytes()
+            .all(|b| b >= 0x20 && b != b'"' && b != b'\\' && (!ensure_ascii || b < 0x7f))
     {
         out.push_str(s.raw);
         out.push('"');
@@ -676,7 +680,10 @@ mod tests {
         // Every expected string below is Python 3.11's
         // json.dumps(json.loads(text), ensure_ascii=False).
         assert_eq!(
-            py(r#"{"b":1,"a":[true,false,null],"c":{"z":"x","y":[]}}"#, false),
+            py(
+                r#"{"b":1,"a":[true,false,null],"c":{"z":"x","y":[]}}"#,
+                false
+            ),
             r#"{"b": 1, "a": [true, false, null], "c": {"z": "x", "y": []}}"#
         );
         assert_eq!(py("{}", false), "{}");
@@ -745,13 +752,41 @@ mod tests {
     #[test]
     fn loads_refuses_what_python_refuses() {
         for bad in [
-            "", " ", "{", "[1,]", "{\"a\":1,}", "01", "1.", ".5", "1e", "-", "+1", "nul",
-            "\"a\nb\"", "\"\\x\"", "\"\\u12\"", "[1] x", "{'a': 1}", "{\"a\" 1}", "\u{feff}1",
-            "\"abc", "[1 2]", "Infinityx", "-NaN",
+            "",
+            " ",
+            "{",
+            "[1,]",
+            "{\"a\":1,}",
+            "01",
+            "1.",
+            ".5",
+            "1e",
+            "-",
+            "+1",
+            "nul",
+            "\"a\nb\"",
+            "\"\\x\"",
+            "\"\\u12\"",
+            "[1] x",
+            "{'a': 1}",
+            "{\"a\" 1}",
+            "\u{feff}1",
+            "\"abc",
+            "[1 2]",
+            "Infinityx",
+            "-NaN",
         ] {
             assert!(loads(bad).is_err(), "{bad:?} should not load");
         }
-        for good in [" 1 ", "\t[\r\n]", "-Infinity", "\"\u{7f}\"", "1E+2", "-0.0e-0", "\"\\/\""] {
+        for good in [
+            " 1 ",
+            "\t[\r\n]",
+            "-Infinity",
+            "\"\u{7f}\"",
+            "1E+2",
+            "-0.0e-0",
+            "\"\\/\"",
+        ] {
             assert!(loads(good).is_ok(), "{good:?} should load");
         }
         let deep = "[".repeat(MAX_DEPTH + 1) + &"]".repeat(MAX_DEPTH + 1);

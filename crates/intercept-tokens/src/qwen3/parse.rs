@@ -125,7 +125,8 @@ pub(super) fn block(sc: Scanner<'_>, body: &[u32], span: (usize, usize)) -> Pars
     ParsedToolCall {
         raw: raw.to_owned(),
         name: if named {
-            name.and_then(Value::as_str).map(|s| s.to_str_lossy().into_owned())
+            name.and_then(Value::as_str)
+                .map(|s| s.to_str_lossy().into_owned())
         } else {
             None
         },

@@ -123,7 +123,12 @@ impl Scanner<'_> {
             None if prefilled => 0,
             None => return Boundary::None,
         };
-        let find = |target: u32| body[start..].iter().position(|&t| t == target).map(|p| start + p);
+        let find = |target: u32| {
+            body[start..]
+                .iter()
+                .position(|&t| t == target)
+                .map(|p| start + p)
+        };
         let region_end = match find(self.ids.think_end) {
             Some(close) => RegionEnd::Close(h + close),
             None => match tool_closes.then(|| find(self.ids.tool_call)).flatten() {
