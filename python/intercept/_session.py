@@ -48,7 +48,10 @@ class Session:
     `{"base_url" | "base_urls", "api_key", "headers"}`. `sampling` is imposed on every
     call; `limits` (`max_turns`, `max_input_tokens`, `max_output_tokens`,
     `max_total_tokens`) refuse calls once reached. `capture_tokens` asks the engine for
-    token ids and logprobs. `task` is served on `GET /task`.
+    token ids and logprobs. `tokens` (`{"renderer": "qwen3", "tokenizer": FOLDER,
+    "engine", "enable_thinking", "on_mismatch"}`, see docs/tokens.md) has intercept
+    render each call to token ids and generate on the engine's token endpoint. `task` is
+    served on `GET /task`.
 
     Hooks are callables, sync or async, run on the event loop that acquired the session:
     `on_request(body)` or `on_request(body, call)` sees the request after the model and
@@ -70,6 +73,7 @@ class Session:
         sampling: Mapping[str, Any] | None = None,
         limits: Mapping[str, int | None] | None = None,
         capture_tokens: bool = False,
+        tokens: Mapping[str, Any] | None = None,
         task: Any = None,
         api_key: str | None = None,
         headers: Mapping[str, str] | None = None,
@@ -92,6 +96,12 @@ class Session:
             "limits": {k: v for k, v in dict(limits or {}).items()},
             "task": task,
         }
+        if tokens is not None:
+            if not isinstance(tokens, Mapping):
+                raise InvalidRequestError(
+                    "session: `tokens` must be a dict such as {'renderer': 'qwen3', 'tokenizer': '/models/qwen3'}"
+                )
+            config["tokens"] = dict(tokens)
         try:
             text = json.dumps(config, allow_nan=False)
         except (TypeError, ValueError) as e:

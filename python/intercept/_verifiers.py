@@ -182,8 +182,10 @@ def _train_refusal(dialect: str) -> str:
     return (
         f"this rollout trains through verifiers' train client (TrainClientConfig), which renders "
         f"Chat Completions only, and the harness sent {what}. Point the harness at Chat "
-        f"Completions (POST /v1/chat/completions) to train on its tokens, or give the rollout "
-        f"an eval client (EvalClientConfig(base_url=...)) to relay this dialect without token ids"
+        f"Completions (POST /v1/chat/completions) to train on its tokens, give the rollout an "
+        f"eval client (EvalClientConfig(base_url=...)) to relay this dialect without token ids, "
+        f"or run it on an intercept.Session with intercept's own token path (tokens={{...}}), "
+        f"which renders this dialect too"
     )
 
 

@@ -92,6 +92,10 @@ impl Session for PySession {
         self.inner.capture_tokens()
     }
 
+    fn tokens(&self) -> Option<&intercept_core::TokensConfig> {
+        self.inner.tokens()
+    }
+
     fn check(&self) -> Result<(), intercept_core::StopReason> {
         self.inner.check()
     }
