@@ -182,9 +182,21 @@ def _train_refusal(dialect: str) -> str:
     return (
         f"this rollout trains through verifiers' train client (TrainClientConfig), which renders "
         f"Chat Completions only, and the harness sent {what}. Point the harness at Chat "
-        f"Completions (POST /v1/chat/completions) to train on its tokens, or give the rollout "
-        f"an eval client (EvalClientConfig(base_url=...)) to relay this dialect without token ids"
+        f"Completions (POST /v1/chat/completions) to train on its tokens, give the rollout an "
+        f"eval client (EvalClientConfig(base_url=...)) to relay this dialect without token ids, "
+        f"or run it on an intercept.Session with intercept's own token path (tokens={{...}}), "
+        f"which renders this dialect too"
     )
+
+
+def _plain(values: Any) -> list[Any]:
+    """A token stream as a list of Python numbers: verifiers 0.4.0 keeps lists, later
+    releases numpy arrays."""
+    if values is None:
+        return []
+    tolist = getattr(values, "tolist", None)
+    out: list[Any] = tolist() if callable(tolist) else list(values)
+    return out
 
 
 def _bridgeable_tail(messages: list[Any]) -> bool:
@@ -307,9 +319,9 @@ class Bridge:
         out: dict[str, Any] = {"response": response.raw, "tokens": None}
         if tokens is not None:
             out["tokens"] = {
-                "prompt_ids": list(tokens.prompt_ids),
-                "completion_ids": list(tokens.completion_ids),
-                "logprobs": list(tokens.completion_logprobs or []),
+                "prompt_ids": _plain(tokens.prompt_ids),
+                "completion_ids": _plain(tokens.completion_ids),
+                "logprobs": _plain(tokens.completion_logprobs),
                 "path": "bridged" if tokens.bridged else "rendered",
                 "reason": None if tokens.bridged else self._unbridged(p.turn),
             }
