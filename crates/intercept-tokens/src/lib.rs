@@ -52,6 +52,7 @@
 //! # }
 //! ```
 
+mod bpe;
 mod decode;
 mod message;
 mod pycompat;
