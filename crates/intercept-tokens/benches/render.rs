@@ -4,6 +4,8 @@
 //! - `turn/bridge+parse/{1,10,20,40}`: what a turn costs a train client: the bridge that
 //!   makes turn t's prompt from turn t-1's prompt, completion and tool result, plus the
 //!   parse of turn t's completion. It must not grow with the turn;
+//! - `turn/extend+parse/*`: the same with [`Renderer::extend`], which returns the ids to
+//!   append instead of copying the whole context into a new prompt;
 //! - `turn/bridge/*` and `turn/parse/*`: each alone;
 //! - `render/full/{1,40}`: rendering the whole conversation instead;
 //! - `stream/parse/40`: turn 40's completion parsed as a stream, id by id.
@@ -354,6 +356,15 @@ fn main() {
                     black_box(r.parse(&c.completions[k], &next.token_ids))
                 })
             });
+            g.bench_with_input(BenchmarkId::new("extend+parse", k), &k, |b, &k| {
+                b.iter(|| {
+                    let next = r
+                        .extend(&c.prompts[k - 1], &c.completions[k - 1], &tail, &tools)
+                        .expect("extends");
+                    black_box(next);
+                    black_box(r.parse(&c.completions[k], &c.prompts[k]))
+                })
+            });
             g.bench_with_input(BenchmarkId::new("bridge", k), &k, |b, &k| {
                 b.iter(|| {
                     black_box(
@@ -425,9 +436,17 @@ fn main() {
             black_box(r.parse(&c.completions[k], &next.token_ids));
         });
         rust_turn.push(per);
+        let ext = mean(budget, || {
+            black_box(
+                r.extend(&c.prompts[k - 1], &c.completions[k - 1], &tail, &tools)
+                    .expect("extends"),
+            );
+            black_box(r.parse(&c.completions[k], &c.prompts[k]));
+        });
         println!(
-            "  rust   turn {k:>2}: bridge+parse {:>8.1} µs",
-            per.as_secs_f64() * 1e6
+            "  rust   turn {k:>2}: bridge+parse {:>8.1} µs (extend+parse, without copying the context: {:.1} µs)",
+            per.as_secs_f64() * 1e6,
+            ext.as_secs_f64() * 1e6
         );
     }
     let messages = l.messages(TURNS);

@@ -66,7 +66,7 @@ pub use message::{
 };
 pub use qwen3::Qwen3Renderer;
 pub use render::{
-    renderer, Decline, ParsedResponse, ParsedToolCall, RenderError, Rendered, Renderer,
+    renderer, Decline, Extension, ParsedResponse, ParsedToolCall, RenderError, Rendered, Renderer,
     RendererError, RendererOptions, StreamEvent, StreamParser, ThinkingRetention, ToolCallStatus,
     RENDERERS,
 };

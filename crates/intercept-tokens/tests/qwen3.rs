@@ -143,6 +143,11 @@ fn cut_short_turns_are_closed() {
         &[f.id("</think>"), f.id("<|im_end|>")]
     );
     assert_eq!(&b.token_ids[n + 2..n + 2 + suffix.len()], &suffix[..]);
+    let e = f.r.extend(&f.prompt, &open, &tail, &[]).expect("extends");
+    assert_eq!(e.keep, n);
+    assert_eq!(&e.ids[..2], &[f.id("</think>"), f.id("<|im_end|>")]);
+    assert_eq!(e.ids.len(), e.message_indices.len());
+    assert_eq!(e.into_rendered(&f.prompt, &open), b);
     // Truncated in the answer: `<|im_end|>` only.
     let answer = f.tok.encode("<think>\nx\n</think>\n\nThe files are");
     let b = f.r.bridge(&f.prompt, &answer, &tail, &[]).expect("bridges");
@@ -155,6 +160,8 @@ fn cut_short_turns_are_closed() {
     let closed = extra.len();
     extra.extend(f.tok.encode("garbage"));
     let b = f.r.bridge(&f.prompt, &extra, &tail, &[]).expect("bridges");
+    let e = f.r.extend(&f.prompt, &extra, &tail, &[]).expect("extends");
+    assert_eq!(e.keep, f.prompt.len() + closed);
     assert_eq!(
         &b.token_ids[f.prompt.len()..f.prompt.len() + closed],
         &extra[..closed]
