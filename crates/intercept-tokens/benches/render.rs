@@ -320,13 +320,13 @@ fn mean(budget: Duration, mut f: impl FnMut()) -> Duration {
 }
 
 fn main() {
-    let Some(dir) = std::env::var_os("INTERCEPT_QWEN3_TOKENIZER") else {
+    let Some(tokenizer_dir) = std::env::var_os("INTERCEPT_QWEN3_TOKENIZER") else {
         eprintln!("notice: INTERCEPT_QWEN3_TOKENIZER is not set; nothing to measure");
         return;
     };
     let before = rss_bytes();
     let t0 = Instant::now();
-    let tok = Arc::new(Tokenizer::load(&dir).expect("the Qwen3 tokenizer loads"));
+    let tok = Arc::new(Tokenizer::load(&tokenizer_dir).expect("the Qwen3 tokenizer loads"));
     let load_time = t0.elapsed();
     let after_tokenizer = rss_bytes();
     let r = Qwen3Renderer::new(tok.clone(), RendererOptions::default()).expect("a Qwen3 tokenizer");
@@ -413,12 +413,23 @@ fn main() {
     };
     println!("\nsummary");
     println!(
-        "  tokenizer: loaded in {:.0} ms, RSS +{}; renderer: RSS +{} (the struct: {} B, plus the ids of five fixed texts)",
+        "  tokenizer: loaded in {:.0} ms, RSS +{} (of which this crate's tables: {:.1} MiB); renderer: RSS +{} (the struct: {} B, plus the ids of five fixed texts)",
         load_time.as_secs_f64() * 1e3,
         mib(before, after_tokenizer),
+        tok.table_bytes() as f64 / 1048576.0,
         mib(after_tokenizer, after_renderer),
         std::mem::size_of::<Qwen3Renderer>(),
     );
+    let t0 = Instant::now();
+    let hf = tokenizers::Tokenizer::from_file(
+        std::path::Path::new(&tokenizer_dir).join("tokenizer.json"),
+    )
+    .expect("tokenizer.json loads");
+    println!(
+        "  the Hugging Face tokenizer alone loads in {:.0} ms",
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+    drop(hf);
     println!(
         "  turn-40 prompt: {} ids; completion ids per turn: {}..{}",
         c.prompts[TURNS].len(),

@@ -12,14 +12,21 @@
 //!   reasoning and tool calls), the stop ids. [`Qwen3Renderer`] is renderers 0.1.12's
 //!   `Qwen3Renderer` id for id, the reference verifiers' train client trains with.
 //!
+//! For byte-level BPE tokenizers of Qwen2's shape (Qwen3's among them) [`Tokenizer::encode`]
+//! runs the crate's own encoder, which gives the Hugging Face pipeline's ids many times
+//! faster; any other tokenizer goes through that pipeline.
+//!
 //! The crate has no HTTP and no runtime: a Rust trainer can use it alone.
 //!
-//! ```no_run
+//! ```
 //! use intercept_tokens::{renderer, shared, ChatMessage, Renderer, RendererOptions, ToolSpec};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // A folder with Qwen3's tokenizer.json and tokenizer_config.json.
-//! let tokenizer = shared(std::env::var("INTERCEPT_QWEN3_TOKENIZER")?)?;
+//! let Ok(folder) = std::env::var("INTERCEPT_QWEN3_TOKENIZER") else {
+//!     return Ok(()); // (the example needs the tokenizer's files)
+//! };
+//! let tokenizer = shared(folder)?;
 //! let qwen3 = renderer("qwen3", tokenizer.clone(), &RendererOptions::default())?;
 //!
 //! let messages = ChatMessage::parse_array(

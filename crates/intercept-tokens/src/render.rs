@@ -120,6 +120,8 @@ impl std::fmt::Display for Decline {
     }
 }
 
+impl std::error::Error for Decline {}
+
 /// Why a conversation could not be rendered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

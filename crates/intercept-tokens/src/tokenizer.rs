@@ -238,7 +238,7 @@ impl Tokenizer {
         let mut added: Vec<(u32, AddedToken)> =
             inner.get_added_tokens_decoder().into_iter().collect();
         added.sort_by_key(|(id, _)| *id);
-        let fast = FastBpe::build(&json_bytes, &added);
+        let fast = FastBpe::build(&json_bytes, &inner, &added);
         Ok(Tokenizer {
             inner,
             path: path.to_owned(),
@@ -302,6 +302,16 @@ impl Tokenizer {
             }
             None => self.inner.decode(ids, false).unwrap_or_default(),
         }
+    }
+
+    /// The bytes this crate's own tables hold beside the Hugging Face tokenizer: each
+    /// id's bytes (for decoding) and the fast encoder's merges.
+    pub fn table_bytes(&self) -> usize {
+        let bytes = self
+            .bytes
+            .as_ref()
+            .map_or(0, |t| t.bytes.capacity() + t.ends.capacity() * 4);
+        bytes + self.fast.as_ref().map_or(0, FastBpe::table_bytes)
     }
 
     /// The bytes one id decodes to, when the decoder is byte-level (`None` otherwise).

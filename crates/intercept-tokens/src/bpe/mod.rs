@@ -19,12 +19,11 @@
 //! generated text.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use tokenizers::{AddedToken, NormalizedString};
+use tokenizers::{AddedToken, Model as _, NormalizedString};
 use unicode_normalization_alignments::{is_nfc_quick, IsNormalized};
 
 mod pretokenize;
@@ -73,8 +72,6 @@ struct Model<'a> {
     byte_fallback: bool,
     #[serde(default)]
     ignore_merges: bool,
-    #[serde(borrow)]
-    vocab: HashMap<std::borrow::Cow<'a, str>, u32>,
     #[serde(borrow)]
     merges: Vec<Merge<'a>>,
 }
@@ -137,7 +134,11 @@ impl FastBpe {
     /// The encoder of the tokenizer read from `json` (its `tokenizer.json`), whose added
     /// tokens (with those of `tokenizer_config.json`) are `added`; `None` when the
     /// tokenizer is not of the shape this encoder reproduces.
-    pub(crate) fn build(json: &[u8], added: &[(u32, AddedToken)]) -> Option<FastBpe> {
+    pub(crate) fn build(
+        json: &[u8],
+        loaded: &tokenizers::Tokenizer,
+        added: &[(u32, AddedToken)],
+    ) -> Option<FastBpe> {
         let file: File<'_> = serde_json::from_slice(json).ok()?;
         let null = |v: Option<&RawValue>| v.is_none_or(|v| v.get() == "null");
         if !null(file.truncation) || !null(file.padding) {
@@ -177,28 +178,30 @@ impl FastBpe {
         {
             return None;
         }
+        // The model's own vocabulary (not the added tokens), as its merges read it.
+        let model = loaded.get_model();
+        let vocab = |token: &str| model.token_to_id(token);
         let alphabet = byte_chars();
         let mut byte_ids = [0u32; 256];
         for (b, c) in alphabet.iter().enumerate() {
             let mut buf = [0u8; 4];
-            byte_ids[b] = *m.vocab.get(&*c.encode_utf8(&mut buf))?;
+            byte_ids[b] = vocab(c.encode_utf8(&mut buf))?;
         }
         let mut merges = foldhash::HashMap::default();
         merges.reserve(m.merges.len());
+        let mut merged = String::new();
         for (rank, merge) in m.merges.iter().enumerate() {
             let (a, b) = match merge {
                 Merge::Joined(s) => s.split_once(' ')?,
                 Merge::Pair(a, b) => (a.as_ref(), b.as_ref()),
             };
-            let merged = format!("{a}{b}");
-            let (a, b, new) = (
-                m.vocab.get(a)?,
-                m.vocab.get(b)?,
-                m.vocab.get(merged.as_str())?,
-            );
+            merged.clear();
+            merged.push_str(a);
+            merged.push_str(b);
+            let (a, b, new) = (vocab(a)?, vocab(b)?, vocab(&merged)?);
             merges.insert(
-                pair(*a, *b),
-                (u64::try_from(rank).ok()? << 32) | u64::from(*new),
+                pair(a, b),
+                (u64::try_from(rank).ok()? << 32) | u64::from(new),
             );
         }
         let mut by_first: Vec<Vec<Added>> = (0..256).map(|_| Vec::new()).collect();
@@ -227,6 +230,21 @@ impl FastBpe {
             added_first,
             classes: Classes::new()?,
         })
+    }
+
+    /// The bytes its tables hold (the merges, the added tokens, the character classes
+    /// read so far), not counting the per-thread word caches.
+    pub(crate) fn table_bytes(&self) -> usize {
+        let merges = self.merges.capacity() * (2 * std::mem::size_of::<u64>() + 1);
+        let added: usize = self
+            .added
+            .iter()
+            .map(|l| {
+                l.len() * std::mem::size_of::<Added>()
+                    + l.iter().map(|a| a.content.len()).sum::<usize>()
+            })
+            .sum();
+        merges + added + self.classes.table_bytes()
     }
 
     /// Appends the ids of `text` to `out`.

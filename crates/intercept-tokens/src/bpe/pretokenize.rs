@@ -44,6 +44,12 @@ impl Classes {
         ok.then_some(classes)
     }
 
+    /// The bytes of the block table and of the blocks read so far.
+    pub(crate) fn table_bytes(&self) -> usize {
+        let read = self.blocks.iter().filter(|b| b.get().is_some()).count();
+        self.blocks.len() * std::mem::size_of::<OnceLock<Box<[u8; 256]>>>() + read * 256
+    }
+
     /// Reads one block's classes from the regexes.
     fn probe(&self, block: usize) -> Box<[u8; 256]> {
         let mut text = String::with_capacity(256 * 4);
