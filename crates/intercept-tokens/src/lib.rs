@@ -73,8 +73,8 @@ pub use message::{
 };
 pub use qwen3::Qwen3Renderer;
 pub use render::{
-    renderer, Decline, Extension, ParsedResponse, ParsedToolCall, RenderError, Rendered, Renderer,
-    RendererError, RendererOptions, StreamEvent, StreamParser, ThinkingRetention, ToolCallStatus,
-    RENDERERS,
+    is_incremental_tail, renderer, Decline, Extension, ParsedResponse, ParsedToolCall, RenderError,
+    Rendered, Renderer, RendererError, RendererOptions, StreamEvent, StreamParser,
+    ThinkingRetention, ToolCallStatus, RENDERERS,
 };
 pub use tokenizer::{shared, Tokenizer, TokenizerError};

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::message::{ChatMessage, ToolSpec};
+use crate::message::{ChatMessage, Role, ToolSpec};
 use crate::qwen3::Qwen3Renderer;
 use crate::Tokenizer;
 
@@ -121,6 +121,20 @@ impl std::fmt::Display for Decline {
 }
 
 impl std::error::Error for Decline {}
+
+/// Whether verifiers' train client would try to bridge to a turn whose messages after
+/// the last assistant turn are `tail` (its `_is_valid_incremental_tail`): tool results,
+/// optionally followed by one user message. Any other tail is rendered whole without
+/// asking the renderer.
+pub fn is_incremental_tail(tail: &[ChatMessage]) -> bool {
+    match tail.split_last() {
+        None => false,
+        Some((last, rest)) => {
+            let tools = |m: &ChatMessage| m.role() == Role::Tool;
+            (last.role() == Role::User || tools(last)) && rest.iter().all(tools)
+        }
+    }
+}
 
 /// Why a conversation could not be rendered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -360,6 +374,23 @@ pub fn renderer(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn incremental_tails_are_verifiers() {
+        let tool = || ChatMessage::tool("c", "r");
+        let user = || ChatMessage::user("u");
+        assert!(!is_incremental_tail(&[]));
+        assert!(is_incremental_tail(&[tool()]));
+        assert!(is_incremental_tail(&[tool(), tool(), user()]));
+        assert!(is_incremental_tail(&[user()]));
+        assert!(!is_incremental_tail(&[user(), tool()]));
+        assert!(!is_incremental_tail(&[tool(), user(), user()]));
+        assert!(!is_incremental_tail(&[ChatMessage::system("s")]));
+        assert!(!is_incremental_tail(&[
+            tool(),
+            ChatMessage::assistant(None, None, vec![])
+        ]));
+    }
 
     #[test]
     fn names_are_stable() {
