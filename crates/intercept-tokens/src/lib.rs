@@ -7,10 +7,12 @@
 //!   Completions JSON with their key order kept.
 //! - [`Renderer`] and [`renderer`]: a model family's chat format in ids: full renders,
 //!   [`Renderer::bridge`] (the next turn's prompt from the previous prompt and completion
-//!   ids plus the new messages, or the [`Decline`] that says why not),
+//!   ids plus the new messages, or the [`Decline`] that says why not; [`Renderer::extend`]
+//!   gives the same as the ids to append, copying nothing of the context),
 //!   [`Renderer::parse`] and [`Renderer::stream`] (a completion read back as content,
 //!   reasoning and tool calls), the stop ids. [`Qwen3Renderer`] is renderers 0.1.12's
-//!   `Qwen3Renderer` id for id, the reference verifiers' train client trains with.
+//!   `Qwen3Renderer` id for id, the reference verifiers' train client trains with;
+//!   [`is_incremental_tail`] says which tails that client tries to bridge at all.
 //!
 //! For byte-level BPE tokenizers of Qwen2's shape (Qwen3's among them) [`Tokenizer::encode`]
 //! runs the crate's own encoder, which gives the Hugging Face pipeline's ids many times
