@@ -7,19 +7,28 @@
 //!   Completions JSON with their key order kept.
 //! - [`Renderer`] and [`renderer`]: a model family's chat format in ids: full renders,
 //!   [`Renderer::bridge`] (the next turn's prompt from the previous prompt and completion
-//!   ids plus the new messages, or the [`Decline`] that says why not),
+//!   ids plus the new messages, or the [`Decline`] that says why not; [`Renderer::extend`]
+//!   gives the same as the ids to append, copying nothing of the context),
 //!   [`Renderer::parse`] and [`Renderer::stream`] (a completion read back as content,
 //!   reasoning and tool calls), the stop ids. [`Qwen3Renderer`] is renderers 0.1.12's
-//!   `Qwen3Renderer` id for id, the reference verifiers' train client trains with.
+//!   `Qwen3Renderer` id for id, the reference verifiers' train client trains with;
+//!   [`is_incremental_tail`] says which tails that client tries to bridge at all.
+//!
+//! For byte-level BPE tokenizers of Qwen2's shape (Qwen3's among them) [`Tokenizer::encode`]
+//! runs the crate's own encoder, which gives the Hugging Face pipeline's ids many times
+//! faster; any other tokenizer goes through that pipeline.
 //!
 //! The crate has no HTTP and no runtime: a Rust trainer can use it alone.
 //!
-//! ```no_run
+//! ```
 //! use intercept_tokens::{renderer, shared, ChatMessage, Renderer, RendererOptions, ToolSpec};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // A folder with Qwen3's tokenizer.json and tokenizer_config.json.
-//! let tokenizer = shared(std::env::var("INTERCEPT_QWEN3_TOKENIZER")?)?;
+//! let Ok(folder) = std::env::var("INTERCEPT_QWEN3_TOKENIZER") else {
+//!     return Ok(()); // (the example needs the tokenizer's files)
+//! };
+//! let tokenizer = shared(folder)?;
 //! let qwen3 = renderer("qwen3", tokenizer.clone(), &RendererOptions::default())?;
 //!
 //! let messages = ChatMessage::parse_array(
@@ -52,6 +61,7 @@
 //! # }
 //! ```
 
+mod bpe;
 mod decode;
 mod message;
 mod pycompat;
@@ -65,8 +75,8 @@ pub use message::{
 };
 pub use qwen3::Qwen3Renderer;
 pub use render::{
-    renderer, Decline, ParsedResponse, ParsedToolCall, RenderError, Rendered, Renderer,
-    RendererError, RendererOptions, StreamEvent, StreamParser, ThinkingRetention, ToolCallStatus,
-    RENDERERS,
+    is_incremental_tail, renderer, Decline, Extension, ParsedResponse, ParsedToolCall, RenderError,
+    Rendered, Renderer, RendererError, RendererOptions, StreamEvent, StreamParser,
+    ThinkingRetention, ToolCallStatus, RENDERERS,
 };
 pub use tokenizer::{shared, Tokenizer, TokenizerError};

@@ -97,8 +97,8 @@ pub enum MessageError {
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
-    /// `system` (the Chat reading also takes `developer`... as a user, see
-    /// [`ChatMessage::parse_array`]).
+    /// `system`. (`developer` is read as a user, as verifiers' Chat dialect reads it:
+    /// see [`ChatMessage::parse_array`].)
     System,
     /// `user`.
     User,

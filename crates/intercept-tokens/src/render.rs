@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::message::{ChatMessage, ToolSpec};
+use crate::message::{ChatMessage, Role, ToolSpec};
 use crate::qwen3::Qwen3Renderer;
 use crate::Tokenizer;
 
@@ -20,6 +20,48 @@ pub struct Rendered {
     /// Per id, whether the model sampled it (an assistant turn's body and its
     /// `<|im_end|>`); all false in a bridge.
     pub sampled_mask: Vec<bool>,
+}
+
+/// The next turn's prompt as an extension of the previous turn's ids
+/// ([`Renderer::extend`]): no copy of the context, so its cost is that of the new
+/// messages only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Extension {
+    /// How many ids of the previous prompt followed by the previous completion the next
+    /// prompt starts with: all of the prompt, and the completion up to its last
+    /// turn-closing id (all of it when it has none).
+    pub keep: usize,
+    /// The ids after those: the `</think>` and `<|im_end|>` a cut-short completion lacks,
+    /// the new messages, the next generation prompt.
+    pub ids: Vec<u32>,
+    /// Per id of `ids`, the index of the new message it renders (`-1` for scaffolding).
+    pub message_indices: Vec<i32>,
+}
+
+impl Extension {
+    /// The whole prompt: the kept ids, then the extension (renderers' bridge result:
+    /// every kept id belongs to no new message, no id is sampled).
+    pub fn into_rendered(
+        self,
+        previous_prompt_ids: &[u32],
+        previous_completion_ids: &[u32],
+    ) -> Rendered {
+        let total = self.keep + self.ids.len();
+        let mut token_ids = Vec::with_capacity(total);
+        let from_prompt = self.keep.min(previous_prompt_ids.len());
+        token_ids.extend_from_slice(&previous_prompt_ids[..from_prompt]);
+        let from_completion = (self.keep - from_prompt).min(previous_completion_ids.len());
+        token_ids.extend_from_slice(&previous_completion_ids[..from_completion]);
+        token_ids.extend_from_slice(&self.ids);
+        let mut message_indices = Vec::with_capacity(total);
+        message_indices.resize(token_ids.len() - self.ids.len(), -1);
+        message_indices.extend_from_slice(&self.message_indices);
+        Rendered {
+            sampled_mask: vec![false; token_ids.len()],
+            token_ids,
+            message_indices,
+        }
+    }
 }
 
 /// Why [`Renderer::bridge`] did not extend the previous turn (renderers'
@@ -75,6 +117,22 @@ impl std::fmt::Display for Decline {
                 "a new user query drops the previous turns' reasoning from the template; the conversation is rendered whole"
             }
         })
+    }
+}
+
+impl std::error::Error for Decline {}
+
+/// Whether verifiers' train client would try to bridge to a turn whose messages after
+/// the last assistant turn are `tail` (its `_is_valid_incremental_tail`): tool results,
+/// optionally followed by one user message. Any other tail is rendered whole without
+/// asking the renderer.
+pub fn is_incremental_tail(tail: &[ChatMessage]) -> bool {
+    match tail.split_last() {
+        None => false,
+        Some((last, rest)) => {
+            let tools = |m: &ChatMessage| m.role() == Role::Tool;
+            (last.role() == Role::User || tools(last)) && rest.iter().all(tools)
+        }
     }
 }
 
@@ -197,7 +255,25 @@ pub trait Renderer: Send + Sync + std::fmt::Debug {
         previous_completion_ids: &[u32],
         new_messages: &[ChatMessage],
         tools: &[ToolSpec],
-    ) -> Result<Rendered, Decline>;
+    ) -> Result<Rendered, Decline> {
+        self.extend(
+            previous_prompt_ids,
+            previous_completion_ids,
+            new_messages,
+            tools,
+        )
+        .map(|e| e.into_rendered(previous_prompt_ids, previous_completion_ids))
+    }
+
+    /// [`bridge`](Self::bridge) without building the whole prompt: how many previous ids
+    /// it keeps and the ids after them, for a caller that appends them to ids it holds.
+    fn extend(
+        &self,
+        previous_prompt_ids: &[u32],
+        previous_completion_ids: &[u32],
+        new_messages: &[ChatMessage],
+        tools: &[ToolSpec],
+    ) -> Result<Extension, Decline>;
 
     /// Reads a completion back (renderers' `parse_response`); `prompt_ids` tells whether
     /// the prompt opened the reasoning.
@@ -298,6 +374,23 @@ pub fn renderer(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn incremental_tails_are_verifiers() {
+        let tool = || ChatMessage::tool("c", "r");
+        let user = || ChatMessage::user("u");
+        assert!(!is_incremental_tail(&[]));
+        assert!(is_incremental_tail(&[tool()]));
+        assert!(is_incremental_tail(&[tool(), tool(), user()]));
+        assert!(is_incremental_tail(&[user()]));
+        assert!(!is_incremental_tail(&[user(), tool()]));
+        assert!(!is_incremental_tail(&[tool(), user(), user()]));
+        assert!(!is_incremental_tail(&[ChatMessage::system("s")]));
+        assert!(!is_incremental_tail(&[
+            tool(),
+            ChatMessage::assistant(None, None, vec![])
+        ]));
+    }
 
     #[test]
     fn names_are_stable() {

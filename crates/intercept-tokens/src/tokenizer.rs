@@ -9,6 +9,8 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 use tokenizers::AddedToken;
 
+use crate::bpe::FastBpe;
+
 /// Why a tokenizer could not be loaded. The message names the path.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -72,6 +74,8 @@ pub struct Tokenizer {
     /// Each id's bytes, when the decoder is byte-level (then decoding is these bytes
     /// joined, read as UTF-8 with U+FFFD for what is not).
     bytes: Option<ByteTable>,
+    /// The fast encoder, for tokenizers of Qwen2's shape.
+    fast: Option<FastBpe>,
 }
 
 /// Every token's bytes, in one buffer.
@@ -147,24 +151,11 @@ impl ByteTable {
 /// GPT-2's byte-level alphabet, read backwards: the byte each of its 256 characters
 /// stands for.
 fn byte_alphabet() -> impl Fn(char) -> Option<u8> {
-    let mut table = [0u8; 324];
-    let mut set = [false; 324];
-    let mut shifted = 0u32;
-    for b in 0..=255u8 {
-        let printable = matches!(b, b'!'..=b'~' | 0xa1..=0xac | 0xae..=0xff);
-        let c = if printable {
-            u32::from(b)
-        } else {
-            shifted += 1;
-            255 + shifted
-        };
-        table[c as usize] = b;
-        set[c as usize] = true;
+    let mut table = [None; 324];
+    for (b, c) in crate::bpe::byte_chars().iter().enumerate() {
+        table[*c as usize] = u8::try_from(b).ok();
     }
-    move |c: char| {
-        let i = c as usize;
-        (i < table.len() && set[i]).then(|| table[i])
-    }
+    move |c: char| table.get(c as usize).copied().flatten()
 }
 
 impl Tokenizer {
@@ -183,15 +174,16 @@ impl Tokenizer {
             let dir = path.parent().map(Path::to_owned).unwrap_or_default();
             (path.to_owned(), dir)
         };
-        let bytes = std::fs::read(&json).map_err(|e| TokenizerError::Unreadable {
+        let json_bytes = std::fs::read(&json).map_err(|e| TokenizerError::Unreadable {
             path: json.clone(),
             message: e.to_string(),
         })?;
-        let mut inner =
-            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| TokenizerError::Invalid {
+        let mut inner = tokenizers::Tokenizer::from_bytes(&json_bytes).map_err(|e| {
+            TokenizerError::Invalid {
                 path: json.clone(),
                 message: format!("not a Hugging Face tokenizer.json: {e}"),
-            })?;
+            }
+        })?;
         let config_path = dir.join("tokenizer_config.json");
         let config: TokenizerConfig = match std::fs::read(&config_path) {
             Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| TokenizerError::Invalid {
@@ -246,12 +238,17 @@ impl Tokenizer {
             _ => None,
         };
         let bytes = ByteTable::build(&inner);
+        let mut added: Vec<(u32, AddedToken)> =
+            inner.get_added_tokens_decoder().into_iter().collect();
+        added.sort_by_key(|(id, _)| *id);
+        let fast = FastBpe::build(&json_bytes, &inner, &added);
         Ok(Tokenizer {
             vocab_size: inner.get_vocab_size(true),
             inner,
             path: path.to_owned(),
             eos_token,
             bytes,
+            fast,
         })
     }
 
@@ -268,6 +265,20 @@ impl Tokenizer {
     /// The ids of `text`, without special tokens added around it (special tokens written
     /// in the text are still one id each).
     pub fn encode(&self, text: &str) -> Vec<u32> {
+        if text.is_empty() {
+            return Vec::new();
+        }
+        if let Some(fast) = &self.fast {
+            let mut out = Vec::with_capacity(text.len() / 3 + 4);
+            fast.encode(text, &mut out);
+            return out;
+        }
+        self.encode_reference(text)
+    }
+
+    /// [`encode`](Self::encode) through the Hugging Face pipeline itself, whichever the
+    /// tokenizer (the reference the fast encoder is checked against).
+    pub fn encode_reference(&self, text: &str) -> Vec<u32> {
         if text.is_empty() {
             return Vec::new();
         }
@@ -297,10 +308,27 @@ impl Tokenizer {
         }
     }
 
+    /// The bytes this crate's own tables hold beside the Hugging Face tokenizer: each
+    /// id's bytes (for decoding) and the fast encoder's merges.
+    pub fn table_bytes(&self) -> usize {
+        let bytes = self
+            .bytes
+            .as_ref()
+            .map_or(0, |t| t.bytes.capacity() + t.ends.capacity() * 4);
+        bytes + self.fast.as_ref().map_or(0, FastBpe::table_bytes)
+    }
+
     /// The bytes one id decodes to, when the decoder is byte-level (`None` otherwise).
     /// An id outside the vocabulary gives no bytes, as [`decode`](Self::decode) skips it.
     pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
         self.bytes.as_ref().map(|t| t.get(id))
+    }
+
+    /// Whether [`encode`](Self::encode) runs this crate's encoder for byte-level BPE
+    /// tokenizers of Qwen2's shape (Qwen2, Qwen2.5, Qwen3) rather than the Hugging Face
+    /// pipeline; the ids are the same.
+    pub fn has_fast_encoder(&self) -> bool {
+        self.fast.is_some()
     }
 
     /// Whether the decoder is byte-level: decoding is each id's

@@ -899,8 +899,12 @@ impl Coverage {
 }
 
 fn runner() -> TestRunner {
+    runner_of(CASES)
+}
+
+fn runner_of(cases: u32) -> TestRunner {
     TestRunner::new(Config {
-        cases: CASES,
+        cases,
         failure_persistence: None,
         ..Config::default()
     })
@@ -1177,8 +1181,15 @@ fn episodes_agree() {
     let Some(tok) = tokenizer() else { return };
     let Some(py) = oracle() else { return };
     let py = std::cell::RefCell::new(py);
-    let turn = (assistant(false), tail());
-    runner()
+    // A turn: the model's reply, the messages after it, and now and then an edit of an
+    // earlier message's text (the harness rewrote its history: a full render follows).
+    let turn = (
+        assistant(false),
+        tail(),
+        prop::option::weighted(0.15, (any::<prop::sample::Index>(), text(6))),
+    );
+    // Each case is several turns of two or three calls each.
+    runner_of(CASES / 2)
         .run(
             &(
                 settings(),
@@ -1192,7 +1203,7 @@ fn episodes_agree() {
                 let mut prompt =
                     render_both(&mut py, &tok, s, &messages_json(&history), &tools, true)?
                         .token_ids;
-                for (reply, tail) in turns {
+                for (reply, tail, edit) in turns {
                     let mut with = history.clone();
                     with.push(reply.clone());
                     let full = render_both(&mut py, &tok, s, &messages_json(&with), &tools, false)?;
@@ -1208,6 +1219,23 @@ fn episodes_agree() {
                     parse_both(&mut py, &tok, s, &completion, &prompt)?;
                     history = with;
                     history.extend(tail.iter().cloned());
+                    if let Some((at, text)) = edit {
+                        let k = at.index(history.len());
+                        if history[k].role != "assistant" {
+                            history[k].content = ContentG::Text(text);
+                            seen.hit("edited");
+                            prompt = render_both(
+                                &mut py,
+                                &tok,
+                                s,
+                                &messages_json(&history),
+                                &tools,
+                                true,
+                            )?
+                            .token_ids;
+                            continue;
+                        }
+                    }
                     prompt = match bridge_both(
                         &mut py,
                         &tok,
@@ -1232,5 +1260,5 @@ fn episodes_agree() {
             },
         )
         .unwrap_or_else(|e| panic!("{e}"));
-    seen.require(&["bridged", "rendered again"]);
+    seen.require(&["bridged", "rendered again", "edited"]);
 }

@@ -3,6 +3,8 @@
 
 mod support;
 
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
 use support::{id_list, ids_of, oracle, quote, tokenizer};
 
 const SPECIALS: &[&str] = &[
@@ -114,5 +116,102 @@ fn encode_and_decode_agree_with_python() {
             Some(tok.decode(ids).as_str()),
             "{ids:?}"
         );
+    }
+}
+
+#[test]
+fn the_fast_encoder_matches_the_library() {
+    let Some(tok) = tokenizer() else { return };
+    assert!(
+        tok.has_fast_encoder(),
+        "Qwen3's tokenizer takes the fast path"
+    );
+    for text in TRICKY {
+        assert_eq!(tok.encode(text), tok.encode_reference(text), "{text:?}");
+    }
+    // Every character below U+0800 and every 7th above, in contexts that exercise each
+    // alternative of the pre-tokenizer: after an apostrophe, doubled, after a space,
+    // before letters, digits and line breaks.
+    let mut chunk = String::new();
+    let mut contexts: Vec<String> = Vec::new();
+    let flush = |chunk: &mut String, contexts: &mut Vec<String>| {
+        if tok.encode(chunk) != tok.encode_reference(chunk) {
+            for c in contexts.iter() {
+                assert_eq!(tok.encode(c), tok.encode_reference(c), "{c:?}");
+            }
+            panic!("a chunk differs but none of its contexts alone: {chunk:?}");
+        }
+        chunk.clear();
+        contexts.clear();
+    };
+    for code in (0..0x110000u32).filter(|c| *c < 0x800 || c % 7 == 0) {
+        let Some(c) = char::from_u32(code) else {
+            continue;
+        };
+        for ctx in [
+            format!("'{c}l{c}"),
+            format!("{c}{c} {c}x"),
+            format!("\n{c}1 \r\n{c}\t\t{c}"),
+        ] {
+            chunk.push_str(&ctx);
+            contexts.push(ctx);
+        }
+        if chunk.len() > 4096 {
+            flush(&mut chunk, &mut contexts);
+        }
+    }
+    flush(&mut chunk, &mut contexts);
+}
+
+/// Text from every class the pre-tokenizer tells apart, in any order.
+fn mixed_text() -> impl Strategy<Value = String> {
+    let piece = prop_oneof![
+        4 => "[a-zA-Z]{1,6}".prop_map(String::from),
+        2 => prop::sample::select(vec![
+            " ", "  ", "   ", "\n", "\n\n", "\r\n", "\t", " \n ", "\u{a0}", "\u{3000}",
+            "\u{85}", "\u{2028}", "\u{1c}", "\u{b}", "\u{c}", " \t\n\n  ",
+        ]).prop_map(String::from),
+        2 => prop::sample::select(vec![
+            "'s", "'S", "'t", "'re", "'RE", "'Ve", "'m", "'ll", "'LL", "'d", "'\u{17f}", "'x",
+            "''", "'", "’s",
+        ]).prop_map(String::from),
+        2 => prop::sample::select(vec![
+            "1", "42", "١٢", "½", "Ⅻ", "①", "３", "...", "!?", "{\"a\": [1, 2]}", "-->", "#",
+            "😀", "👍🏽", "🇫🇷", "\u{200d}", "\u{301}", "\u{feff}",
+        ]).prop_map(String::from),
+        2 => prop::sample::select(vec![
+            "中文", "日本語", "한국어", "Ελληνικά", "русский", "עברית", "العربية", "ไทย", "हिन्दी",
+            "e\u{301}", "A\u{30a}", "\u{1100}\u{1161}", "Å", "ﬁ", "ǅ", "ß", "İ",
+        ]).prop_map(String::from),
+        1 => prop::sample::select(vec![
+            "<think>", "</think>", "<|im_end|>", "<|im_start|>", "<tool_call>", "<|endoftext|>",
+            "<|im_", "<think", "<<think>>",
+        ]).prop_map(String::from),
+        1 => any::<char>().prop_map(String::from),
+    ];
+    prop::collection::vec(piece, 0..24).prop_map(|p| p.concat())
+}
+
+#[test]
+fn the_fast_encoder_matches_on_generated_text() {
+    let Some(tok) = tokenizer() else { return };
+    TestRunner::new(Config {
+        cases: 2048,
+        failure_persistence: None,
+        ..Config::default()
+    })
+    .run(&mixed_text(), |text| {
+        prop_assert_eq!(tok.encode(&text), tok.encode_reference(&text), "{:?}", text);
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    // Long words go through the heap merge.
+    for long in [
+        "=".repeat(300),
+        "ab".repeat(200),
+        "😀".repeat(50),
+        "x".repeat(1000),
+    ] {
+        assert_eq!(tok.encode(&long), tok.encode_reference(&long));
     }
 }

@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use crate::message::{ChatMessage, ToolSpec};
 use crate::render::{
-    Decline, ParsedResponse, RenderError, Rendered, Renderer, RendererError, RendererOptions,
-    StreamParser, ThinkingRetention,
+    Decline, Extension, ParsedResponse, RenderError, Rendered, Renderer, RendererError,
+    RendererOptions, StreamParser, ThinkingRetention,
 };
 use crate::Tokenizer;
 
@@ -167,14 +167,14 @@ impl Renderer for Qwen3Renderer {
         render::render(self, messages, tools, add_generation_prompt)
     }
 
-    fn bridge(
+    fn extend(
         &self,
         previous_prompt_ids: &[u32],
         previous_completion_ids: &[u32],
         new_messages: &[ChatMessage],
         _tools: &[ToolSpec],
-    ) -> Result<Rendered, Decline> {
-        render::bridge(
+    ) -> Result<Extension, Decline> {
+        render::extend(
             self,
             previous_prompt_ids,
             previous_completion_ids,

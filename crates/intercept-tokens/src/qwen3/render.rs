@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use super::{scan, Qwen3Renderer};
 use crate::message::{ChatMessage, Role, ToolSpec};
 use crate::pycompat::text;
-use crate::render::{Decline, RenderError, Rendered, ThinkingRetention};
+use crate::render::{Decline, Extension, RenderError, Rendered, ThinkingRetention};
 
 const TOOLS_HEADER: &str = "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>";
 
@@ -232,12 +232,12 @@ pub(super) fn render(
     Ok(o.out)
 }
 
-pub(super) fn bridge(
+pub(super) fn extend(
     r: &Qwen3Renderer,
     previous_prompt_ids: &[u32],
     previous_completion_ids: &[u32],
     new_messages: &[ChatMessage],
-) -> Result<Rendered, Decline> {
+) -> Result<Extension, Decline> {
     if previous_prompt_ids.is_empty() {
         return Err(Decline::EmptyPreviousPrompt);
     }
@@ -263,6 +263,7 @@ pub(super) fn bridge(
 
     // `trim_to_turn_close`: up to the completion's last close, or all of it with a
     // synthesised `<|im_end|>` (after the synthesised `</think>` of an open reasoning).
+    let mut o = Out::new(r);
     let keep_completion = if close_think {
         None
     } else {
@@ -271,26 +272,17 @@ pub(super) fn bridge(
             .rposition(|&t| r.ids.is_stop(t))
             .map(|k| k + 1)
     };
-    let mut o = Out::new(r);
-    let mut ids = Vec::with_capacity(
-        previous_prompt_ids.len() + previous_completion_ids.len() + 64 * new_messages.len() + 16,
-    );
-    ids.extend_from_slice(previous_prompt_ids);
-    match keep_completion {
-        Some(k) => ids.extend_from_slice(&previous_completion_ids[..k]),
-        None => {
-            ids.extend_from_slice(previous_completion_ids);
-            if close_think {
-                ids.push(r.ids.think_end);
+    let keep = previous_prompt_ids.len()
+        + match keep_completion {
+            Some(k) => k,
+            None => {
+                if close_think {
+                    o.special(r.ids.think_end, -1, false);
+                }
+                o.special(r.ids.im_end, -1, false);
+                previous_completion_ids.len()
             }
-            ids.push(r.ids.im_end);
-        }
-    }
-    let previous = ids.len();
-    o.out.token_ids = ids;
-    o.out.message_indices = vec![-1; previous];
-    o.out.sampled_mask = vec![false; previous];
-
+        };
     o.newline(-1, false);
     for (k, m) in new_messages.iter().enumerate() {
         match m.role() {
@@ -301,5 +293,9 @@ pub(super) fn bridge(
         }
     }
     o.generation_prompt();
-    Ok(o.out)
+    Ok(Extension {
+        keep,
+        ids: o.out.token_ids,
+        message_indices: o.out.message_indices,
+    })
 }
