@@ -142,6 +142,11 @@ impl Tito {
             return self.render(conversation, TokenPath::Rendered, Some("first_turn".into()));
         };
         let tail = &conversation.messages[prefix..];
+        // verifiers' train client bridges only tool results, then at most one user
+        // message: any other tail is rendered whole there, and so here.
+        if !intercept_tokens::is_incremental_tail(tail) {
+            return self.mismatch(conversation, "tail_not_incremental");
+        }
         match self
             .renderer
             .bridge(&prompt_ids, &completion_ids, tail, &conversation.tools)
