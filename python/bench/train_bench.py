@@ -71,7 +71,8 @@ async def conversation(client: httpx.AsyncClient, url: str, key: str, turns: int
     history: list[dict[str, Any]] = [{"role": "user", "content": f"task {i}: use a tool to find the notes on " + "tokens and templates " * 20}]
     for t in range(turns):
         r = await client.post(url + "/chat/completions", json={"model": "m", "messages": history, "tools": TOOLS}, headers={"Authorization": f"Bearer {key}"})
-        r.raise_for_status()
+        if r.status_code != 200:
+            raise RuntimeError(f"turn {t} of rollout {i}: {r.status_code} {r.text}")
         message = r.json()["choices"][0]["message"]
         history.append(message)
         if message.get("tool_calls"):
@@ -156,7 +157,9 @@ async def main() -> None:
     if args.memory:
         print(json.dumps(await memory(args.memory, args.engine, tokenizer, args.concurrent, args.turns)))
         return
-    proc = subprocess.Popen([sys.executable, "-c", ENGINE_PROCESS, tokenizer], stdout=subprocess.PIPE, text=True)
+    # Run from the bench folder: `-c` puts the working directory first on sys.path, and
+    # python/ holds the package's sources without its native module.
+    proc = subprocess.Popen([sys.executable, "-c", ENGINE_PROCESS, tokenizer], stdout=subprocess.PIPE, text=True, cwd=HERE)
     try:
         assert proc.stdout is not None
         engine = proc.stdout.readline().strip()
