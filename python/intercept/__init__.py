@@ -55,6 +55,7 @@ from ._native import __version__, enable_logging
 from ._episode import Branch, Episode, EpisodeSummary, Node
 from ._records import CallError, CallRecord, PauseStatus, ServerStatus, Totals, Trace, TraceLog, Usage, read_trace
 from ._session import Session
+from ._tokens import Tokens
 
 __all__ = [
     "__version__",
@@ -66,6 +67,7 @@ __all__ = [
     "Interception",
     "Slot",
     "Session",
+    "Tokens",
     "Stop",
     "CallInfo",
     "Trace",

@@ -46,6 +46,8 @@ _OMITTED_WHEN_DEFAULT = {
     "prompt_token_ids": None,
     "completion_token_ids": None,
     "completion_logprobs": None,
+    "token_path": None,
+    "token_reason": None,
     "requested_model": None,
     "node": None,
     "policy": None,
@@ -96,6 +98,10 @@ class CallRecord:
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
     completion_logprobs: list[float] | None = None
+    token_path: str | None = None
+    """How intercept made the prompt's ids (token-in/token-out): `bridged`, `rendered` or `chat`; None when the engine rendered it."""
+    token_reason: str | None = None
+    """Why the prompt was not bridged from the previous turn, when it was not."""
     requested_model: str | None = None
     """The model the harness asked for, before the session's was imposed; None when it named none."""
     node: int | None = None

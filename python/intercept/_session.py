@@ -11,6 +11,7 @@ from ._episode import Episode
 from ._errors import ConflictError, InvalidRequestError
 from ._hooks import RequestHook, ResponseHook, takes_call
 from ._records import Totals, Trace
+from ._tokens import Tokens, tokens_config
 
 __all__ = ["Session"]
 
@@ -48,7 +49,10 @@ class Session:
     `{"base_url" | "base_urls", "api_key", "headers"}`. `sampling` is imposed on every
     call; `limits` (`max_turns`, `max_input_tokens`, `max_output_tokens`,
     `max_total_tokens`) refuse calls once reached. `capture_tokens` asks the engine for
-    token ids and logprobs. `task` is served on `GET /task`.
+    token ids and logprobs. `task` is served on `GET /task`. `tokens` turns on
+    token-in/token-out: an `intercept.Tokens(renderer, tokenizer, ...)` or a dict with the
+    same keys (see docs/tokens.md); the tokenizer is loaded, and the renderer checked, when
+    the session is acquired (`InvalidRequestError` naming what is wrong).
 
     Hooks are callables, sync or async, run on the event loop that acquired the session:
     `on_request(body)` or `on_request(body, call)` sees the request after the model and
@@ -76,6 +80,7 @@ class Session:
         on_request: RequestHook | None = None,
         on_response: ResponseHook | None = None,
         hook_headers: Sequence[str] = (),
+        tokens: Tokens | Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(id, str) or not id:
             raise InvalidRequestError("session: `id` must be a non-empty string")
@@ -92,6 +97,9 @@ class Session:
             "limits": {k: v for k, v in dict(limits or {}).items()},
             "task": task,
         }
+        tokens_json = tokens_config(tokens)
+        if tokens_json is not None:
+            config["tokens"] = tokens_json
         try:
             text = json.dumps(config, allow_nan=False)
         except (TypeError, ValueError) as e:
@@ -164,6 +172,12 @@ class Session:
     def totals(self) -> Totals:
         """Turn and token totals, from the calls' usage."""
         return Totals(**json.loads(self._native.totals_json()))
+
+    @property
+    def tokens(self) -> Tokens | None:
+        """The session's token-in/token-out setting, as the session holds it (`None`: off)."""
+        data = json.loads(self._native.tokens_json())
+        return None if data is None else Tokens.from_mapping(data)
 
     @property
     def state(self) -> Any:

@@ -19,6 +19,15 @@ Three hooks of one `intercept.Session` carry a rollout:
   request interceptors or stops (which police tool calls after the commit), since those
   may rewrite or refuse the answer.
 
+A rollout whose context has verifiers' *train* client (`TrainClientConfig`) uses a
+fourth: the generate hook (`NativeSession.set_generate_hook`, awaited in place of the
+upstream call). It hands the turn `on_request` prepared to verifiers' own `TrainClient`
+(`get_response(dialect, body, sampling, session_id, turn)`: render or bridge with
+`renderers`, `POST /inference/v1/generate`, parse), keeps the `Response` it returns (with
+its `TurnTokens`) for the commit, and gives intercept the chat completion to serve and the
+ids to record. The train client is the one verifiers' server would use (one per distinct
+config, owned by the interception object), so the tokens are verifiers' own.
+
 `GET`/`PUT /state` reach `trace.state` through the session's `state_adapter`
 (`NativeSession.set_state_hook`); `GET /task` answers verifiers' task channel
 (`{"cls", "task"}`, `NativeSession.set_task_body`); `POST /tool` is verifiers' tool gate,
@@ -34,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import json
 import time
 from dataclasses import dataclass, field
@@ -101,6 +111,11 @@ class _VF:
         pydantic: Any = importlib.import_module("pydantic")
         self.validation_error: Any = pydantic.ValidationError
         self.session_cls: Any = importlib.import_module("verifiers.v1.session").RolloutSession
+        self.chat_dialect_cls: Any = dialects.ChatDialect
+        # After 0.4.0, the graph matches a prompt under the harness's replay view of the
+        # request's dialect: `prepare_turn(..., dialect)`, `rewrite_request(..., dialect=)`.
+        self.turn_takes_dialect = "dialect" in inspect.signature(self.graph.prepare_turn).parameters
+        self.rewrite_takes_dialect = "dialect" in inspect.signature(self.session_cls.rewrite_request).parameters
         self.semantic: Any = importlib.import_module("verifiers.v1.semantic")
         # intercept's dialect kinds -> verifiers' dialects.
         self.dialects: dict[str, Any] = {
@@ -108,6 +123,18 @@ class _VF:
             "responses": dialects.ResponsesDialect(),
             "messages": dialects.AnthropicDialect(),
         }
+
+
+    def prepare_turn(self, trace: Any, request: Any, dialect: Any) -> Any:
+        """`graph.prepare_turn` as this verifiers' server calls it."""
+        if self.turn_takes_dialect:
+            return self.graph.prepare_turn(trace, request.messages, request.tools, getattr(dialect, "name", None))
+        return self.graph.prepare_turn(trace, request.messages, request.tools)
+
+    def dialect_kw(self, dialect: Any) -> dict[str, Any]:
+        """The keywords of `RolloutSession.rewrite_request` that name the dialect, where it
+        takes them."""
+        return {"dialect": getattr(dialect, "name", None)} if self.rewrite_takes_dialect else {}
 
 
 _vf: _VF | None = None
@@ -140,13 +167,57 @@ class _Pending:
     node: int | None = None
     response: Any = None
     error: BaseException | None = None
+    # Set by `on_generate` (train-client rollouts): `response` is the train client's.
+    generated: bool = False
+
+
+_DIALECT_NAMES = {
+    "responses": "an OpenAI Responses call (POST /v1/responses)",
+    "messages": "an Anthropic Messages call (POST /v1/messages)",
+}
+
+
+def _train_refusal(dialect: str) -> str:
+    what = _DIALECT_NAMES.get(dialect, f"a {dialect} call")
+    return (
+        f"this rollout trains through verifiers' train client (TrainClientConfig), which renders "
+        f"Chat Completions only, and the harness sent {what}. Point the harness at Chat "
+        f"Completions (POST /v1/chat/completions) to train on its tokens, give the rollout an "
+        f"eval client (EvalClientConfig(base_url=...)) to relay this dialect without token ids, "
+        f"or run it on an intercept.Session with intercept's own token path (tokens={{...}}), "
+        f"which renders this dialect too"
+    )
+
+
+def _plain(values: Any) -> list[Any]:
+    """A token stream as a list of Python numbers: verifiers 0.4.0 keeps lists, later
+    releases numpy arrays."""
+    if values is None:
+        return []
+    tolist = getattr(values, "tolist", None)
+    out: list[Any] = tolist() if callable(tolist) else list(values)
+    return out
+
+
+def _bridgeable_tail(messages: list[Any]) -> bool:
+    """The train client's test for a tail its renderer may bridge: tool results, then at
+    most one user message."""
+    roles = [getattr(m, "role", None) for m in messages]
+    if not roles:
+        return False
+    if roles[-1] == "user":
+        roles = roles[:-1]
+    return all(role == "tool" for role in roles)
 
 
 @dataclass
 class Bridge:
-    """One verifiers `RolloutSession`, carried by the intercept session it makes."""
+    """One verifiers `RolloutSession`, carried by the intercept session it makes.
+    `client` is the rollout's train client (verifiers' `TrainClient`) when its context
+    has a `TrainClientConfig`: its model calls are then generated by it (`on_generate`)."""
 
     vf_session: Any
+    client: Any = None
     pending: dict[int, _Pending] = field(default_factory=dict)
 
     @property
@@ -180,7 +251,7 @@ class Bridge:
             if refused is not None:
                 return Stop(refused)
             original = model_request
-            model_request, rewrites, stopped = await s.rewrite_request(model_request)
+            model_request, rewrites, stopped = await s.rewrite_request(model_request, **v.dialect_kw(dialect))
             s.trace.request_rewrites.extend(rewrites)
             if stopped is None and model_request != original:
                 dialect.rewrite_request(body, original, model_request)
@@ -192,7 +263,7 @@ class Bridge:
             s.error = error
             raise error from e
         if stopped is not None:
-            turn = v.graph.prepare_turn(s.trace, model_request.messages, model_request.tools)
+            turn = v.prepare_turn(s.trace, model_request, dialect)
             turn.commit_prompt()
             s.trace.stop(stopped)
             return Stop(stopped)
@@ -200,7 +271,7 @@ class Bridge:
             body, policy_paths = v.server_cls.mediate_capabilities(None, s, dialect, body)
             if rewrites or s.network_policy.network_restricted:
                 model_request = dialect.parse_request(body)
-            turn = v.graph.prepare_turn(s.trace, model_request.messages, model_request.tools)
+            turn = v.prepare_turn(s.trace, model_request, dialect)
         except v.errors.RolloutError as e:
             s.error = e
             raise
@@ -214,6 +285,57 @@ class Bridge:
         self.pending[call.seq] = _Pending(dialect, body, turn, policy_paths, time.time(), acp)
         return body
 
+    # --- the model call itself (train-client rollouts) --------------------------------
+
+    async def on_generate(self, body: dict[str, Any], call: CallInfo) -> dict[str, Any]:
+        """The generate hook: the turn `on_request` prepared, generated by verifiers'
+        `TrainClient` as its server would call it. Returns the chat completion to serve
+        and the ids sent and received; the `Response` (with its `TurnTokens`) waits for
+        the commit. Errors are recorded as verifiers records them and keep their status
+        (`ProviderError.status_code`); a dialect the train client refuses is a 400."""
+        v = vf()
+        s = self.vf_session
+        p = self.pending.get(call.seq)
+        if p is None or s.released:
+            raise RolloutConcludedError("rollout concluded")
+        s.adopt(asyncio.current_task())  # release cancels the generation, as verifiers' handler
+        try:
+            response = await self.client.get_response(p.dialect, p.body, s.ctx.sampling, session_id=str(s.trace.id), turn=p.turn)
+        except v.errors.RolloutError as e:
+            p.error = e
+            s.error = e
+            raise
+        except NotImplementedError as e:
+            p.error = e
+            if not isinstance(p.dialect, v.chat_dialect_cls):
+                raise InvalidRequestError(_train_refusal(call.dialect)) from e
+            raise
+        except BaseException as e:  # recorded as the call's error, as verifiers does
+            p.error = e
+            raise
+        p.response = response
+        p.generated = True
+        tokens = response.tokens
+        out: dict[str, Any] = {"response": response.raw, "tokens": None}
+        if tokens is not None:
+            out["tokens"] = {
+                "prompt_ids": _plain(tokens.prompt_ids),
+                "completion_ids": _plain(tokens.completion_ids),
+                "logprobs": _plain(tokens.completion_logprobs),
+                "path": "bridged" if tokens.bridged else "rendered",
+                "reason": None if tokens.bridged else self._unbridged(p.turn),
+            }
+        return out
+
+    @staticmethod
+    def _unbridged(turn: Any) -> str:
+        """Why the train client rendered the whole conversation."""
+        if not turn.prefix_node_ids:
+            return "first_turn"
+        if not _bridgeable_tail(turn.tail):
+            return "tail_not_bridgeable"
+        return "bridge_declined"
+
     # --- the complete response (rollouts with response-side hooks) -------------------
 
     async def on_response(self, raw: dict[str, Any], call: CallInfo) -> dict[str, Any] | Stop | None:
@@ -225,7 +347,8 @@ class Bridge:
         p.decided = True
         dialect = p.dialect
         try:
-            response = self._parse(dialect, raw)
+            # A generated answer commits the train client's own `Response` (its tokens).
+            response = p.response if p.generated else self._parse(dialect, raw)
             p.response = response
             rewrites: list[Any] = []
             stopped = None
@@ -275,9 +398,17 @@ class Bridge:
         node = p.node
         error = p.error
         try:
-            if not p.decided:
+            if not p.decided and p.generated and rec.get("error") is None:
+                if not s.stopped:
+                    node = p.turn.commit(response)
+                    s.consume_prepared(p.turn.tail)
+            elif not p.decided:
                 raw = rec.get("response")
-                if rec.get("error") is None and isinstance(raw, dict):
+                if p.error is not None:
+                    # The generate hook failed: verifiers' own exception (`s.error` is
+                    # already set where verifiers sets it).
+                    error = p.error
+                elif rec.get("error") is None and isinstance(raw, dict):
                     try:
                         response = self._parse(p.dialect, raw)
                     except (ValueError, v.validation_error) as e:
@@ -388,18 +519,41 @@ class Bridge:
 
 
 def upstream_of(vf_session: Any, override: Any = None) -> Any:
-    """The intercept upstream for a verifiers session: its eval client's endpoint."""
+    """The intercept upstream for a verifiers session: its client's endpoint (an eval
+    client's calls are relayed there; a train client generates on it itself, and intercept
+    uses it only for `GET /v1/models`)."""
     if override is not None:
         return override
     v = vf()
     config = vf_session.ctx.client
-    if isinstance(config, v.client_cfg.TrainClientConfig):
-        raise ValueError(
-            "intercept.verifiers relays to an OpenAI-compatible endpoint (an eval client); "
-            "verifiers' train client renders tokens client-side and is not supported"
-        )
     headers = dict(v.client_cfg.resolve_headers(config))
     return {"base_url": str(config.base_url), "api_key": v.client_cfg.resolve_api_key(config), "headers": headers}
+
+
+def is_train_config(config: Any) -> bool:
+    """Whether a verifiers client config is its train client's (`TrainClientConfig`)."""
+    return isinstance(config, vf().client_cfg.TrainClientConfig)
+
+
+class TrainClients:
+    """verifiers' train clients of one interception object, one per distinct config (as
+    verifiers' server owns them: they share the engine connection pool), closed at stop."""
+
+    def __init__(self) -> None:
+        self._clients: dict[str, Any] = {}
+
+    def get(self, config: Any) -> Any:
+        key = config.model_dump_json()
+        client = self._clients.get(key)
+        if client is None:
+            resolve: Any = importlib.import_module("verifiers.v1.clients").resolve_client
+            client = self._clients[key] = resolve(config)
+        return client
+
+    async def close(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.close()
 
 
 def is_verifiers_session(obj: Any) -> bool:

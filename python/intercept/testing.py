@@ -1,10 +1,13 @@
 """Test helpers, present in wheels built with the `testing` cargo feature (the CI's test
 wheel): `MockUpstream`, a scriptable mock model server speaking Chat Completions,
-Responses and Anthropic Messages (it echoes by default), and `BoreServer`, an in-process
-bore server for the bore tunnel."""
+Responses and Anthropic Messages (it echoes by default) and, given a tokenizer, vLLM's
+token-in/token-out `POST /inference/v1/generate` (and SGLang's `POST /generate`), and
+`BoreServer`, an in-process bore server for the bore tunnel."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any
 
 from . import _native
@@ -20,15 +23,21 @@ def _need() -> None:
 
 
 class MockUpstream:
-    """A mock model server on 127.0.0.1. `await MockUpstream.start()`."""
+    """A mock model server on 127.0.0.1. `await MockUpstream.start()`.
+
+    `start(tokenizer=FOLDER)` (a folder holding `tokenizer.json` and
+    `tokenizer_config.json`, e.g. Qwen3's) also serves the engine's token routes: each
+    scripted completion is laid out as Qwen3 writes it (`<think>` block, content, hermes
+    `<tool_call>` blocks), tokenized, and answered as ids with per-token logprobs and the
+    request's stop id (or cut at `max_tokens`, or by `finish_reason="length"`)."""
 
     def __init__(self, native: Any) -> None:
         self._native = native
 
     @classmethod
-    async def start(cls) -> MockUpstream:
+    async def start(cls, tokenizer: str | None = None) -> MockUpstream:
         _need()
-        return cls(await _native.NativeMock.start())
+        return cls(await _native.NativeMock.start(tokenizer))
 
     @property
     def base_url(self) -> str:
@@ -43,6 +52,25 @@ class MockUpstream:
 
     def push_text(self, text: str, *, chunks: int | None = None, chunk_delay: float | None = None, header_delay: float | None = None) -> None:
         self._native.push_text(text, chunks, chunk_delay, header_delay)
+
+    def push_completion(
+        self,
+        content: str | None = None,
+        *,
+        reasoning: str | None = None,
+        tool_calls: Sequence[tuple[str, str]] = (),
+        finish_reason: str | None = None,
+        raw: bool = False,
+    ) -> None:
+        """Queues a completion: content, reasoning, tool calls as `(name, arguments JSON)`,
+        a finish reason (`"length"` cuts it before its stop id). `raw`: on the token
+        routes, `content` is tokenized as it is (no think block or tool-call layout)."""
+        self._native.push_completion(content, reasoning, [(str(n), str(a)) for n, a in tool_calls], finish_reason, raw)
+
+    def bodies(self, path: str) -> list[Any]:
+        """The JSON bodies of the requests received on `path` (e.g. `/inference/v1/generate`)."""
+        out: list[Any] = json.loads(self._native.bodies(path))
+        return out
 
     @property
     def request_count(self) -> int:

@@ -13,6 +13,7 @@ Skipped when verifiers is not installed; CI installs `verifiers==0.4.0`.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -26,6 +27,11 @@ from verifiers.v1.interception import InterceptionServer as VerifiersServer  # n
 
 import intercept.verifiers as iv  # noqa: E402
 from vf_support import DENIED, ScriptedModel, make_session, normal, run_rollout  # noqa: E402
+
+# Releases after 0.4.0 type Anthropic error bodies by status and match re-sent turns under
+# the harness's replay view of the request's dialect.
+VF_TYPES_ERRORS = "status_code" in inspect.signature(__import__("verifiers.v1.dialects", fromlist=["x"]).AnthropicDialect.error_body).parameters
+VF_REPLAY_VIEW = hasattr(__import__("verifiers.v1.harness", fromlist=["x"]).Harness, "replay_view")
 
 CASES: list[tuple[str, str, dict[str, Any]]] = [
     # Every dialect, JSON and streamed: three turns each.
@@ -54,6 +60,14 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     # denies them: the model sees the policy's result instead of the tool's.
     ("tools", "sum it", {"task": "GatedTask", "harness": "GatedHarness"}),
     ("tools-stream", "sum it", {"task": "GatedTask", "harness": "GatedHarness"}),
+    # An upstream 529 on every attempt: the SDKs retry, then die of it (Anthropic's
+    # `overloaded_error`, in the dialect's shape).
+    ("chat", "overloaded", {}),
+    ("anthropic", "overloaded", {}),
+    ("anthropic-stream", "overloaded", {}),
+    # A harness that re-sends its replies trimmed, and says so in its replay view of Chat
+    # Completions: the re-sent turns match the nodes they came from.
+    ("chat", "trailing", {"harness": "TrimmingHarness"}),
     # ACP request ids on every call, and a malformed one (a 400 the harness dies of).
     ("chat", "acp ids", {}),
     ("chat-stream", "bad acp", {}),
@@ -88,6 +102,26 @@ async def test_traces_agree_with_verifiers_own_server(scripted: ScriptedModel, s
     for (mode, prompt, kw), (t_theirs, t_ours) in zip(CASES, results):
         a, b = normal(t_theirs), normal(t_ours)
         assert a == b, f"{mode} {prompt} {kw}:\n{diff(a, b)}"
+        # What a harness that died of an error saw: its SDK's class, the status and the
+        # body's error type. The Anthropic SDK reads the type: verifiers 0.4.0 typed every
+        # such body `invalid_request_error`, later releases type it by status, as intercept
+        # does. The OpenAI SDKs read the status only (verifiers types those bodies
+        # `invalid_request_error`, intercept by status).
+        seen = [json.loads(t.info.get("program") or "{}").get("error") for t in (t_theirs, t_ours)]
+        if prompt == "rewrite" and mode.endswith("-stream") and None not in seen:
+            # A documented difference: intercept holds such a stream with keepalives, and a
+            # response `@stop` then arrives as the dialect's SSE error event (the SDK's
+            # `APIError`, no status) instead of verifiers' HTTP 400.
+            assert seen[1][:2] == ["APIError", None] and seen[0][1] == 400, seen
+            seen[1] = seen[0]
+        if VF_TYPES_ERRORS and mode.startswith("anthropic"):
+            assert seen[0] == seen[1], f"{mode} {prompt}: {seen}"
+        else:
+            assert [e and e[:2] for e in seen[:1]] == [e and e[:2] for e in seen[1:]], f"{mode} {prompt}: {seen}"
+        if prompt in ("broken", "overloaded", "bad acp"):
+            assert seen[1] is not None, f"{mode} {prompt}: the harness did not die of the error"
+        if prompt == "hello":
+            assert seen == [None, None], f"{mode} {prompt}: {seen}"
         # The cases do what they say (on both sides, since they agree).
         if prompt == "hello":
             assert (a["num_turns"], len(a["calls"]), len(a["messages"]), a["stop_condition"]) == (3, 3, 6, "agent_completed")
@@ -117,6 +151,16 @@ async def test_traces_agree_with_verifiers_own_server(scripted: ScriptedModel, s
             assert a["response_rewrites"] == ["shout"] * 3
         if prompt == "broken":
             assert a["stop_condition"] == "provider_error" and a["calls"][-1]["error"] == ("ProviderError", 400)
+            assert seen[1][1:] == [400, "invalid_request_error"], seen
+        if prompt == "overloaded":
+            # The first call and the second turn's three attempts (two SDK retries).
+            assert [c["error"] for c in a["calls"]] == [None] + [("ProviderError", 529)] * 3
+            assert a["stop_condition"] == "provider_error"
+            assert seen[1] == ["OverloadedError" if mode.startswith("anthropic") else "InternalServerError", 529, "overloaded_error"], seen
+        if prompt == "trailing":
+            # One branch: each re-sent, trimmed reply matched its node (verifiers after 0.4.0;
+            # 0.4.0 has no replay view and forks at every turn, on both sides).
+            assert len(a["branches"]) == (1 if VF_REPLAY_VIEW else 3), len(a["branches"])
         # Same upstream traffic: model and sampling imposed by verifiers' rules.
         assert all(c["model"] == "policy" and c["sampling"]["temperature"] == 0.5 for c in a["calls"])
 

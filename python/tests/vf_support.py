@@ -7,8 +7,11 @@ The scripted model answers from the conversation alone, so two runs of one rollo
 same answers: with tools offered and no assistant turn yet, a call to `add`; otherwise
 `reply <n>: <last text>` where n counts the assistant turns so far. A prompt containing
 `flaky` makes the second turn's first attempt a 500 (the SDK retries it); one containing
-`broken` makes the second turn a 400 (the harness dies of it). `slow` spaces a stream's
-events by `SLOW_CHUNK` seconds.
+`broken` makes the second turn a 400 (the harness dies of it), `overloaded` a 529 on
+every attempt (the SDK retries, then dies of it). `trailing` ends each reply with two
+spaces, which the harness trims when it re-sends the reply. `slow` spaces a stream's
+events by `SLOW_CHUNK` seconds. A harness that dies prints the error its SDK raised
+(class, status, the body's error type).
 
 The harness program asks the rollout's tool gate (`POST /tool`, verifiers' `{tool_call_id,
 name, arguments}`) before running a tool when it is handed one (`GatedHarness`), and a
@@ -118,11 +121,15 @@ class ScriptedModel:
         session = request.headers.get("X-Session-ID", "")
         if "broken" in prompt and n == 1:
             return web.json_response({"error": {"message": "scripted bad request", "type": "invalid_request_error"}}, status=400), 0, "", False, False
+        if "overloaded" in prompt and n == 1:
+            return web.json_response({"type": "error", "error": {"type": "overloaded_error", "message": "scripted overload"}}, status=529), 0, "", False, False
         if "flaky" in prompt and n == 1 and (session, n) not in self.failed:
             self.failed.add((session, n))
             return web.json_response({"error": {"message": "scripted outage", "type": "server_error"}}, status=500), 0, "", False, False
         call_tool = tools and n == 0
         text = f"reply {n}: {last}"
+        if "trailing" in prompt:
+            text += "  "
         return None, n, text, call_tool, "slow" in prompt
 
     async def _write(self, request: web.Request, events: list[bytes], slow: bool) -> web.StreamResponse:
@@ -246,6 +253,15 @@ kind = mode.removesuffix("-stream")
 TOOLS = %(tools)s
 marks = []
 gates = []
+def died(kind, e, tb):
+    """The error the harness died of, as its SDK showed it: class, status, body type."""
+    body = getattr(e, "body", None)
+    error_type = None
+    if isinstance(body, dict):
+        error_type = body.get("type") if "message" in body else (body.get("error") or {}).get("type")
+    print(json.dumps({"ttft": marks, "gates": gates, "error": [kind.__name__, getattr(e, "status_code", None), error_type]}))
+    sys.__excepthook__(kind, e, tb)
+sys.excepthook = died
 def add(a, b):
     return str(a + b)
 def run_tool(tc):
@@ -296,7 +312,9 @@ if kind in ("chat", "tools"):
             for tc in tool_calls:
                 history.append({"role": "tool", "tool_call_id": tc["id"], "content": run_tool(tc)})
             continue
-        history.append({"role": "assistant", "content": text})
+        # `trailing`: the harness re-sends its replies trimmed (a cosmetic rewrite its
+        # `replay_view` undoes).
+        history.append({"role": "assistant", "content": text.strip() if "trailing" in prompt else text})
         history.append({"role": "user", "content": f"continue {i}"})
 elif kind == "responses":
     import openai
@@ -339,6 +357,16 @@ print(json.dumps({"ttft": marks, "gates": gates}))
 ''' % {"tools": repr(TOOLS)}
 
 
+def sampling_config() -> Any:
+    """verifiers' `SamplingConfig` (in `verifiers.v1.types` in 0.4.0, in
+    `verifiers.v1.configs.sampling` after it)."""
+    try:
+        from verifiers.v1.configs.sampling import SamplingConfig
+    except ImportError:
+        from verifiers.v1.types import SamplingConfig  # type: ignore[no-redef]
+    return SamplingConfig
+
+
 def verifiers_parts() -> dict[str, Any]:
     """The verifiers 0.4 classes a rollout is built from (imported on demand)."""
     from verifiers.v1.clients import ModelContext
@@ -351,7 +379,7 @@ def verifiers_parts() -> dict[str, Any]:
     from verifiers.v1.session import RolloutLimits
     from verifiers.v1.task import Task, TaskData
     from verifiers.v1.trace import Trace
-    from verifiers.v1.types import AssistantMessage, Request, Response, SamplingConfig, ToolMessage
+    from verifiers.v1.types import AssistantMessage, Request, Response, ToolMessage
     from verifiers.v1.utils.decorators import intercept, stop
 
     class ProgramHarness(Harness[HarnessConfig]):
@@ -367,9 +395,22 @@ def verifiers_parts() -> dict[str, Any]:
             env = {"OPENAI_BASE_URL": endpoint, "OPENAI_API_KEY": secret}
             if tool_interception_url:
                 env["TOOL_GATE_URL"] = tool_interception_url
-            result = await runtime.run_program([sys.executable, "-c", PROGRAM, mode, prompt, turns], env)
+            # `run_program` in verifiers 0.4.0; `run` after it.
+            run = getattr(runtime, "run_program", None) or runtime.run
+            result = await run([sys.executable, "-c", PROGRAM, mode, prompt, turns], env)
             trace.info["program"] = result.stdout.strip()
             return result
+
+    class TrimmingHarness(ProgramHarness):
+        """The program re-sends its Chat Completions replies trimmed (the `trailing`
+        prompt): its replay view trims them too, over that dialect only, so the re-sent
+        turn matches the node it came from (verifiers after 0.4.0 passes the dialect)."""
+
+        def replay_view(self, message: Any, dialect: Any) -> Any:
+            content = getattr(message, "content", None)
+            if dialect == "chat_completions" and getattr(message, "role", None) == "assistant" and isinstance(content, str):
+                return message.model_copy(update={"content": content.strip()})
+            return message
 
     class GatedHarness(ProgramHarness):
         """The same program, handed the rollout's tool gate: it asks `/tool` before it
@@ -423,6 +464,7 @@ def verifiers_parts() -> dict[str, Any]:
         "HarnessConfig": HarnessConfig,
         "ProgramHarness": ProgramHarness,
         "GatedHarness": GatedHarness,
+        "TrimmingHarness": TrimmingHarness,
         "GatedTask": GatedTask,
         "Rollout": Rollout,
         "RolloutTimeouts": RolloutTimeouts,
@@ -432,7 +474,7 @@ def verifiers_parts() -> dict[str, Any]:
         "StoppingTask": StoppingTask,
         "RewritingTask": RewritingTask,
         "TaskData": TaskData,
-        "SamplingConfig": SamplingConfig,
+        "SamplingConfig": sampling_config(),
     }
 
 
@@ -486,7 +528,8 @@ def make_session(upstream: str, i: int, state: Any = None) -> Any:
     from verifiers.v1.session import RolloutSession
     from verifiers.v1.task import TaskData
     from verifiers.v1.trace import AgentInfo, Trace, TraceTask
-    from verifiers.v1.types import SamplingConfig
+
+    SamplingConfig = sampling_config()
 
     ctx = ModelContext(model="policy", client=EvalClientConfig(base_url=upstream, api_key_var="SCRIPTED_MODEL_KEY"), sampling=SamplingConfig(temperature=0.5))
     data = TaskData(prompt=f"task {i}")

@@ -52,11 +52,17 @@ pub(crate) struct Held {
     /// final trace (also when `released_retention` forgets the session at once).
     pub(crate) done: Arc<Done>,
     pub(crate) last: Option<Arc<Last>>,
+    /// The session's token-in/token-out (`GET /v1/sessions/{id}` shows it, also once
+    /// released).
+    pub(crate) tokens: Option<Box<intercept_core::TokensConfig>>,
 }
 
 impl Held {
     pub(crate) fn new(session: Arc<RolloutSession>, sink: Option<Arc<QueuedSink>>) -> Self {
         Held {
+            tokens: intercept_core::Session::tokens(&*session)
+                .cloned()
+                .map(Box::new),
             session: Some(session),
             guard: None,
             sink,
@@ -337,6 +343,7 @@ impl Sidecar {
             config.upstream_api_key_env.as_deref(),
             "upstream_api_key_env",
         )?;
+        check_tokens_default(&config)?;
         let (mock, default_upstream, default_model) = start_upstream(&config, api_key).await?;
         let tunnels = Arc::new(TunnelCounters::default());
         let server = start_interception(&config, tunnels.clone()).await?;
@@ -478,6 +485,22 @@ fn env_secret(var: Option<&str>, setting: &str) -> anyhow::Result<Option<String>
         .transpose(),
         None => Ok(None),
     }
+}
+
+/// The `tokens` default's tokenizer is there. The server loads it (and checks the
+/// renderer and engine) when a session is acquired; a wrong path fails the start rather
+/// than every session.
+fn check_tokens_default(config: &ServeConfig) -> anyhow::Result<()> {
+    if let Some(tokens) = &config.tokens {
+        std::fs::metadata(&tokens.tokenizer).with_context(|| {
+            format!(
+                "setting `tokens`: the tokenizer {:?} cannot be read; give a folder holding \
+                 tokenizer.json (and tokenizer_config.json), or the tokenizer.json file",
+                tokens.tokenizer
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// Starts the embedded mock model when the upstream is `mock`; answers it with the

@@ -46,6 +46,8 @@ fn record(
             TokenCapture::Off
         },
         completion_logprobs: c.as_ref().map(|c| c.iter().map(|_| -0.5).collect()),
+        token_path: None,
+        token_reason: None,
         requested_model: None,
         policy: None,
         truncated: false,

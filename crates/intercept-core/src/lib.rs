@@ -63,9 +63,9 @@ pub use network::{mediate_request, NetworkPolicy, OnViolation, PolicyEvent};
 pub use record::{CallError, CallRecord, TokenCapture, TokenPath, TurnTokens, Usage};
 pub use secret::{Secret, SecretStr};
 pub use session::{
-    tool_by_phase, CallInfo, Generated, HookAction, Limits, RecordSink, RecordWait, RolloutSession,
-    Sampling, Session, SessionConfig, SessionStatus, StopReason, ToolAction, ToolPhase, Totals,
-    Trace, Upstream, SECRET_HEADERS,
+    tool_by_phase, CallInfo, Generated, HookAction, Limits, OnMismatch, RecordSink, RecordWait,
+    RolloutSession, Sampling, Session, SessionConfig, SessionStatus, StopReason, TokenEngine,
+    TokensConfig, ToolAction, ToolPhase, Totals, Trace, Upstream, SECRET_HEADERS,
 };
 pub use slot::Slot;
 pub use tunnel::{BindAddr, Endpoint, Health, Tunnel};

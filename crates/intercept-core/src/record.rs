@@ -217,6 +217,16 @@ pub struct CallRecord {
     /// `completion_token_ids`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_logprobs: Option<Vec<f64>>,
+    /// How the prompt's ids were made when intercept rendered them (token-in/token-out):
+    /// `bridged`, `rendered` or `chat`. Absent when the engine rendered the conversation
+    /// itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_path: Option<TokenPath>,
+    /// Why the call's prompt was not bridged from the previous turn (the bridge's reason,
+    /// `first_turn`, `history_edited`, ...), when [`CallRecord::token_path`] is not
+    /// `bridged`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_reason: Option<String>,
     /// The episode node the call produced (its sampled response; see
     /// [`crate::episode`]). `None` for a failed call, or when the session keeps no
     /// episode.
@@ -404,6 +414,14 @@ impl CallRecord {
         if let Some(logprobs) = &self.completion_logprobs {
             line.raw(key!("completion_logprobs"));
             line.json(logprobs)?;
+        }
+        if let Some(path) = &self.token_path {
+            line.raw(key!("token_path"));
+            line.json(path)?;
+        }
+        if let Some(reason) = &self.token_reason {
+            line.raw(key!("token_reason"));
+            line.str(reason);
         }
         if let Some(node) = self.node {
             line.raw(key!("node"));

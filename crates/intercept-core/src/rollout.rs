@@ -294,3 +294,82 @@ mod tests {
         }
     }
 }
+
+/// Token-in/token-out for a rollout: intercept renders each call's conversation to token
+/// ids itself (bridging from the previous turn's exact ids), generates on the engine's
+/// token endpoint and parses the completion ids back into the dialect's answer, so the
+/// trace holds the ids the model sampled, never a re-tokenisation (`docs/tokens.md`).
+///
+/// In a session body: `{"renderer": "qwen3", "tokenizer": "/models/qwen3"}`, plus the
+/// optional `engine`, `on_mismatch` and the renderer's options.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokensConfig {
+    /// The renderer (model family): `qwen3`.
+    pub renderer: String,
+    /// A folder holding `tokenizer.json` (and `tokenizer_config.json`), or the
+    /// `tokenizer.json` file itself. Loaded once per process, shared by every session
+    /// naming it.
+    pub tokenizer: String,
+    /// The engine's token endpoint. Default `vllm`.
+    #[serde(default)]
+    pub engine: TokenEngine,
+    /// What a turn that does not extend the previous one's ids does. Default `render`.
+    #[serde(default)]
+    pub on_mismatch: OnMismatch,
+    /// The renderer's `enable_thinking` (Qwen3: default true, as `renderers` defaults it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_thinking: Option<bool>,
+}
+
+impl TokensConfig {
+    /// Token-in/token-out with `renderer` and the tokenizer at `tokenizer`, on vLLM, a
+    /// mismatch rendered in full.
+    pub fn new(renderer: impl Into<String>, tokenizer: impl Into<String>) -> Self {
+        TokensConfig {
+            renderer: renderer.into(),
+            tokenizer: tokenizer.into(),
+            engine: TokenEngine::default(),
+            on_mismatch: OnMismatch::default(),
+            enable_thinking: None,
+        }
+    }
+}
+
+/// An engine endpoint that takes token ids.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum TokenEngine {
+    /// vLLM: `POST {upstream without /v1}/inference/v1/generate` with `token_ids`.
+    #[default]
+    Vllm,
+    /// SGLang: `POST {upstream without /v1}/generate` with `input_ids`.
+    Sglang,
+}
+
+impl TokenEngine {
+    /// The path of the endpoint, on the upstream's base URL without its `/v1`.
+    pub fn path(self) -> &'static str {
+        match self {
+            TokenEngine::Vllm => "/inference/v1/generate",
+            TokenEngine::Sglang => "/generate",
+        }
+    }
+}
+
+/// What a turn that does not extend the previous turn's ids does (a history the harness
+/// edited, a new user query under thinking retention, a turn the bridge declines).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum OnMismatch {
+    /// Render the whole conversation; the trace's branch breaks there, with its reason.
+    #[default]
+    Render,
+    /// Send this turn to the upstream's chat endpoint with `return_token_ids` (the
+    /// engine renders it), and go on bridging from the ids it returns.
+    Chat,
+    /// Refuse the call with a 409 that says why.
+    Fail,
+}

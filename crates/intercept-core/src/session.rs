@@ -13,7 +13,9 @@ use crate::dialect::DialectKind;
 use crate::error::Error;
 use crate::record::CallRecord;
 
-pub use crate::rollout::{Limits, Sampling, StopReason, Totals, Upstream};
+pub use crate::rollout::{
+    Limits, OnMismatch, Sampling, StopReason, TokenEngine, TokensConfig, Totals, Upstream,
+};
 
 /// What a request hook decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -241,6 +243,13 @@ pub trait Session: Send + Sync + fmt::Debug + 'static {
         tool_by_phase(self, body).await
     }
 
+    /// Token-in/token-out: when set, the server renders each model call's conversation
+    /// to token ids, generates on the engine's token endpoint and parses the completion
+    /// ids back into the dialect's answer ([`TokensConfig`]). Default: off.
+    fn tokens(&self) -> Option<&TokensConfig> {
+        None
+    }
+
     /// Whether this session answers its model calls itself ([`Session::generate`])
     /// instead of having them relayed to its upstream (a train client that renders
     /// prompts to token ids and generates on its own engine). Default: false.
@@ -364,6 +373,9 @@ pub struct SessionConfig {
     /// Network policy (see [`Session::network`]); unrestricted by default.
     #[serde(default)]
     pub network: crate::network::NetworkPolicy,
+    /// Token-in/token-out (see [`Session::tokens`]); off by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<Box<TokensConfig>>,
 }
 
 impl SessionConfig {
@@ -379,6 +391,7 @@ impl SessionConfig {
             limits: Limits::default(),
             task: None,
             network: crate::network::NetworkPolicy::default(),
+            tokens: None,
         }
     }
 
@@ -403,6 +416,12 @@ impl SessionConfig {
     /// With this network policy.
     pub fn with_network(mut self, network: crate::network::NetworkPolicy) -> Self {
         self.network = network;
+        self
+    }
+
+    /// With token-in/token-out ([`TokensConfig`]).
+    pub fn with_tokens(mut self, tokens: TokensConfig) -> Self {
+        self.tokens = Some(Box::new(tokens));
         self
     }
 }
@@ -443,13 +462,17 @@ fn settings_of(config: &SessionConfig, capture_tokens: bool) -> serde_json::Valu
     } else {
         config.upstream.base_urls.clone()
     };
-    serde_json::json!({
+    let mut settings = serde_json::json!({
         "model": config.model,
         "sampling": config.sampling,
         "limits": config.limits,
         "upstream": upstream,
         "capture_tokens": capture_tokens,
-    })
+    });
+    if let Some(tokens) = &config.tokens {
+        settings["tokens"] = serde_json::to_value(tokens).unwrap_or_default();
+    }
+    settings
 }
 
 /// The lifecycle status of a [`RolloutSession`].
@@ -779,6 +802,10 @@ impl Session for RolloutSession {
         &self.config.network
     }
 
+    fn tokens(&self) -> Option<&TokensConfig> {
+        self.config.tokens.as_deref()
+    }
+
     fn check(&self) -> Result<(), StopReason> {
         let mut inner = self.inner.lock();
         if let Some(stop) = &inner.stop {
@@ -989,6 +1016,7 @@ mod tests {
             limits: Limits::default(),
             task: None,
             network: Default::default(),
+            tokens: None,
         });
         assert_eq!(s.upstream().base_url, "http://x/v1");
         assert_eq!(s.upstream().engines(), ["http://x/v1".to_string()]);

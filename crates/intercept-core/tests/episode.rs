@@ -123,6 +123,8 @@ fn record(seq: u64, prompt: &[Msg], reply: &Msg, engine: Option<Engine>) -> Call
         prompt_token_ids: p,
         completion_token_ids: c,
         completion_logprobs: l,
+        token_path: None,
+        token_reason: None,
         requested_model: None,
         policy: None,
         truncated: false,

@@ -1,7 +1,9 @@
 //! The mock model of intercept: the upstream of `intercept demo` and of the sidecar's
 //! `--upstream mock`, and the model server of the tests (re-exported by `intercept-test`).
-//! A scriptable mock of a model server (vLLM-like) that speaks three dialects, chosen by
-//! route: OpenAI Chat Completions, OpenAI Responses and Anthropic Messages.
+//! A scriptable mock of a model server (vLLM-like) that speaks three chat dialects, chosen
+//! by route: OpenAI Chat Completions, OpenAI Responses and Anthropic Messages; and, given a
+//! tokenizer, the token-in/token-out endpoints of two engines: vLLM's
+//! `/inference/v1/generate` and SGLang's `/generate` (see [Token routes](#token-routes)).
 //!
 //! ```
 //! use intercept_mock::{MockUpstream, Reply};
@@ -96,13 +98,134 @@
 //! `{"input_tokens": N}` with the prompt count `/v1/messages` would report; it never takes
 //! a scripted reply (clients call it between turns).
 //!
+//! # Token routes
+//!
+//! `POST /inference/v1/generate` (vLLM's token-in/token-out endpoint, at the server's
+//! root, not under `/v1`) and `POST /generate` (SGLang's native endpoint; `PUT` too) read
+//! prompt ids and answer completion ids, with the tokenizer of [`MockConfig::tokenizer`].
+//! Without one they answer a completion with a 501 that says to configure it (scripted
+//! errors, [`Reply::raw`] and the like need no tokenizer).
+//!
+//! ```no_run
+//! use intercept_mock::{MockConfig, MockUpstream, Reply, ToolCall};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let tokenizer = intercept_tokens::shared("/path/to/qwen3")?; // tokenizer.json, tokenizer_config.json
+//! let upstream =
+//!     MockUpstream::start_with(MockConfig { tokenizer: Some(tokenizer), ..MockConfig::default() })
+//!         .await?;
+//! upstream.push(Reply::tool_call("search", r#"{"q": "rust"}"#).with_reasoning("Look it up."));
+//! // POST {"token_ids": [...], "sampling_params": {"stop_token_ids": [151645]}} to
+//! // upstream.vllm_generate_url(): `choices[0].token_ids` are the ids of
+//! // "<think>\nLook it up.\n</think>\n\n<tool_call>\n{\"name\": \"search\", \"arguments\":
+//! // {\"q\": \"rust\"}}\n</tool_call>" and 151645.
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The completion is text, tokenized (no special tokens added; special tokens written in it
+//! are one id each):
+//!
+//! - a scripted completion is laid out as Qwen3 samples an assistant turn (hermes tool
+//!   calls), as `renderers`' Qwen3 renderer writes it, so that parsing the ids gives the
+//!   reply back: `<think>\n{reasoning}\n</think>\n\n` when it has reasoning, the content,
+//!   then each tool call as `<tool_call>\n{"name": "<name>", "arguments": <arguments>}\n
+//!   </tool_call>` (the arguments as scripted, `{}` when empty), calls separated by `\n`,
+//!   the first one after a `\n` when there is content; [`Reply::raw_completion`]'s text is
+//!   taken as it is (an unclosed `<think>`, a call with broken JSON, ...);
+//! - the echo decodes the prompt ids and reads the last `<|im_start|>user\n…<|im_end|>`
+//!   turn (ChatML, as Qwen3's template writes it): `tool said: <text>` when the turn holds
+//!   `<tool_response>` blocks (their texts joined by newlines), a call of the first tool
+//!   of the system prompt's `<tools>` block with arguments `{"query":"<text>"}` when the
+//!   text says `use a tool`, else `echo: <text>`; a prompt without a user turn is echoed
+//!   whole.
+//!
+//! The stop id follows: the first of the request's `stop_token_ids`, else the tokenizer's
+//! `eos_token` (`<|im_end|>` for Qwen3); the finish reason is `stop` (never `tool_calls`:
+//! that is the client's reading). When `max_tokens` (SGLang: `max_new_tokens`, default
+//! 128) is shorter, the ids are cut to it, without the stop id, and the finish reason is
+//! `length`; a reply `with_finish_reason("length")` ends without the stop id too. The
+//! logprob of id `i` is `-((i % 97) + 1) / 64`; top candidates are the sampled id (rank 1)
+//! then `i + 1`, `i + 2`, ..., each 1.0 less likely. Usage counts ids (or
+//! [`Reply::with_usage`]). Every request is logged with the ids the engine received.
+//!
+//! **vLLM** mirrors vLLM 0.31.0 (`vllm/entrypoints/scale_out/token_in_token_out/`, which
+//! vLLM moved there from `serve/disagg/`), the release whose answer `renderers` 0.1.12's
+//! `client.generate` (verifiers' train client) parses; [`VllmVersion::V0_34`] speaks
+//! 0.34.0 instead. The request: `token_ids` (required, at least one, each in the
+//! vocabulary), `sampling_params` (required; `max_tokens` ≥ 1, `stop_token_ids`,
+//! `logprobs` and `prompt_logprobs` (-1 to 20), `n` (1), `temperature` (0 to 2) are read
+//! and checked, the others accepted unread, unknown ones ignored as vLLM does),
+//! `stream`, `stream_options` (`include_usage`, `continuous_usage_stats`),
+//! `return_token_ids`, `request_id` (or the `X-Request-Id` header), `model`, `cache_salt`,
+//! `priority`; other fields are ignored. The answer, with every field vLLM writes (`null`
+//! included): `request_id` (`generate-tokens-<id>`, `generate-tokens-mock-N` without
+//! one), `model` (the reply's, the request's or the default), `created`, `choices[0]`
+//! (`index`, `logprobs`: `{"content": [{"token": "token_id:<id>", "logprob", "bytes":
+//! null, "top_logprobs": [..]}]}` when `sampling_params.logprobs` is set, else `null`,
+//! `finish_reason`, `token_ids`, `routed_experts`, `sampling_mask`), `usage`
+//! (`prompt_tokens`, `total_tokens`, `completion_tokens`, `prompt_tokens_details`
+//! (`cached_tokens` with [`Reply::with_cached_tokens`]), `completion_tokens_details`),
+//! `prompt_logprobs` (`[null, {"<id>": {"logprob", "rank", "decoded_token"}}, ...]` when
+//! asked for), `prompt_token_ids` (with `return_token_ids`), and `null`
+//! `prompt_token_id_logprobs`, `mm_placeholders`, `metrics`, `kv_transfer_params`,
+//! `ec_transfer_params`. 0.34.0 adds `output_mode: "tokens"`, gives each choice
+//! `stop_reason` (the stop id when it came from `stop_token_ids` and is not the eos) and
+//! `weight_versions`, writes logprobs as `{"token_id", "logprob", "rank",
+//! "top_logprobs"}`, and leaves out a `null` `prompt_tokens_details`. Streamed
+//! (`text/event-stream`): `data:` chunks `{"request_id", "choices": [{..., "token_ids":
+//! <new ids>, "logprobs": <theirs>}], "usage": null}` with the ids in
+//! [`MockConfig::chunks`] pieces, `prompt_token_ids` on the first chunk, the finish
+//! reason on the last, a usage chunk (`"choices": []`) when `include_usage`, then `data:
+//! [DONE]`. Errors are vLLM's `{"error": {"message", "type", "param", "code": <status>}}`:
+//! request validation as `Bad Request` with pydantic's message (`1 validation error:\n
+//! {'type': 'missing', 'loc': 'body.token_ids', ...}`) and `param` the field's path, the
+//! engine's checks (`Token id N is out of vocabulary`, `max_tokens must be at least 1,
+//! ...`) as `BadRequestError`, scripted errors typed by status (`BadRequestError`,
+//! `NotFoundError`, `InternalServerError`, `NotImplementedError`, else the status phrase).
+//! A [`Reply::with_stream_error`] ends a stream as vLLM does: the ids without a finish
+//! reason, `data: {"error": ...}`, `data: [DONE]`.
+//!
+//! **SGLang** mirrors SGLang 0.5.23 (`srt/entrypoints/http_server.py`'s `/generate`,
+//! `srt/managers/io_struct.py`'s `GenerateReqInput`, `tokenizer_manager.py`'s outputs and
+//! the `sglang.api.v1` JSON contract). The request: `input_ids` (or `text`, tokenized),
+//! `sampling_params` (`max_new_tokens`, `stop_token_ids`, `temperature`, `n`,
+//! `skip_special_tokens`, `no_stop_trim` are read; a key SGLang does not know is refused
+//! as SGLang's contract refuses it), `return_logprob`, `return_text_in_logprobs`,
+//! `return_prompt_token_ids`, `stream`, `rid`. The answer: `{"text", "output_ids",
+//! "meta_info": {"id", "finish_reason": {"type": "stop", "matched": <stop id>} or
+//! {"type": "length", "length": N}, "prompt_tokens", "weight_version": "default",
+//! "num_retractions": 0, "input_token_logprobs": [], "output_token_logprobs": [[logprob,
+//! id, null], ...], "output_token_logprobs_length" (the last three with
+//! `return_logprob`), "reasoning_tokens": 0, "completion_tokens", "cached_tokens",
+//! "e2e_latency": 0.0}}` (plus `prompt_token_ids` when asked for); `text` decodes the ids
+//! without the matched stop id (unless `no_stop_trim`), special tokens skipped unless
+//! `skip_special_tokens` is false; `id` is `rid` or 32 hex digits. Streamed, each `data:`
+//! event holds the whole output so far (SGLang's default, not incremental), the last one
+//! finished (with `e2e_latency`), then `data: [DONE]`. Errors: a contract violation is
+//! `{"error": "<serde's text>"}`, a value error `{"error": {"message"}}` (400), other
+//! statuses `{"object": "error", "message", "type": "<status>", "param": null, "code"}`;
+//! a stream error is `data: {"error": {"message", "type", "code", "retryable": false}}`
+//! before `[DONE]`.
+//!
+//! Where the mock differs from the engines on purpose: it samples nothing (the completion
+//! is the script's or the echo's, whatever the temperature or seed); one sequence per
+//! request (`n` must be 1, no batches on SGLang); any `model` is served; `stop` strings,
+//! `min_tokens`, `ignore_eos`, structured outputs, multimodal `features` and LoRA are
+//! ignored; an absent `max_tokens` does not cut (vLLM fills in the room left in the
+//! context); `stop_token_ids` must be ids of the vocabulary (vLLM takes any integer);
+//! ids are checked against the tokenizer's vocabulary (vLLM also allows the model's
+//! padded rows); SGLang's `input_ids` are checked too (SGLang does not); at most 20
+//! logprobs; `e2e_latency` is 0 and `reasoning_tokens` 0; validation reports the first
+//! error only; SGLang's `top_logprobs_num` and `logprob_start_len` are ignored.
+//!
 //! `GET /v1/models` answers a vLLM-like listing of [`MockConfig::default_model`]
 //! (`owned_by: "vllm"`, `max_model_len`: [`MODELS_MAX_MODEL_LEN`]); it never takes a
 //! scripted reply.
 //!
 //! [`MockUpstream::push`] queues [`Reply`]s, rendered in the dialect of the route that
 //! takes them. Every other `POST`, whatever its path, takes the next one (FIFO); with the
-//! queue empty the echo applies to the three model routes, other paths get a 404 and
+//! queue empty the echo applies to the model routes, other paths get a 404 and
 //! other methods a 405, and a body the echo cannot read gets a 400 with type
 //! `invalid_request_error` (all in the route's error shape, OpenAI's for unknown paths).
 //!
@@ -125,7 +248,10 @@ mod log;
 mod reply;
 mod responses;
 mod server;
+mod sglang;
 mod sse;
+mod tokens;
+mod vllm;
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -140,9 +266,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use chat::render_chat;
-pub use config::MockConfig;
+pub use config::{MockConfig, VllmVersion};
 pub use log::{ReceivedRequest, RequestBody};
-pub use reply::{Reply, ToolCall, Usage, ANTHROPIC_CONTEXT_LENGTH_MESSAGE, CONTEXT_LENGTH_MESSAGE};
+pub use reply::{
+    Reply, ToolCall, Usage, ANTHROPIC_CONTEXT_LENGTH_MESSAGE, CONTEXT_LENGTH_MESSAGE,
+    SGLANG_CONTEXT_LENGTH_MESSAGE, VLLM_CONTEXT_LENGTH_MESSAGE,
+};
 
 /// The path of the Chat Completions route.
 pub const CHAT_COMPLETIONS_PATH: &str = "/v1/chat/completions";
@@ -162,6 +291,12 @@ pub const MESSAGES_PATH: &str = "/v1/messages";
 
 /// The path of the Anthropic token-counting route.
 pub const COUNT_TOKENS_PATH: &str = "/v1/messages/count_tokens";
+
+/// The path of vLLM's token-in/token-out route (at the server's root, not under `/v1`).
+pub const VLLM_GENERATE_PATH: &str = "/inference/v1/generate";
+
+/// The path of SGLang's native generate route.
+pub const SGLANG_GENERATE_PATH: &str = "/generate";
 
 /// A running mock model server. See the [module docs](self) for what it answers.
 ///
@@ -186,6 +321,8 @@ pub struct MockUpstream {
 /// State shared by the handle, the accept loop and the request handlers.
 pub(crate) struct Shared {
     config: MockConfig,
+    /// The tokenizer of the token routes, from `config`.
+    vocab: Option<tokens::Vocab>,
     queue: Mutex<VecDeque<Reply>>,
     /// Length of `queue`, readable without the lock (the echo path skips the lock).
     queued: AtomicUsize,
@@ -205,6 +342,7 @@ pub(crate) struct Shared {
 impl Shared {
     fn new(config: MockConfig) -> Self {
         Self {
+            vocab: config.tokenizer.clone().map(tokens::Vocab::new),
             config,
             queue: Mutex::new(VecDeque::new()),
             queued: AtomicUsize::new(0),
@@ -218,6 +356,11 @@ impl Shared {
             notify: Notify::new(),
             token: CancellationToken::new(),
         }
+    }
+
+    /// The number of the next answer (for its id).
+    fn next_number(&self) -> u64 {
+        self.completion_ids.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     fn pop_reply(&self) -> Option<Reply> {
@@ -327,6 +470,16 @@ impl MockUpstream {
     /// The URL of the token-counting route, `<anthropic_base_url>/v1/messages/count_tokens`.
     pub fn count_tokens_url(&self) -> String {
         format!("http://{}{COUNT_TOKENS_PATH}", self.addr)
+    }
+
+    /// The URL of vLLM's token route, `http://127.0.0.1:<port>/inference/v1/generate`.
+    pub fn vllm_generate_url(&self) -> String {
+        format!("http://{}{VLLM_GENERATE_PATH}", self.addr)
+    }
+
+    /// The URL of SGLang's generate route, `http://127.0.0.1:<port>/generate`.
+    pub fn sglang_generate_url(&self) -> String {
+        format!("http://{}{SGLANG_GENERATE_PATH}", self.addr)
     }
 
     /// The configuration the mock runs with.

@@ -16,6 +16,18 @@ pub const CONTEXT_LENGTH_MESSAGE: &str = "This model's maximum context length is
 /// words.
 pub const ANTHROPIC_CONTEXT_LENGTH_MESSAGE: &str = "prompt is too long: 5000 tokens > 4096 maximum";
 
+/// The message of [`Reply::context_length_error`] on vLLM's `/inference/v1/generate`, in
+/// vLLM's words (its input processor's).
+pub const VLLM_CONTEXT_LENGTH_MESSAGE: &str =
+    "The decoder prompt (length 5000) is longer than the \
+     maximum model length of 4096. Make sure that `max_model_len` is no smaller than the number \
+     of text tokens.";
+
+/// The message of [`Reply::context_length_error`] on SGLang's `/generate`, in SGLang's
+/// words.
+pub const SGLANG_CONTEXT_LENGTH_MESSAGE: &str =
+    "The input (5000 tokens) is longer than the model's context length (4096 tokens).";
+
 /// One scripted answer of the mock, pushed with
 /// [`MockUpstream::push`](super::MockUpstream::push) and used by the next request.
 ///
@@ -27,8 +39,10 @@ pub const ANTHROPIC_CONTEXT_LENGTH_MESSAGE: &str = "prompt is too long: 5000 tok
 /// [`Reply::stream_error`]) becomes a `chat.completion` object on
 /// `/v1/chat/completions`, a `response` object on `/v1/responses` and a `message` object
 /// on `/v1/messages`, or that dialect's event stream when the request has
-/// `"stream": true`. [`Reply::error`], [`Reply::context_length_error`] and
-/// [`Reply::responses_failed`] take the route's error shape (any other path gets
+/// `"stream": true`; on the token routes (vLLM's `/inference/v1/generate`, SGLang's
+/// `/generate`) it becomes completion ids, laid out as Qwen3 samples them (see the
+/// [crate docs](crate#token-routes)). [`Reply::error`], [`Reply::context_length_error`]
+/// and [`Reply::responses_failed`] take the route's error shape (any other path gets
 /// OpenAI's). [`Reply::raw`], [`Reply::error_json`] and [`Reply::events`] are sent
 /// verbatim whatever the route and the request asked for.
 ///
@@ -89,6 +103,9 @@ pub(crate) struct Completion {
     /// Compute content and tool calls from the request (the echo behaviour).
     pub(crate) echo: bool,
     pub(crate) content: Option<String>,
+    /// `content` is the whole completion text of the token routes, sent as is
+    /// ([`Reply::raw_completion`]).
+    pub(crate) raw: bool,
     pub(crate) reasoning: Option<String>,
     pub(crate) tool_calls: Vec<ToolCall>,
     pub(crate) finish_reason: Option<String>,
@@ -195,6 +212,20 @@ impl Reply {
         })
     }
 
+    /// A completion whose text is exactly `text`, for the token routes
+    /// (`/inference/v1/generate`, `/generate`): tokenized as it is, with no think block or
+    /// tool-call layout around it, so a script can send what a real model gets wrong (an
+    /// unclosed `<think>`, a `<tool_call>` with broken JSON or without its end tag). The
+    /// stop id is appended as for any completion. The other routes answer it as a message
+    /// with this content.
+    pub fn raw_completion(text: impl Into<String>) -> Self {
+        Self::completion(Completion {
+            content: Some(text.into()),
+            raw: true,
+            ..Completion::default()
+        })
+    }
+
     /// One call of function `name` with `arguments` (a JSON document as a string); content
     /// `null`, finish reason `tool_calls`, id `call_N`.
     pub fn tool_call(name: impl Into<String>, arguments: impl Into<String>) -> Self {
@@ -219,7 +250,14 @@ impl Reply {
     ///   type `invalid_request_error` for 400, `authentication_error` for 401,
     ///   `permission_error` for 403, `not_found_error` for 404, `request_too_large` for
     ///   413, `rate_limit_error` for 429, `overloaded_error` for 503 and 529, `api_error`
-    ///   for other 5xx.
+    ///   for other 5xx;
+    /// - vLLM (`/inference/v1/generate`):
+    ///   `{"error":{"message":..,"type":..,"param":null,"code":<status>}}`, type
+    ///   `BadRequestError` for 400, `NotFoundError` for 404, `UnprocessableEntityError`
+    ///   for 422, `InternalServerError` for 500, `NotImplementedError` for 501, else the
+    ///   status phrase (`Service Unavailable`, ...);
+    /// - SGLang (`/generate`): `{"error":{"message":..}}` for 400, else
+    ///   `{"object":"error","message":..,"type":"<status>","param":null,"code":<status>}`.
     ///
     /// A status outside 100..=999 becomes 500.
     pub fn error(status: u16, message: impl Into<String>) -> Self {
@@ -244,7 +282,10 @@ impl Reply {
     ///   `invalid_request_error`, param `messages`, code `context_length_exceeded`;
     /// - Responses: the same with param `input`;
     /// - Anthropic: `{"type":"error","error":{"type":"invalid_request_error","message":
-    ///   `[`ANTHROPIC_CONTEXT_LENGTH_MESSAGE`]`}}`.
+    ///   `[`ANTHROPIC_CONTEXT_LENGTH_MESSAGE`]`}}`;
+    /// - vLLM's `/inference/v1/generate`: `{"error":{"message":`
+    ///   [`VLLM_CONTEXT_LENGTH_MESSAGE`]`,"type":"BadRequestError","param":null,"code":400}}`;
+    /// - SGLang's `/generate`: `{"error":{"message":`[`SGLANG_CONTEXT_LENGTH_MESSAGE`]`}}`.
     pub fn context_length_error() -> Self {
         Self::new(ReplyKind::ContextLength)
     }
@@ -341,8 +382,9 @@ impl Reply {
     /// status `incomplete` with `incomplete_details.reason` `max_output_tokens`
     /// (`content_filter` likewise, reason `content_filter`), anything else `completed`.
     /// Anthropic: `stop` becomes `end_turn`, `length` `max_tokens`, `tool_calls`
-    /// `tool_use`, anything else (`stop_sequence`, `refusal`, ...) is sent as is. No effect
-    /// on non-completion replies.
+    /// `tool_use`, anything else (`stop_sequence`, `refusal`, ...) is sent as is. The
+    /// token routes: `length` ends the ids without the stop id (finish reason `length`),
+    /// anything else is a normal `stop`. No effect on non-completion replies.
     pub fn with_finish_reason(mut self, reason: impl Into<String>) -> Self {
         if let Some(completion) = self.completion_mut() {
             completion.finish_reason = Some(reason.into());
@@ -351,7 +393,8 @@ impl Reply {
     }
 
     /// Reports this usage instead of the computed word counts (Responses and Anthropic:
-    /// `input_tokens` and `output_tokens`). No effect on non-completion replies.
+    /// `input_tokens` and `output_tokens`; the token routes: instead of the id counts).
+    /// No effect on non-completion replies.
     pub fn with_usage(mut self, prompt_tokens: u64, completion_tokens: u64) -> Self {
         if let Some(completion) = self.completion_mut() {
             completion.usage = Some(Usage::new(prompt_tokens, completion_tokens));
@@ -372,14 +415,20 @@ impl Reply {
     }
 
     /// Ends a stream with an error event after the content instead of its terminal
-    /// events (no finish chunk or `[DONE]`, no `message_delta`/`message_stop`, no
-    /// `response.completed`):
+    /// events (on the chat routes no finish chunk or `[DONE]`, no
+    /// `message_delta`/`message_stop`, no `response.completed`):
     ///
     /// - Chat: `data: {"error":{"message":..,"type":<error_type>,"param":null,"code":null}}`;
     /// - Responses: `event: error` with
     ///   `{"type":"error","sequence_number":N,"code":<error_type>,"message":..,"param":null}`;
     /// - Anthropic: `event: error` with
-    ///   `{"type":"error","error":{"type":<error_type>,"message":..}}`.
+    ///   `{"type":"error","error":{"type":<error_type>,"message":..}}`;
+    /// - vLLM's `/inference/v1/generate`: the ids without a finish reason, then
+    ///   `data: {"error":{"message":..,"type":<error_type>,"param":null,"code":<status>}}`
+    ///   and, as vLLM does, `data: [DONE]`;
+    /// - SGLang's `/generate`: the outputs, the last one unfinished, then
+    ///   `data: {"error":{"message":..,"type":<error_type>,"code":<status>,"retryable":
+    ///   false}}` and `data: [DONE]`.
     ///
     /// A request that did not ask for a stream gets the error as an HTTP error in the
     /// route's shape, with this type and the status it implies (`invalid_request_error`

@@ -29,11 +29,14 @@ use super::log::{header_map, ReceivedRequest, RequestBody};
 use super::reply::{
     anthropic_error_type, error_type, status_for_error_type, Completion, Reply, ReplyKind,
     StreamError, ANTHROPIC_CONTEXT_LENGTH_MESSAGE, CONTEXT_LENGTH_MESSAGE,
+    SGLANG_CONTEXT_LENGTH_MESSAGE, VLLM_CONTEXT_LENGTH_MESSAGE,
 };
 use super::responses::{self, ResponsesRequest};
+use super::tokens::Output;
+use super::{sglang, vllm};
 use super::{
     MockConfig, Shared, CHAT_COMPLETIONS_PATH, COUNT_TOKENS_PATH, MESSAGES_PATH,
-    MODELS_MAX_MODEL_LEN, MODELS_PATH, RESPONSES_PATH,
+    MODELS_MAX_MODEL_LEN, MODELS_PATH, RESPONSES_PATH, SGLANG_GENERATE_PATH, VLLM_GENERATE_PATH,
 };
 
 /// Runs hyper's background futures (HTTP/2 streams) as tasks of the server, ended on
@@ -145,6 +148,8 @@ enum Route {
     Responses,
     Messages,
     CountTokens,
+    VllmGenerate,
+    SglangGenerate,
 }
 
 impl Route {
@@ -154,6 +159,8 @@ impl Route {
             RESPONSES_PATH => Some(Route::Responses),
             MESSAGES_PATH => Some(Route::Messages),
             COUNT_TOKENS_PATH => Some(Route::CountTokens),
+            VLLM_GENERATE_PATH => Some(Route::VllmGenerate),
+            SGLANG_GENERATE_PATH => Some(Route::SglangGenerate),
             _ => None,
         }
     }
@@ -163,6 +170,20 @@ impl Route {
             Route::Chat => Dialect::Chat,
             Route::Responses => Dialect::Responses,
             Route::Messages | Route::CountTokens => Dialect::Anthropic,
+            Route::VllmGenerate => Dialect::Vllm,
+            Route::SglangGenerate => Dialect::Sglang,
+        }
+    }
+
+    /// The methods the route answers: `POST`, and `PUT` too on SGLang's `/generate`.
+    fn allows(self, method: &Method) -> bool {
+        method == Method::POST || (self == Route::SglangGenerate && method == Method::PUT)
+    }
+
+    fn allow_header(self) -> &'static str {
+        match self {
+            Route::SglangGenerate => "POST, PUT",
+            _ => "POST",
         }
     }
 }
@@ -173,6 +194,10 @@ enum Dialect {
     Chat,
     Responses,
     Anthropic,
+    /// vLLM's `/inference/v1/generate`.
+    Vllm,
+    /// SGLang's `/generate`.
+    Sglang,
 }
 
 /// Answers one request. `Err` makes hyper drop the connection without a response.
@@ -212,7 +237,11 @@ async fn handle(
     }
 
     // `count_tokens` never takes a scripted reply: clients call it between turns.
-    let scripted = if parts.method == Method::POST && route != Some(Route::CountTokens) {
+    let accepted = match route {
+        Some(route) => route.allows(&parts.method),
+        None => parts.method == Method::POST,
+    };
+    let scripted = if accepted && route != Some(Route::CountTokens) {
         shared.pop_reply()
     } else {
         None
@@ -228,23 +257,28 @@ async fn handle(
                 &message,
             ));
         }
-        (None, Some(_)) if parts.method != Method::POST => {
+        (None, Some(route)) if !accepted => {
             let message = format!(
-                "Method {} is not allowed on {}; use POST",
+                "Method {} is not allowed on {}; use {}",
                 parts.method,
-                parts.uri.path()
+                parts.uri.path(),
+                route.allow_header()
             );
             let mut response =
                 error_response(dialect, StatusCode::METHOD_NOT_ALLOWED, None, &message);
             response
                 .headers_mut()
-                .insert(ALLOW, HeaderValue::from_static("POST"));
+                .insert(ALLOW, HeaderValue::from_static(route.allow_header()));
             return Ok(response);
         }
         (None, Some(Route::CountTokens)) => return Ok(count_tokens(&body)),
         (None, Some(_)) => Reply::echo(),
     };
-    respond(&shared, dialect, &body, reply).await
+    let request_id = parts
+        .headers
+        .get("x-request-id")
+        .and_then(|value| value.to_str().ok());
+    respond(&shared, dialect, &body, reply, request_id).await
 }
 
 /// Counts the request and, with the log on, logs it; then wakes waiters.
@@ -277,6 +311,7 @@ async fn respond(
     dialect: Dialect,
     body: &Bytes,
     reply: Reply,
+    request_id: Option<&str>,
 ) -> Result<Response<MockBody>, Disconnect> {
     let config = &shared.config;
     let header_delay = reply.header_delay.unwrap_or(config.header_delay);
@@ -321,6 +356,16 @@ async fn respond(
             Dialect::Chat => chat_response(shared, body, completion, &reply, chunk_delay),
             Dialect::Responses => responses_response(shared, body, completion, &reply, chunk_delay),
             Dialect::Anthropic => messages_response(shared, body, completion, &reply, chunk_delay),
+            Dialect::Vllm => output_response(
+                vllm::respond(shared, body, completion, &reply, request_id),
+                &reply,
+                chunk_delay,
+            ),
+            Dialect::Sglang => output_response(
+                sglang::respond(shared, body, completion, &reply),
+                &reply,
+                chunk_delay,
+            ),
         },
     };
     for (name, value) in &reply.headers {
@@ -344,7 +389,19 @@ fn parse_request<'b, T: Deserialize<'b> + Default>(
 
 /// The number of the next answer (for its id).
 fn next_number(shared: &Shared) -> u64 {
-    shared.completion_ids.fetch_add(1, Ordering::Relaxed) + 1
+    shared.next_number()
+}
+
+/// A token route's answer framed as a response.
+fn output_response(output: Output, reply: &Reply, chunk_delay: Duration) -> Response<MockBody> {
+    match output {
+        Output::Json(status, body) => json_response(status, body, reply.disconnect_after),
+        Output::Stream(events) => {
+            let (events, abort) = cut(events, reply.disconnect_after);
+            sse_response(MockBody::frames(events, chunk_delay, abort))
+        }
+        Output::Error(status, body) => json_response(status, body, None),
+    }
 }
 
 /// A stream error sent to a request that did not ask for a stream: an HTTP error.
@@ -719,6 +776,13 @@ fn error_body(dialect: Dialect, status: StatusCode, kind: Option<&str>, message:
         Dialect::Anthropic => {
             anthropic::error_body(kind.unwrap_or(anthropic_error_type(status)), message)
         }
+        Dialect::Vllm => vllm::error_body(
+            kind.unwrap_or(vllm::error_type(status)),
+            status,
+            None,
+            message,
+        ),
+        Dialect::Sglang => sglang::error_body(status, message),
     }
 }
 
@@ -735,6 +799,15 @@ fn context_length_body(dialect: Dialect) -> Bytes {
         ),
         Dialect::Anthropic => {
             anthropic::error_body("invalid_request_error", ANTHROPIC_CONTEXT_LENGTH_MESSAGE)
+        }
+        Dialect::Vllm => vllm::error_body(
+            "BadRequestError",
+            StatusCode::BAD_REQUEST,
+            None,
+            VLLM_CONTEXT_LENGTH_MESSAGE,
+        ),
+        Dialect::Sglang => {
+            sglang::error_body(StatusCode::BAD_REQUEST, SGLANG_CONTEXT_LENGTH_MESSAGE)
         }
     }
 }
@@ -758,12 +831,13 @@ fn bad_request(dialect: Dialect, err: &serde_json::Error) -> Response<MockBody> 
         (Dialect::Anthropic, false) => {
             format!("There was an error parsing the body of your request: {err}")
         }
+        (Dialect::Vllm | Dialect::Sglang, true) => format!("Invalid generate request: {err}"),
         (_, false) => format!("We could not parse the JSON body of your request: {err}"),
     };
     error_response(dialect, StatusCode::BAD_REQUEST, None, &message)
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.as_secs())

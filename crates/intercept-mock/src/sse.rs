@@ -34,6 +34,13 @@ impl SseBuf {
         self.end();
     }
 
+    /// `data: <data>`, the data written as it is (a JSON document).
+    pub(crate) fn raw_data(&mut self, data: &[u8]) {
+        self.buf.extend_from_slice(b"data: ");
+        self.buf.extend_from_slice(data);
+        self.end();
+    }
+
     /// `data: [DONE]`.
     pub(crate) fn done(&mut self) {
         self.buf.extend_from_slice(b"data: [DONE]");

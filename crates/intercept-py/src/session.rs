@@ -1,6 +1,7 @@
 //! `intercept.Session`'s native half: a [`RolloutSession`] plus the Python hooks.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
@@ -9,8 +10,8 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 
 use intercept_core::{
-    CallInfo, CallRecord, Error, HookAction, JsonBody, RolloutSession, Sampling, Session,
-    SessionConfig, Upstream,
+    CallInfo, CallRecord, Error, Generated, HookAction, JsonBody, RolloutSession, Sampling,
+    Session, SessionConfig, Upstream,
 };
 
 use crate::errors::{invalid, to_py};
@@ -36,6 +37,17 @@ pub(crate) struct PySession {
     task_body: Mutex<Option<serde_json::Value>>,
     /// The request headers the hooks see (`set_hook_headers`).
     hook_headers: OnceLock<Vec<String>>,
+    /// Answers the model calls instead of the upstream (`set_generate_hook`).
+    generate_hook: Mutex<Option<Arc<GenerateHook>>>,
+    /// Whether a generate hook was set: the session generates its answers, also after
+    /// release has let go of the hook (a call then gets 409).
+    generating: AtomicBool,
+}
+
+/// A generate hook and the event loop it runs on.
+struct GenerateHook {
+    hook: Hook,
+    event_loop: Py<PyAny>,
 }
 
 impl fmt::Debug for PySession {
@@ -44,6 +56,7 @@ impl fmt::Debug for PySession {
             .field("inner", &self.inner)
             .field("on_request", &self.on_request.is_some())
             .field("on_response", &self.on_response.is_some())
+            .field("generates", &self.generating.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -79,6 +92,10 @@ impl Session for PySession {
         self.inner.capture_tokens()
     }
 
+    fn tokens(&self) -> Option<&intercept_core::TokensConfig> {
+        self.inner.tokens()
+    }
+
     fn check(&self) -> Result<(), intercept_core::StopReason> {
         self.inner.check()
     }
@@ -95,7 +112,7 @@ impl Session for PySession {
         let outcome = hooks::run(
             hook,
             "on_request",
-            self.event_loop(),
+            self.event_loop().as_ref(),
             body.to_bytes(),
             &original,
             call,
@@ -131,7 +148,7 @@ impl Session for PySession {
         let outcome = hooks::run(
             hook,
             "on_response",
-            self.event_loop(),
+            self.event_loop().as_ref(),
             Bytes::from(payload),
             response,
             call,
@@ -146,6 +163,26 @@ impl Session for PySession {
                 Ok(HookAction::Continue)
             }
         }
+    }
+
+    fn generates(&self) -> bool {
+        self.generating.load(Ordering::Acquire)
+    }
+
+    async fn generate(&self, call: &CallInfo, body: &JsonBody) -> Result<Generated, Error> {
+        // Cloned out first: the lock is never held while waiting for the GIL.
+        let hook = self.generate_hook.lock().clone();
+        let Some(hook) = hook else {
+            return Err(Error::RolloutConcluded);
+        };
+        hooks::run_generate(
+            &hook.hook,
+            &hook.event_loop,
+            body.to_bytes(),
+            call,
+            self.id(),
+        )
+        .await
     }
 
     fn record(&self, record: CallRecord) {
@@ -207,7 +244,7 @@ impl Session for PySession {
         }
         hooks::run_tool(
             &hook,
-            self.event_loop(),
+            self.event_loop().as_ref(),
             Bytes::copy_from_slice(body),
             self.id(),
         )
@@ -229,6 +266,8 @@ impl Session for PySession {
         drop(state_hook);
         let tool_hook = self.tool_hook.lock().take();
         drop(tool_hook);
+        let generate_hook = self.generate_hook.lock().take();
+        drop(generate_hook);
     }
 }
 
@@ -240,7 +279,8 @@ pub(crate) struct NativeSession {
 
 #[pymethods]
 impl NativeSession {
-    /// `config_json` is a `SessionConfig` (id, model, sampling, upstream, limits, task).
+    /// `config_json` is a `SessionConfig` (id, model, sampling, upstream, limits, task,
+    /// tokens).
     #[new]
     #[pyo3(signature = (config_json, capture_tokens, on_request, request_takes_call, on_response, response_takes_call))]
     fn new(
@@ -285,6 +325,8 @@ impl NativeSession {
                 tool_hook: Mutex::new(None),
                 task_body: Mutex::new(None),
                 hook_headers: OnceLock::new(),
+                generate_hook: Mutex::new(None),
+                generating: AtomicBool::new(false),
             }),
         })
     }
@@ -329,6 +371,33 @@ impl NativeSession {
             })
         });
         let old = std::mem::replace(&mut *self.inner.tool_hook.lock(), new);
+        drop(old);
+    }
+
+    /// Has `hook(body, call)` (async, run on `event_loop`) answer the session's model calls
+    /// instead of the upstream: it gets the request body as it would have gone upstream
+    /// (after `on_request`) and the call's `CallInfo`, and returns `{"response": dict,
+    /// "tokens": {"prompt_ids", "completion_ids", "logprobs", "path", "reason"} | None}`,
+    /// the dialect's complete JSON response and the ids that went to and came from the
+    /// engine (`path`: `"bridged"` or `"rendered"`). The server serves the response (a
+    /// streamed call gets the dialect's stream made from it) and records the tokens.
+    /// `InvalidRequestError` answers 400, an exception with an integer `status_code`
+    /// that status, any other 502; dropping the call cancels the hook. Set before the
+    /// session is acquired; `None` has the calls relayed to the upstream again.
+    #[pyo3(signature = (hook, event_loop))]
+    fn set_generate_hook(&self, hook: Option<Py<PyAny>>, event_loop: Py<PyAny>) {
+        let new = hook.map(|func| {
+            Arc::new(GenerateHook {
+                hook: Hook {
+                    func,
+                    with_call: true,
+                },
+                event_loop,
+            })
+        });
+        let generating = new.is_some();
+        let old = std::mem::replace(&mut *self.inner.generate_hook.lock(), new);
+        self.inner.generating.store(generating, Ordering::Release);
         drop(old);
     }
 
@@ -423,5 +492,10 @@ impl NativeSession {
     /// The `/state` document as JSON.
     fn state_json(&self) -> String {
         self.inner.inner.state().to_string()
+    }
+
+    /// The session's token-in/token-out setting as JSON (`null` when off).
+    fn tokens_json(&self) -> String {
+        serde_json::to_string(&Session::tokens(&*self.inner)).unwrap_or_else(|_| "null".into())
     }
 }

@@ -1,6 +1,7 @@
 //! Test helpers for the Python suite (cargo feature `testing`): the scriptable mock model
-//! server of `intercept-test` and an in-process bore server, as `intercept._native`
-//! classes. Release wheels are built without them.
+//! server of `intercept-test` (with a tokenizer, its token routes: vLLM's
+//! `POST /inference/v1/generate`, SGLang's `POST /generate`) and an in-process bore
+//! server, as `intercept._native` classes. Release wheels are built without them.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use parking_lot::Mutex;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
-use intercept_test::{MockUpstream, Reply};
+use intercept_test::{MockConfig, MockUpstream, Reply, ToolCall};
 use intercept_tunnel::BoreServer;
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -39,11 +40,24 @@ impl NativeMock {
 
 #[pymethods]
 impl NativeMock {
-    /// Starts a mock; resolves to it.
+    /// Starts a mock; resolves to it. `tokenizer` (a folder holding `tokenizer.json` and
+    /// `tokenizer_config.json`) serves the token routes: scripted replies become its ids.
     #[staticmethod]
-    fn start(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    #[pyo3(signature = (tokenizer = None))]
+    fn start(py: Python<'_>, tokenizer: Option<String>) -> PyResult<Bound<'_, PyAny>> {
+        let tokenizer = tokenizer
+            .map(|path| {
+                intercept_tokens::shared(&path).map_err(|e| {
+                    PyRuntimeError::new_err(format!("mock: the tokenizer at {path:?}: {e}"))
+                })
+            })
+            .transpose()?;
+        let config = MockConfig {
+            tokenizer,
+            ..MockConfig::default()
+        };
         crate::bridge::awaitable(py, async move {
-            let mock = MockUpstream::start()
+            let mock = MockUpstream::start_with(config)
                 .await
                 .map_err(|e| PyRuntimeError::new_err(format!("mock: {e}")))?;
             let addr = mock.addr();
@@ -91,6 +105,49 @@ impl NativeMock {
             reply = reply.with_header_delay(Duration::from_secs_f64(d));
         }
         self.with(|m| m.push(reply))
+    }
+
+    /// Queues a completion: `content` (on the token routes: `raw` sends it as is, with no
+    /// think block or tool-call layout), `reasoning`, `tool_calls` as `(name, arguments)`
+    /// pairs and a `finish_reason` (`"length"`: cut before the stop id).
+    #[pyo3(signature = (content = None, reasoning = None, tool_calls = Vec::new(), finish_reason = None, raw = false))]
+    fn push_completion(
+        &self,
+        content: Option<&str>,
+        reasoning: Option<&str>,
+        tool_calls: Vec<(String, String)>,
+        finish_reason: Option<&str>,
+        raw: bool,
+    ) -> PyResult<()> {
+        let mut reply = match (raw, content) {
+            (true, content) => Reply::raw_completion(content.unwrap_or_default()),
+            (false, Some(content)) => Reply::text(content),
+            (false, None) if !tool_calls.is_empty() => Reply::tool_calls([]),
+            (false, None) => Reply::text(""),
+        };
+        for (name, arguments) in tool_calls {
+            reply = reply.with_tool_call(ToolCall::new(name, arguments));
+        }
+        if let Some(reasoning) = reasoning {
+            reply = reply.with_reasoning(reasoning);
+        }
+        if let Some(reason) = finish_reason {
+            reply = reply.with_finish_reason(reason);
+        }
+        self.with(|m| m.push(reply))
+    }
+
+    /// The JSON bodies of the requests received on `path` so far (`None` for one that
+    /// was not JSON), as JSON text.
+    fn bodies(&self, path: &str) -> PyResult<String> {
+        let bodies: Vec<Option<serde_json::Value>> = self.with(|m| {
+            m.requests()
+                .into_iter()
+                .filter(|r| r.path == path)
+                .map(|r| r.json().cloned())
+                .collect()
+        })?;
+        serde_json::to_string(&bodies).map_err(|e| PyRuntimeError::new_err(format!("mock: {e}")))
     }
 
     /// Requests received so far.

@@ -31,6 +31,7 @@ use crate::respond::{error_response, json_response};
 use crate::upstream::{read_all, ReadError, UpstreamBody};
 
 pub(crate) mod stream;
+mod tokens;
 
 /// The keepalive written while an upstream stream is silent: a bare comment line
 /// without the blank line that would close an event.
@@ -69,6 +70,10 @@ pub(crate) struct Call {
     requested_model: Option<String>,
     /// What network-policy mediation removed (for the record).
     policy: Option<intercept_core::PolicyEvent>,
+    /// The ids sent to and received from the engine, when the prompt was rendered to
+    /// ids before it left (a session that generates, or the token path): filled by
+    /// whoever made the answer, read by the record.
+    tokens: Arc<parking_lot::Mutex<crate::tokens::TokenSlot>>,
 }
 
 /// What admitting a call produced: the rollout entered, the pause admission, and for a
@@ -118,6 +123,7 @@ impl Call {
             engine: AtomicUsize::new(usize::MAX),
             requested_model: outgoing.requested_model,
             policy: outgoing.policy,
+            tokens: Arc::default(),
         }
     }
 }
@@ -401,6 +407,24 @@ impl Call {
     }
 
     async fn open_engine(&self) -> Result<(Response<UpstreamBody>, Instant), Error> {
+        if self.entry.session.generates() {
+            return self.open_generated().await;
+        }
+        if let Some(tito) = &self.entry.tito {
+            if let Some(opened) = self.open_tokens(tito).await? {
+                return Ok(opened);
+            }
+        }
+        self.send_to_engines(|engine| self.upstream_request(engine))
+            .await
+    }
+
+    /// Sends the request `build` makes for an engine to the session's engine (see
+    /// [`Call::open`]) and waits for the response head.
+    async fn send_to_engines(
+        &self,
+        build: impl Fn(&str) -> Result<http::Request<crate::http_body::SliceBody>, Error>,
+    ) -> Result<(Response<UpstreamBody>, Instant), Error> {
         let upstream = self.entry.session.upstream();
         let engines = upstream.engines();
         let session = self.entry.session.id();
@@ -428,7 +452,7 @@ impl Call {
             tried |= bit(index);
             self.engine.store(index, Ordering::Relaxed);
             let engine = &engines[index];
-            let req = self.upstream_request(engine)?;
+            let req = build(engine)?;
             let send = self.shared.upstream.send_to(req);
             let sent = match self.shared.config.upstream_timeout {
                 Some(t) => match tokio::time::timeout(t, send).await {
@@ -462,6 +486,51 @@ impl Call {
                 }
             }
         }
+    }
+
+    /// The answer of a session that generates its own ([`Session::generate`]), as if the
+    /// upstream had sent it: the JSON response, or for a streamed call the dialect's
+    /// stream made from it. Its token data waits in `self.tokens` for the record.
+    async fn open_generated(&self) -> Result<(Response<UpstreamBody>, Instant), Error> {
+        let info = CallInfo {
+            dialect: self.dialect.kind(),
+            stream: self.prepared.stream,
+            seq: self.seq,
+            headers: self.hook_headers.clone(),
+        };
+        let generate = self.entry.session.generate(&info, &self.body);
+        let generated = match self.shared.config.upstream_timeout {
+            Some(t) => tokio::time::timeout(t, generate).await.map_err(|_| {
+                Error::UpstreamTimeout(format!(
+                    "the session generated no answer within the configured {} s",
+                    t.as_secs_f64()
+                ))
+            })??,
+            None => generate.await?,
+        };
+        self.tokens.lock().tokens = generated.tokens;
+        let (body, content_type) = if self.prepared.stream {
+            let value: serde_json::Value =
+                serde_json::from_slice(&generated.response).map_err(|e| {
+                    Error::UpstreamMalformed(format!(
+                        "the session's generated answer is not JSON: {e}"
+                    ))
+                })?;
+            let events = self.dialect.synthesize_stream(&value);
+            let mut out = bytes::BytesMut::with_capacity(events.iter().map(Bytes::len).sum());
+            for e in events {
+                out.extend_from_slice(&e);
+            }
+            (out.freeze(), "text/event-stream")
+        } else {
+            (generated.response, "application/json")
+        };
+        let resp = Response::builder()
+            .status(StatusCode::OK)
+            .header(http::header::CONTENT_TYPE, content_type)
+            .body(UpstreamBody::Made(crate::upstream::MadeBody::full(body)))
+            .map_err(|e| Error::Internal(format!("cannot build the generated answer: {e}")))?;
+        Ok((resp, Instant::now()))
     }
 
     /// Turns a non-2xx upstream answer into the failure to record and answer. A
@@ -682,14 +751,57 @@ impl Call {
         }
         self.shared.stats.record(&outcome.error);
         // A call that failed before the relay began still says capture was asked for.
-        let tokens = match (outcome.tokens, self.capture.asked()) {
-            (Some(t), _) => t,
-            (None, true) => CapturedTokens {
-                status: TokenCapture::Missing,
-                ..CapturedTokens::default()
+        let slot = std::mem::take(&mut *self.tokens.lock());
+        // A stream's assembled response lists the calls that did not parse where the
+        // JSON answer does.
+        if let (Some(bad), Some(response)) = (&slot.malformed, &outcome.response) {
+            outcome.response = Some(crate::tokens::with_malformed(
+                self.dialect.kind(),
+                response,
+                bad,
+            ));
+        }
+        let (mut token_path, mut token_reason) = slot
+            .tokens
+            .as_ref()
+            .map_or((None, None), |t| (t.path, t.reason.clone()));
+        if let Some(reason) = slot.chat_reason {
+            token_path = Some(intercept_core::TokenPath::Chat);
+            token_reason = Some(reason);
+        }
+        let tokens = match slot.tokens {
+            Some(t) => CapturedTokens {
+                status: TokenCapture::Captured,
+                prompt_token_ids: Some(t.prompt_ids),
+                completion_token_ids: Some(t.completion_ids),
+                completion_logprobs: (!t.logprobs.is_empty()).then_some(t.logprobs),
             },
-            (None, false) => CapturedTokens::default(),
+            None => self.captured(outcome.tokens),
         };
+        // A turn that succeeded is the one the session's next turn bridges from.
+        if let (Some(tito), Some(pending), None, Some(prompt), Some(completion)) = (
+            &self.entry.tito,
+            slot.pending,
+            &outcome.error,
+            &tokens.prompt_token_ids,
+            &tokens.completion_token_ids,
+        ) {
+            let read;
+            let message = match (&outcome.summary.message, &outcome.response) {
+                (Some(m), _) => Some(&**m),
+                (None, Some(response)) => {
+                    read = intercept_core::episode::response_message(
+                        self.dialect.kind(),
+                        response.bytes(),
+                    );
+                    read.as_ref()
+                }
+                (None, None) => None,
+            };
+            if let (Some(message), 200) = (message, outcome.status) {
+                tito.finished(pending, message, prompt, completion);
+            }
+        }
         let record = CallRecord {
             session: session.id().to_owned(),
             seq: self.seq,
@@ -720,11 +832,25 @@ impl Call {
             prompt_token_ids: tokens.prompt_token_ids,
             completion_token_ids: tokens.completion_token_ids,
             completion_logprobs: tokens.completion_logprobs,
+            token_path,
+            token_reason,
             node: None,
             policy: self.policy.clone(),
             truncated: outcome.truncated,
         };
         session.record(record);
+    }
+    /// The tokens captured from the engine's reply, or what the record says when capture
+    /// was asked for and nothing came (a call that failed before the relay began).
+    fn captured(&self, tokens: Option<CapturedTokens>) -> CapturedTokens {
+        match (tokens, self.capture.asked()) {
+            (Some(t), _) => t,
+            (None, true) => CapturedTokens {
+                status: TokenCapture::Missing,
+                ..CapturedTokens::default()
+            },
+            (None, false) => CapturedTokens::default(),
+        }
     }
 }
 

@@ -70,6 +70,7 @@ pub mod routing;
 mod serve;
 mod server;
 mod spool;
+mod tokens;
 mod upstream;
 
 pub use config::{ServerConfig, StreamHeartbeat};

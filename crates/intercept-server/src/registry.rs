@@ -26,6 +26,8 @@ pub(crate) struct Entry {
     /// What parsing the rollout's last request body left for parsing its next one
     /// (a conversation that grew is scanned from where it parts from the last).
     pub(crate) parse_memo: Mutex<intercept_core::body::ParseMemo>,
+    /// The session's token path, when it has a `tokens` setting.
+    pub(crate) tito: Option<Arc<crate::tokens::Tito>>,
 }
 
 impl fmt::Debug for Entry {
@@ -52,6 +54,7 @@ impl Entry {
             sealed: AtomicBool::new(false),
             retry: Mutex::new(crate::retry::RetryState::default()),
             parse_memo: Mutex::new(Default::default()),
+            tito: None,
         }
     }
 

@@ -315,7 +315,22 @@ impl Interception for InterceptionServer {
                 Error::Conflict("the server is not started: call start() first".into())
             })?,
         };
-        let entry = Arc::new(Entry::new(session, self.shared.calls_cancel.child_token()));
+        let tito = match session.tokens() {
+            Some(config) => {
+                let config = config.clone();
+                let loaded =
+                    tokio::task::spawn_blocking(move || crate::tokens::Tito::load(&config))
+                        .await
+                        .map_err(|e| {
+                            Error::Internal(format!("loading the tokenizer failed: {e}"))
+                        })??;
+                Some(Arc::new(loaded))
+            }
+            None => None,
+        };
+        let mut entry = Entry::new(session, self.shared.calls_cancel.child_token());
+        entry.tito = tito;
+        let entry = Arc::new(entry);
         if let Some(existing) = self.shared.registry.by_id(entry.session.id()) {
             if !existing.is_released() {
                 debug!(
@@ -872,7 +887,12 @@ async fn prepare(
         Err(e) => return Err(Error::from_hook("request hook failed", e)),
     }
     let policy = crate::network::mediate(dialect, session.network(), session.id(), body)?;
-    let capture = match session.capture_tokens() {
+    // A token-path session whose mismatches go to the chat endpoint captures the ids
+    // the engine answers there.
+    let chat_mismatch = session
+        .tokens()
+        .is_some_and(|t| t.on_mismatch == intercept_core::OnMismatch::Chat);
+    let capture = match session.capture_tokens() || chat_mismatch {
         true => dialect.capture_tokens(body)?,
         false => None,
     };

@@ -121,6 +121,37 @@ pub(crate) enum UpstreamBody {
     Driven(DrivenBody),
     /// A connection of the general pooled client.
     Pooled(Incoming),
+    /// A body made in-process: a session's generated answer, or an engine's token
+    /// stream turned into the dialect's wire format.
+    Made(MadeBody),
+}
+
+/// A response body made in-process ([`UpstreamBody::Made`]).
+pub(crate) struct MadeBody(
+    std::pin::Pin<Box<dyn http_body::Body<Data = Bytes, Error = BodyError> + Send + Sync>>,
+);
+
+impl MadeBody {
+    /// A body of one piece.
+    pub(crate) fn full(bytes: Bytes) -> Self {
+        use http_body_util::BodyExt as _;
+        MadeBody(Box::pin(
+            http_body_util::Full::new(bytes).map_err(|never| match never {}),
+        ))
+    }
+
+    /// Any body.
+    pub(crate) fn new(
+        body: impl http_body::Body<Data = Bytes, Error = BodyError> + Send + Sync + 'static,
+    ) -> Self {
+        MadeBody(Box::pin(body))
+    }
+}
+
+impl fmt::Debug for MadeBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("MadeBody")
+    }
 }
 
 /// Why an upstream response body broke off.
@@ -137,6 +168,7 @@ impl http_body::Body for UpstreamBody {
         match self.get_mut() {
             UpstreamBody::Driven(b) => std::pin::Pin::new(b).poll_frame(cx).map_err(Into::into),
             UpstreamBody::Pooled(b) => std::pin::Pin::new(b).poll_frame(cx).map_err(Into::into),
+            UpstreamBody::Made(b) => b.0.as_mut().poll_frame(cx),
         }
     }
 
@@ -144,6 +176,7 @@ impl http_body::Body for UpstreamBody {
         match self {
             UpstreamBody::Driven(b) => b.is_end_stream(),
             UpstreamBody::Pooled(b) => b.is_end_stream(),
+            UpstreamBody::Made(b) => b.0.is_end_stream(),
         }
     }
 
@@ -151,6 +184,7 @@ impl http_body::Body for UpstreamBody {
         match self {
             UpstreamBody::Driven(b) => b.size_hint(),
             UpstreamBody::Pooled(b) => b.size_hint(),
+            UpstreamBody::Made(b) => b.0.size_hint(),
         }
     }
 }
@@ -219,7 +253,7 @@ impl UpstreamBody {
             read = match self.frame().now_or_never() {
                 Some(frame) => frame.into(),
                 None => match self {
-                    UpstreamBody::Driven(_) => return,
+                    UpstreamBody::Driven(_) | UpstreamBody::Made(_) => return,
                     UpstreamBody::Pooled(_) => {
                         tokio::task::yield_now().await;
                         match self.frame().now_or_never() {
@@ -321,6 +355,51 @@ impl UpstreamClient {
         let mut req = Request::post(uri)
             .body(SliceBody::new(body.chunks()))
             .map_err(|e| Error::Internal(format!("cannot build the upstream request: {e}")))?;
+        *req.headers_mut() = headers;
+        Ok(req)
+    }
+
+    /// Builds the request of a call on the token path: `body` posted to the engine's
+    /// token endpoint `path` on `base_url` without its `/v1` (vLLM mounts
+    /// `/inference/v1/generate` at the server's root), with the upstream's headers and
+    /// its key as a bearer token.
+    pub(crate) fn engine_request(
+        &self,
+        upstream: &Upstream,
+        base_url: &str,
+        path: &str,
+        session_id: &str,
+        body: Bytes,
+    ) -> Result<Request<SliceBody>, Error> {
+        let trimmed = base_url.trim_end_matches('/');
+        let root = trimmed.strip_suffix("/v1").unwrap_or(trimmed);
+        let uri = uri_cache::get(root, path)?;
+        let mut headers = HeaderMap::new();
+        for (name, value) in &upstream.headers {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::try_from(name.as_str()),
+                HeaderValue::try_from(value.as_str()),
+            ) {
+                headers.insert(n, v);
+            }
+        }
+        if let Ok(v) = HeaderValue::try_from(session_id) {
+            headers.insert(HeaderName::from_static("x-session-id"), v);
+        }
+        if let Some(Ok(v)) = upstream
+            .api_key
+            .as_deref()
+            .map(|key| HeaderValue::try_from(format!("Bearer {key}")))
+        {
+            headers.insert(http::header::AUTHORIZATION, v);
+        }
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        let mut req = Request::post(uri)
+            .body(SliceBody::new(vec![body]))
+            .map_err(|e| Error::Internal(format!("cannot build the engine request: {e}")))?;
         *req.headers_mut() = headers;
         Ok(req)
     }

@@ -9,6 +9,8 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 use tokenizers::AddedToken;
 
+use crate::bpe::FastBpe;
+
 /// Why a tokenizer could not be loaded. The message names the path.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -66,6 +68,94 @@ pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
     eos_token: Option<String>,
+    /// The vocabulary's size, added tokens included (counted once: `tokenizers` builds the
+    /// whole vocabulary to count it).
+    vocab_size: usize,
+    /// Each id's bytes, when the decoder is byte-level (then decoding is these bytes
+    /// joined, read as UTF-8 with U+FFFD for what is not).
+    bytes: Option<ByteTable>,
+    /// The fast encoder, for tokenizers of Qwen2's shape.
+    fast: Option<FastBpe>,
+}
+
+/// Every token's bytes, in one buffer.
+#[derive(Debug)]
+struct ByteTable {
+    bytes: Vec<u8>,
+    /// `ends[id]` is where the bytes of `id` end (they start where `id - 1`'s end).
+    ends: Vec<u32>,
+}
+
+impl ByteTable {
+    /// The table of a tokenizer whose decoder is `ByteLevel` (GPT-2's byte alphabet),
+    /// built as that decoder decodes one token: a token all of whose characters are in
+    /// the alphabet gives their bytes, any other (an added token such as `<think>` whose
+    /// characters are not) its UTF-8 text.
+    fn build(inner: &tokenizers::Tokenizer) -> Option<Self> {
+        if !matches!(
+            inner.get_decoder(),
+            Some(tokenizers::decoders::DecoderWrapper::ByteLevel(_))
+        ) {
+            return None;
+        }
+        let alphabet = byte_alphabet();
+        let n = inner.get_vocab_size(true);
+        let mut bytes = Vec::with_capacity(n * 8);
+        let mut ends = Vec::with_capacity(n);
+        let mut id: u32 = 0;
+        // Ids may have holes; an id with no token decodes to nothing, as in `decode`.
+        let max = inner
+            .get_added_tokens_decoder()
+            .keys()
+            .copied()
+            .max()
+            .map_or(0, |m| m as usize + 1)
+            .max(n);
+        while (id as usize) < max {
+            if let Some(token) = inner.id_to_token(id) {
+                let start = bytes.len();
+                let mut all = true;
+                for c in token.chars() {
+                    match alphabet(c) {
+                        Some(b) => bytes.push(b),
+                        None => {
+                            all = false;
+                            break;
+                        }
+                    }
+                }
+                if !all {
+                    bytes.truncate(start);
+                    bytes.extend_from_slice(token.as_bytes());
+                }
+            }
+            ends.push(u32::try_from(bytes.len()).ok()?);
+            id += 1;
+        }
+        bytes.shrink_to_fit();
+        Some(ByteTable { bytes, ends })
+    }
+
+    fn get(&self, id: u32) -> &[u8] {
+        let i = id as usize;
+        match self.ends.get(i) {
+            Some(&end) => {
+                let start = if i == 0 { 0 } else { self.ends[i - 1] };
+                &self.bytes[start as usize..end as usize]
+            }
+            None => &[],
+        }
+    }
+}
+
+/// GPT-2's byte-level alphabet, read backwards: the byte each of its 256 characters
+/// stands for.
+fn byte_alphabet() -> impl Fn(char) -> Option<u8> {
+    let mut table = [None; 324];
+    for (b, c) in crate::bpe::byte_chars().iter().enumerate() {
+        table[*c as usize] = u8::try_from(b).ok();
+    }
+    move |c: char| table.get(c as usize).copied().flatten()
 }
 
 impl Tokenizer {
@@ -84,15 +174,16 @@ impl Tokenizer {
             let dir = path.parent().map(Path::to_owned).unwrap_or_default();
             (path.to_owned(), dir)
         };
-        let bytes = std::fs::read(&json).map_err(|e| TokenizerError::Unreadable {
+        let json_bytes = std::fs::read(&json).map_err(|e| TokenizerError::Unreadable {
             path: json.clone(),
             message: e.to_string(),
         })?;
-        let mut inner =
-            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| TokenizerError::Invalid {
+        let mut inner = tokenizers::Tokenizer::from_bytes(&json_bytes).map_err(|e| {
+            TokenizerError::Invalid {
                 path: json.clone(),
                 message: format!("not a Hugging Face tokenizer.json: {e}"),
-            })?;
+            }
+        })?;
         let config_path = dir.join("tokenizer_config.json");
         let config: TokenizerConfig = match std::fs::read(&config_path) {
             Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| TokenizerError::Invalid {
@@ -146,10 +237,18 @@ impl Tokenizer {
             }
             _ => None,
         };
+        let bytes = ByteTable::build(&inner);
+        let mut added: Vec<(u32, AddedToken)> =
+            inner.get_added_tokens_decoder().into_iter().collect();
+        added.sort_by_key(|(id, _)| *id);
+        let fast = FastBpe::build(&json_bytes, &inner, &added);
         Ok(Tokenizer {
+            vocab_size: inner.get_vocab_size(true),
             inner,
             path: path.to_owned(),
             eos_token,
+            bytes,
+            fast,
         })
     }
 
@@ -169,6 +268,20 @@ impl Tokenizer {
         if text.is_empty() {
             return Vec::new();
         }
+        if let Some(fast) = &self.fast {
+            let mut out = Vec::with_capacity(text.len() / 3 + 4);
+            fast.encode(text, &mut out);
+            return out;
+        }
+        self.encode_reference(text)
+    }
+
+    /// [`encode`](Self::encode) through the Hugging Face pipeline itself, whichever the
+    /// tokenizer (the reference the fast encoder is checked against).
+    pub fn encode_reference(&self, text: &str) -> Vec<u32> {
+        if text.is_empty() {
+            return Vec::new();
+        }
         match self.inner.encode_fast(text, false) {
             Ok(enc) => enc.get_ids().to_vec(),
             // Encoding a `&str` with a loaded BPE model does not fail; an empty answer is
@@ -180,7 +293,49 @@ impl Tokenizer {
     /// The text of `ids`, special tokens included. Bytes that do not form whole UTF-8
     /// characters decode to U+FFFD, as Python's `errors="replace"`.
     pub fn decode(&self, ids: &[u32]) -> String {
-        self.inner.decode(ids, false).unwrap_or_default()
+        match &self.bytes {
+            Some(table) => {
+                let mut buf = Vec::with_capacity(ids.len() * 4);
+                for &id in ids {
+                    buf.extend_from_slice(table.get(id));
+                }
+                match String::from_utf8(buf) {
+                    Ok(s) => s,
+                    Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+                }
+            }
+            None => self.inner.decode(ids, false).unwrap_or_default(),
+        }
+    }
+
+    /// The bytes this crate's own tables hold beside the Hugging Face tokenizer: each
+    /// id's bytes (for decoding) and the fast encoder's merges.
+    pub fn table_bytes(&self) -> usize {
+        let bytes = self
+            .bytes
+            .as_ref()
+            .map_or(0, |t| t.bytes.capacity() + t.ends.capacity() * 4);
+        bytes + self.fast.as_ref().map_or(0, FastBpe::table_bytes)
+    }
+
+    /// The bytes one id decodes to, when the decoder is byte-level (`None` otherwise).
+    /// An id outside the vocabulary gives no bytes, as [`decode`](Self::decode) skips it.
+    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        self.bytes.as_ref().map(|t| t.get(id))
+    }
+
+    /// Whether [`encode`](Self::encode) runs this crate's encoder for byte-level BPE
+    /// tokenizers of Qwen2's shape (Qwen2, Qwen2.5, Qwen3) rather than the Hugging Face
+    /// pipeline; the ids are the same.
+    pub fn has_fast_encoder(&self) -> bool {
+        self.fast.is_some()
+    }
+
+    /// Whether the decoder is byte-level: decoding is each id's
+    /// [`token_bytes`](Self::token_bytes) joined, so it can run incrementally
+    /// ([`TextDecoder`](crate::TextDecoder)).
+    pub fn is_byte_level(&self) -> bool {
+        self.bytes.is_some()
     }
 
     /// The id of one token of the vocabulary (added tokens included).
@@ -195,7 +350,7 @@ impl Tokenizer {
 
     /// The vocabulary's size, added tokens included.
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        self.vocab_size
     }
 
     /// The Hugging Face tokenizer underneath.
@@ -207,19 +362,28 @@ impl Tokenizer {
 /// Loads each tokenizer once per process: every caller naming the same files (by
 /// canonical path) shares one [`Tokenizer`].
 pub fn shared(path: impl AsRef<Path>) -> Result<Arc<Tokenizer>, TokenizerError> {
-    static LOADED: OnceLock<Mutex<HashMap<PathBuf, Arc<Tokenizer>>>> = OnceLock::new();
+    /// One slot per canonical path: the first caller loads it while later ones wait on
+    /// the slot (not on the whole registry), so a tokenizer is loaded once even when many
+    /// sessions name it at once.
+    type Slot = Arc<Mutex<Option<Arc<Tokenizer>>>>;
+    static LOADED: OnceLock<Mutex<HashMap<PathBuf, Slot>>> = OnceLock::new();
     let path = path.as_ref();
     let key = std::fs::canonicalize(path).map_err(|e| TokenizerError::Unreadable {
         path: path.to_owned(),
         message: e.to_string(),
     })?;
-    let map = LOADED.get_or_init(Default::default);
-    if let Some(t) = map.lock().get(&key) {
+    let slot = LOADED
+        .get_or_init(Default::default)
+        .lock()
+        .entry(key.clone())
+        .or_default()
+        .clone();
+    let mut slot = slot.lock();
+    if let Some(t) = &*slot {
         return Ok(t.clone());
     }
-    // Loaded outside the lock (a large tokenizer takes a while); a second loader of the
-    // same path keeps the first one stored.
+    // A failed load leaves the slot empty: the next caller tries again.
     let loaded = Arc::new(Tokenizer::load(&key)?);
-    let mut map = map.lock();
-    Ok(map.entry(key).or_insert(loaded).clone())
+    *slot = Some(loaded.clone());
+    Ok(loaded)
 }

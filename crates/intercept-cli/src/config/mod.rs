@@ -50,12 +50,13 @@ use std::time::Duration;
 
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
-use intercept_core::{OnViolation, Secret};
+use intercept_core::{OnViolation, Secret, TokensConfig};
 use intercept_trace::TraceFormat;
 use intercept_tunnel::LimiterBackend;
 use serde::Deserialize;
 
 pub use settings::{keys, settings_table, Setting, SETTINGS};
+pub(crate) use values::{check_tokens_patch, merge_tokens, TOKENS_FIELDS};
 pub use values::{LogFormat, RedisUrl, Shape, TunnelSetting, UpstreamSetting, BORE_DEFAULT_PORT};
 
 /// The prefix of the environment variables that configure the sidecar.
@@ -172,6 +173,10 @@ pub struct ServeConfig {
     /// Default model of sessions that name none (with the mock: `mock-model`).
     #[serde(deserialize_with = "values::model")]
     pub model: Option<String>,
+    /// Default token-in/token-out of sessions (`None`: off unless a session turns it on);
+    /// a session's `tokens` object is merged over its keys.
+    #[serde(deserialize_with = "values::tokens")]
+    pub tokens: Option<TokensConfig>,
     /// Where the control API listens (loopback only; default `127.0.0.1:0`).
     #[serde(deserialize_with = "values::control")]
     pub control: SocketAddr,
@@ -336,6 +341,7 @@ impl Default for ServeConfig {
             upstream_api_key_env: None,
             allowed_key_envs: None,
             model: None,
+            tokens: None,
             control: SocketAddr::from(([127, 0, 0, 1], 0)),
             control_token: None,
             interception: Shape::Server,

@@ -76,6 +76,19 @@ pub const SETTINGS: &[Setting] = &[
             `model`.",
     },
     Setting {
+        key: "tokens",
+        value: "JSON",
+        default: "none (off)",
+        doc: "Default token-in/token-out of sessions (see [tokens.md](tokens.md)): in the \
+            file a `[tokens]` table, in the environment and on the command line its JSON \
+            (`{\"renderer\": \"qwen3\", \"tokenizer\": \"/models/qwen3\"}`), with the \
+            keys `renderer` and `tokenizer` (required), `engine` (`vllm` or `sglang`, \
+            default `vllm`), `on_mismatch` (`render`, `chat` or `fail`, default `render`) \
+            and `enable_thinking`. A session's `tokens` object is merged over these keys; \
+            its `null` or `false` turns the default off. `off` (or JSON `null`, `false`): \
+            none.",
+    },
+    Setting {
         key: "control",
         value: "ADDR",
         default: "`127.0.0.1:0`",

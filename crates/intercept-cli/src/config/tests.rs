@@ -257,6 +257,19 @@ fn every_bad_value_names_its_key() {
         ("network_on_violation", "drop"),
         ("rate_limit_backend", "memcached"),
         ("rate_limit_url", "http://u:pw@redis.example:6379/"),
+        ("tokens", "qwen3"),
+        ("tokens", "true"),
+        ("tokens", "[1]"),
+        ("tokens", r#"{"renderer": "qwen3"}"#),
+        ("tokens", r#"{"renderer": "qwen3", "tokenizer": ""}"#),
+        (
+            "tokens",
+            r#"{"renderer": "qwen3", "tokenizer": "/m", "engine": "tgi"}"#,
+        ),
+        (
+            "tokens",
+            r#"{"renderer": "qwen3", "tokenizer": "/m", "thinking": true}"#,
+        ),
     ];
     for (key, value) in cases {
         let e = err(None, &[], &[(key, value)]);
@@ -597,4 +610,85 @@ fn a_redis_rate_limiter_reaches_prime_and_bore_and_hides_its_password() {
         TunnelConfig::Prime(p) => assert_eq!(p.rate_limit.backend, LimiterBackend::File),
         other => panic!("not prime: {other:?}"),
     }
+}
+
+#[test]
+fn tokens_is_a_table_in_the_file_and_json_elsewhere() {
+    use intercept_core::{OnMismatch, TokenEngine, TokensConfig};
+    let file = "[tokens]\nrenderer = \"qwen3\"\ntokenizer = \"/models/qwen3\"\n\
+                engine = \"sglang\"\nenable_thinking = false\n";
+    let c = ServeConfig::from_layers(Layers {
+        file: Some((Path::new("i.toml"), file)),
+        env: &[],
+        flags: &[],
+    })
+    .unwrap();
+    let mut expected = TokensConfig::new("qwen3", "/models/qwen3");
+    expected.engine = TokenEngine::Sglang;
+    expected.enable_thinking = Some(false);
+    assert_eq!(c.tokens.as_ref(), Some(&expected));
+
+    // The environment and the flags give its JSON; a layer replaces the one below whole.
+    let json = r#"{"renderer": "qwen3", "tokenizer": "/m", "on_mismatch": "fail"}"#;
+    let c = ServeConfig::from_layers(Layers {
+        file: Some((Path::new("i.toml"), file)),
+        env: &env(&[("INTERCEPT_TOKENS", json)]),
+        flags: &[],
+    })
+    .unwrap();
+    let mut expected = TokensConfig::new("qwen3", "/m");
+    expected.on_mismatch = OnMismatch::Fail;
+    assert_eq!(c.tokens.as_ref(), Some(&expected));
+    let c = ServeConfig::from_layers(Layers {
+        file: None,
+        env: &env(&[("INTERCEPT_TOKENS", json)]),
+        flags: &[(
+            "tokens",
+            r#"{"renderer":"qwen3","tokenizer":"/f"}"#.to_string(),
+        )],
+    })
+    .unwrap();
+    assert_eq!(c.tokens, Some(TokensConfig::new("qwen3", "/f")));
+
+    // `off` (or JSON null, false) turns a lower layer's default off.
+    for off in ["off", "null", "false", " none "] {
+        let c = ServeConfig::from_layers(Layers {
+            file: Some((Path::new("i.toml"), file)),
+            env: &[],
+            flags: &[("tokens", off.to_string())],
+        })
+        .unwrap();
+        assert_eq!(c.tokens, None, "{off}");
+    }
+    assert_eq!(ServeConfig::default().tokens, None);
+
+    // A bad table names the key, its source and the fields.
+    let e = err(
+        Some("[tokens]\nrenderer = \"qwen3\"\ntokenizer = \"/m\"\nengine = \"tgi\"\n"),
+        &[],
+        &[],
+    )
+    .to_string();
+    assert!(
+        e.starts_with(
+            "invalid value for `tokens` (config file i.toml): tokens.engine: unknown variant `tgi`"
+        ),
+        "{e}"
+    );
+    assert!(
+        e.contains("on_mismatch (\"render\", \"chat\" or \"fail\")"),
+        "{e}"
+    );
+    let e = err(Some("[tokens]\nrenderer = \"qwen3\"\n"), &[], &[]).to_string();
+    assert!(
+        e.contains("missing field `tokenizer`") && !e.contains("default"),
+        "{e}"
+    );
+    let e = err(None, &[("INTERCEPT_TOKENS", "{renderer: qwen3}")], &[]).to_string();
+    assert!(
+        e.starts_with(
+            "invalid value for `INTERCEPT_TOKENS` (environment): \"{renderer: qwen3}\" is not JSON"
+        ),
+        "{e}"
+    );
 }

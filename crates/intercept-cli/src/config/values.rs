@@ -4,7 +4,7 @@
 //! variable, a flag), trimmed (but for `control_token`), and checks it, saying what is
 //! wrong and what is expected.
 
-use intercept_core::NetworkPolicy;
+use intercept_core::{NetworkPolicy, OnMismatch, TokenEngine, TokensConfig};
 use intercept_tunnel::redact_url;
 use serde::de::{self, Deserializer};
 
@@ -534,4 +534,127 @@ pub(super) fn allow<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::E
 
 pub(super) fn block<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     parse(d, |raw| patterns(raw, false))
+}
+
+/// The keys of a `tokens` object, for messages.
+pub(crate) const TOKENS_FIELDS: &str = "renderer (e.g. \"qwen3\"), tokenizer (a folder \
+     holding tokenizer.json, or the file), engine (\"vllm\" or \"sglang\"), on_mismatch \
+     (\"render\", \"chat\" or \"fail\"), enable_thinking (true or false)";
+
+/// Checks the keys of a `tokens` object and their types (`null` unsets a key); `what`
+/// names it in the message (`tokens`).
+pub(crate) fn check_tokens_patch(
+    what: &str,
+    map: &serde_json::Map<String, serde_json::Value>,
+) -> Result<(), String> {
+    use serde_json::Value;
+    for (key, value) in map {
+        let checked = match (key.as_str(), value) {
+            (_, Value::Null) => Ok(()),
+            ("renderer" | "tokenizer", Value::String(s)) if s.trim().is_empty() => {
+                Err("must not be empty".to_owned())
+            }
+            ("renderer" | "tokenizer", Value::String(_)) => Ok(()),
+            ("renderer" | "tokenizer", _) => Err("expected a string".to_owned()),
+            ("enable_thinking", Value::Bool(_)) => Ok(()),
+            ("enable_thinking", _) => Err("expected true or false".to_owned()),
+            ("engine", v) => TokenEngine::deserialize(v)
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            ("on_mismatch", v) => OnMismatch::deserialize(v)
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            (other, _) => {
+                return Err(format!(
+                    "{what}: unknown field {other:?}; the fields are {TOKENS_FIELDS}"
+                ))
+            }
+        };
+        checked.map_err(|e| format!("{what}.{key}: {e}; the fields are {TOKENS_FIELDS}"))?;
+    }
+    Ok(())
+}
+
+/// `patch` (checked by [`check_tokens_patch`]) over the keys of `default`: a key of
+/// `patch` replaces the default's, a `null` one unsets it. `renderer` and `tokenizer`
+/// must be given by one of them.
+pub(crate) fn merge_tokens(
+    default: Option<&TokensConfig>,
+    patch: &serde_json::Map<String, serde_json::Value>,
+) -> Result<TokensConfig, String> {
+    let mut merged = match default.map(serde_json::to_value) {
+        Some(Ok(serde_json::Value::Object(map))) => map,
+        _ => serde_json::Map::new(),
+    };
+    for (key, value) in patch {
+        if value.is_null() {
+            merged.remove(key);
+        } else {
+            merged.insert(key.clone(), value.clone());
+        }
+    }
+    serde_json::from_value(serde_json::Value::Object(merged)).map_err(|e| {
+        let default = if default.is_some() {
+            ""
+        } else {
+            " (there is no `tokens` default to take it from)"
+        };
+        format!("tokens: {e}{default}; the fields are {TOKENS_FIELDS}")
+    })
+}
+
+/// A whole `tokens` setting from its JSON: an object with at least `renderer` and
+/// `tokenizer`; `null` or `false`: none.
+fn tokens_value(value: serde_json::Value) -> Result<Option<TokensConfig>, String> {
+    match value {
+        serde_json::Value::Null | serde_json::Value::Bool(false) => Ok(None),
+        serde_json::Value::Object(map) => {
+            check_tokens_patch("tokens", &map)?;
+            serde_json::from_value(serde_json::Value::Object(map))
+                .map(Some)
+                .map_err(|e| format!("tokens: {e}; the fields are {TOKENS_FIELDS}"))
+        }
+        other => Err(format!(
+            "expected an object of {TOKENS_FIELDS}, or `off`; got {other}"
+        )),
+    }
+}
+
+/// `tokens`: a table (the config file) or its JSON text (every layer:
+/// `{"renderer": "qwen3", "tokenizer": "/models/qwen3"}`); `off`, `null` or `false`: none.
+pub(super) fn tokens<'de, D: Deserializer<'de>>(d: D) -> Result<Option<TokensConfig>, D::Error> {
+    struct Visitor;
+
+    impl<'de> de::Visitor<'de> for Visitor {
+        type Value = Option<TokensConfig>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a table, or its JSON text")
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            let raw = v.trim();
+            if matches!(raw, "off" | "none" | "") {
+                return Ok(None);
+            }
+            let value = serde_json::from_str(raw).map_err(|e| {
+                E::custom(format!(
+                    "{raw:?} is not JSON ({e}); expected an object such as \
+                     {{\"renderer\": \"qwen3\", \"tokenizer\": \"/models/qwen3\"}}, or `off`"
+                ))
+            })?;
+            tokens_value(value).map_err(E::custom)
+        }
+        fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+            tokens_value(serde_json::Value::Bool(v)).map_err(E::custom)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            let value = serde_json::Value::deserialize(de::value::MapAccessDeserializer::new(map))?;
+            tokens_value(value).map_err(de::Error::custom)
+        }
+    }
+
+    d.deserialize_any(Visitor)
 }

@@ -13,6 +13,18 @@ pub(super) struct CreateRequest {
     pub(super) task: Option<Value>,
     pub(super) capture_tokens: bool,
     pub(super) network: Option<NetworkPolicy>,
+    pub(super) tokens: TokensField,
+}
+
+/// The `tokens` field of `POST /v1/sessions`.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum TokensField {
+    /// Absent: the sidecar's default (`tokens` setting), if any.
+    Default,
+    /// `null` or `false`: off, whatever the default.
+    Off,
+    /// An object (its keys checked): merged over the default's keys.
+    Merge(Map<String, Value>),
 }
 
 pub(super) fn bad(message: impl Into<String>) -> Resp {
@@ -53,6 +65,7 @@ pub(super) fn parse_create(
         task: None,
         capture_tokens: false,
         network: None,
+        tokens: TokensField::Default,
     };
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(out);
@@ -132,10 +145,26 @@ pub(super) fn parse_create(
                     })?);
                 }
             }
+            "tokens" => {
+                out.tokens = match v {
+                    Value::Null | Value::Bool(false) => TokensField::Off,
+                    Value::Object(map) => {
+                        check_tokens_patch("tokens", map)?;
+                        TokensField::Merge(map.clone())
+                    }
+                    _ => {
+                        return Err(format!(
+                            "tokens: expected an object of {TOKENS_FIELDS} (merged over the \
+                             sidecar's `tokens` default), or null or false to turn the \
+                             default off"
+                        ))
+                    }
+                }
+            }
             other => {
                 return Err(format!(
                     "unknown field {other:?}; known: id, model, sampling, limits, upstream, task, \
-                     capture_tokens, network"
+                     capture_tokens, network, tokens"
                 ))
             }
         }
@@ -222,8 +251,20 @@ pub(super) async fn try_create(
 ) -> Result<Resp, Box<Resp>> {
     let mut request = read_create(state, req).await?;
     let (id, model, upstream) = resolve_create(state, &mut request)?;
+    let tokens =
+        resolve_tokens(state, &request.tokens).map_err(|message| Box::new(bad(message)))?;
     let sink = open_trace(state, &id)?;
-    let session = build_session(state, id.clone(), model, upstream, request, sink.as_ref());
+    let session = build_session(
+        state,
+        Resolved {
+            id: id.clone(),
+            model,
+            upstream,
+            tokens,
+        },
+        request,
+        sink.as_ref(),
+    );
     let slot = register(state, &id, session, sink).await?;
     Ok(created(state, &id, &slot))
 }
@@ -287,6 +328,29 @@ pub(super) fn resolve_create(
     Ok((id, model, upstream))
 }
 
+/// The session's token-in/token-out: its `tokens` object merged over the sidecar's
+/// default, the default, or none.
+pub(super) fn resolve_tokens(
+    state: &ControlState,
+    field: &TokensField,
+) -> Result<Option<TokensConfig>, String> {
+    let default = state.config.tokens.as_ref();
+    match field {
+        TokensField::Default => Ok(default.cloned()),
+        TokensField::Off => Ok(None),
+        TokensField::Merge(patch) => merge_tokens(default, patch).map(Some),
+    }
+}
+
+/// What a session is made of beyond its request: the resolved id, model, upstream and
+/// token-in/token-out.
+pub(super) struct Resolved {
+    pub(super) id: String,
+    pub(super) model: String,
+    pub(super) upstream: Upstream,
+    pub(super) tokens: Option<TokensConfig>,
+}
+
 /// Creates the session's trace file `<trace_dir>/<id>.jsonl` (never an existing one) and
 /// its queued sink; `None` without a trace directory.
 pub(super) fn open_trace(
@@ -329,14 +393,22 @@ pub(super) fn open_trace(
 /// `sink`.
 pub(super) fn build_session(
     state: &ControlState,
-    id: String,
-    model: String,
-    upstream: Upstream,
+    resolved: Resolved,
     request: CreateRequest,
     sink: Option<&Arc<QueuedSink>>,
 ) -> Arc<RolloutSession> {
+    let Resolved {
+        id,
+        model,
+        upstream,
+        tokens,
+    } = resolved;
+    let mut config = SessionConfig::new(id, model, upstream);
+    if let Some(tokens) = tokens {
+        config = config.with_tokens(tokens);
+    }
     let mut session = RolloutSession::new(
-        SessionConfig::new(id, model, upstream)
+        config
             .with_sampling(request.sampling)
             .with_limits(request.limits)
             .with_task(request.task)
@@ -377,8 +449,15 @@ pub(super) async fn register(
         .await
     {
         Ok(g) => g,
+        // The session's own settings were refused (an unknown renderer, a tokenizer
+        // that cannot be read): the client's error, as the server words it.
+        Err(e @ Error::InvalidRequest(_)) => {
+            forget_unacquired(state, id);
+            info!(session = %id, error = %e, "session refused");
+            return Err(Box::new(error(e)));
+        }
         Err(e) => {
-            state.sessions.lock().remove(id);
+            forget_unacquired(state, id);
             warn!(session = %id, error = %e, "could not acquire a slot");
             return Err(Box::new(error(Error::Unavailable(format!(
                 "could not acquire a slot: {e}"
@@ -400,6 +479,17 @@ pub(super) async fn register(
         }
     }
     Ok(slot)
+}
+
+/// Forgets a session that never had a slot, and removes its trace file (it holds the
+/// header alone), so that the same id can be created again.
+fn forget_unacquired(state: &ControlState, id: &str) {
+    let held = state.sessions.lock().remove(id);
+    if let Some(sink) = held.as_ref().and_then(|h| h.sink.as_ref()) {
+        if let Err(e) = std::fs::remove_file(sink.path()) {
+            warn!(session = %id, path = %sink.path().display(), error = %e, "cannot remove the trace file");
+        }
+    }
 }
 
 /// Counts and logs the created session and answers `201` with its slot and harness env.

@@ -7,7 +7,7 @@
 //! |---|---|
 //! | `POST /v1/sessions` | `201` `{id, base_url, model_secret, state_secret, env}` |
 //! | `GET /v1/sessions` | `{"sessions": [{id, status, calls}]}` |
-//! | `GET /v1/sessions/{id}` | `{id, status, stop_condition, calls, usage, endpoint_lost}` |
+//! | `GET /v1/sessions/{id}` | `{id, status, stop_condition, calls, usage, endpoint_lost, tokens}` |
 //! | `GET /v1/sessions/{id}/trace` | `{id, stop_condition, calls: [CallRecord]}`; with a trace directory read back from the trace file (of a live session once the queued lines are written), without one held in memory (a released one up to `released_trace_bytes`, 410 once dropped) |
 //! | `GET /v1/sessions/{id}/episode` | the session's episode: `{session, nodes, branches, summary}` (see `intercept_core::episode`) |
 //! | `DELETE /v1/sessions/{id}` | releases the slot, returns the final trace (every `DELETE`, concurrent ones too, waits for the release to finish); with `?episode=true` also `episode`; with a trace folder, writes `<id>.episode.json` |
@@ -26,14 +26,14 @@ use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::Incoming;
 use intercept_core::{
     Error, Limits, NetworkPolicy, RecordSink, RolloutSession, Sampling, Session, SessionConfig,
-    SessionStatus, Slot, SlotGuard, Upstream,
+    SessionStatus, Slot, SlotGuard, TokensConfig, Upstream,
 };
 use serde_json::{json, Map, Value};
 use tracing::{info, warn};
 
 use intercept_server::{render, render_message, Shape};
 
-use crate::config::check_base_url;
+use crate::config::{check_base_url, check_tokens_patch, merge_tokens, TOKENS_FIELDS};
 use crate::sidecar::{ControlState, Held, Last};
 use intercept_trace::{JsonlSink, QueuedSink, TraceFormat};
 
@@ -204,6 +204,7 @@ fn status(state: &ControlState, id: &str) -> Resp {
             "calls": held.calls(),
             "usage": held.totals(),
             "endpoint_lost": held.guard.as_ref().is_some_and(SlotGuard::endpoint_lost),
+            "tokens": held.tokens,
         })
     };
     ok_json(StatusCode::OK, &answer)
@@ -462,6 +463,14 @@ mod tests {
                 "not both",
             ),
             (br#"{"capture_tokens":"yes"}"#, "capture_tokens"),
+            (br#"{"tokens":"qwen3"}"#, "tokens: expected an object of renderer"),
+            (br#"{"tokens":true}"#, "null or false to turn the default off"),
+            (br#"{"tokens":{"renderer":5}}"#, "tokens.renderer: expected a string"),
+            (br#"{"tokens":{"tokenizer":" "}}"#, "tokens.tokenizer: must not be empty"),
+            (br#"{"tokens":{"engine":"tgi"}}"#, "tokens.engine: unknown variant `tgi`"),
+            (br#"{"tokens":{"on_mismatch":"retry"}}"#, "tokens.on_mismatch: unknown variant `retry`"),
+            (br#"{"tokens":{"enable_thinking":"yes"}}"#, "tokens.enable_thinking: expected true"),
+            (br#"{"tokens":{"thinking":true}}"#, "tokens: unknown field \"thinking\"; the fields are renderer"),
             (br#"{"network":{"allow":["http://x.org"]}}"#, "network: network.allow: host pattern"),
             (br#"{"network":{"allow":"*"}}"#, "network:"),
             (br#"{"network":{"deny":[]}}"#, "network:"),
@@ -484,5 +493,42 @@ mod tests {
         );
         let e = parse_create(body, &[]).err().unwrap();
         assert!(e.contains("none is allowed"), "{e}");
+    }
+
+    #[test]
+    fn tokens_fields() {
+        use intercept_core::{OnMismatch, TokenEngine};
+        let tokens = |body: &[u8]| parse_create(body, &[]).unwrap().tokens;
+        assert_eq!(tokens(b"{}"), TokensField::Default);
+        assert_eq!(tokens(br#"{"tokens":null}"#), TokensField::Off);
+        assert_eq!(tokens(br#"{"tokens":false}"#), TokensField::Off);
+        let TokensField::Merge(patch) = tokens(br#"{"tokens":{"enable_thinking":false}}"#) else {
+            panic!("an object is merged")
+        };
+        // Over a default: the default's keys, the session's replacing them.
+        let mut default = TokensConfig::new("qwen3", "/models/qwen3");
+        default.engine = TokenEngine::Sglang;
+        let merged = merge_tokens(Some(&default), &patch).unwrap();
+        assert_eq!(merged.enable_thinking, Some(false));
+        assert_eq!(merged.engine, TokenEngine::Sglang);
+        assert_eq!(merged.tokenizer, "/models/qwen3");
+        // Without one, renderer and tokenizer are required.
+        let e = merge_tokens(None, &patch).unwrap_err();
+        assert!(
+            e.contains("missing field `renderer`") && e.contains("no `tokens` default"),
+            "{e}"
+        );
+        // `null` unsets a key of the default.
+        default.enable_thinking = Some(true);
+        let TokensField::Merge(patch) =
+            tokens(br#"{"tokens":{"enable_thinking":null,"on_mismatch":"chat","tokenizer":"/t"}}"#)
+        else {
+            panic!("an object is merged")
+        };
+        let merged = merge_tokens(Some(&default), &patch).unwrap();
+        assert_eq!(merged.enable_thinking, None);
+        assert_eq!(merged.on_mismatch, OnMismatch::Chat);
+        assert_eq!(merged.tokenizer, "/t");
+        assert_eq!(merged.renderer, "qwen3");
     }
 }

@@ -33,7 +33,8 @@
 //! #         finish_reason: None, usage: Usage::default(), status: 200, started_at: 0.0,
 //! #         ended_at: 0.0, ttfb_ms: None, client_disconnected: false, error: None, epoch: 0,
 //! #         engine: None, token_capture: Default::default(), prompt_token_ids: None,
-//! #         completion_token_ids: None, completion_logprobs: None, node: None,
+//! #         completion_token_ids: None, completion_logprobs: None, token_path: None,
+//! #         token_reason: None, node: None,
 //! #         requested_model: None, policy: None, truncated: false, sampled: Default::default(),
 //! #     }
 //! # }
@@ -61,6 +62,48 @@ use crate::chunked::Chunked;
 use crate::dialect::DialectKind;
 use crate::record::CallRecord;
 use crate::session::Trace;
+
+/// The conversation of a request in any dialect, as [`Message`]s, in order: the system
+/// prompt (Anthropic `system`, Responses `instructions`), then each message. `None` when
+/// the body holds no conversation this reader can read (no `messages` or `input` array,
+/// or text that is not JSON). A Responses request that continues a stored response
+/// (`previous_response_id`) gives only the messages it carries.
+pub fn request_messages(kind: DialectKind, body: &crate::body::JsonBody) -> Option<Vec<Message>> {
+    let parse = |key: &str| -> Option<Value> { serde_json::from_slice(body.raw(key)?).ok() };
+    let mut out = Vec::new();
+    match kind {
+        DialectKind::ChatCompletions => {
+            for m in parse("messages")?.as_array()? {
+                out.push(read::from_chat(m));
+            }
+        }
+        DialectKind::Messages => {
+            if let Some(system) = parse("system").as_ref().and_then(read::anthropic_system) {
+                out.push(system);
+            }
+            for m in parse("messages")?.as_array()? {
+                read::from_anthropic(m, &mut out);
+            }
+        }
+        DialectKind::Responses => {
+            if let Some(Value::String(s)) = parse("instructions") {
+                if !s.is_empty() {
+                    out.push(Message::text(Role::System, s));
+                }
+            }
+            read::from_responses(&parse("input")?, &mut out);
+        }
+        DialectKind::Completions => return None,
+    }
+    Some(out)
+}
+
+/// The assistant message of a response in `kind`'s dialect (its JSON text), as the
+/// episode reads it; `None` when the text is not a response it can read.
+pub fn response_message(kind: DialectKind, response: &[u8]) -> Option<Message> {
+    let value: Value = serde_json::from_slice(response).ok()?;
+    read::response_message(kind, &value)
+}
 
 mod canonical;
 mod message;

@@ -246,6 +246,14 @@ fn call_fields(
         key(out, "completion_logprobs");
         plain(out, l)?;
     }
+    if let Some(path) = &r.token_path {
+        key(out, "token_path");
+        plain(out, path)?;
+    }
+    if let Some(reason) = &r.token_reason {
+        key(out, "token_reason");
+        write_str(out, reason);
+    }
     if let Some(n) = r.node {
         key(out, "node");
         int(out, n);

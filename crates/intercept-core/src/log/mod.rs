@@ -33,7 +33,8 @@
 //! #         finish_reason: None, usage: Usage::default(), status: 200, started_at: 0.0,
 //! #         ended_at: 0.0, ttfb_ms: None, client_disconnected: false, error: None, epoch: 0,
 //! #         engine: None, token_capture: Default::default(), prompt_token_ids: None,
-//! #         completion_token_ids: None, completion_logprobs: None, node: None,
+//! #         completion_token_ids: None, completion_logprobs: None, token_path: None,
+//! #         token_reason: None, node: None,
 //! #         requested_model: None, policy: None, truncated: false, sampled: Default::default(),
 //! #     }
 //! # }

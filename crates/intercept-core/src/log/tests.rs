@@ -40,6 +40,8 @@ pub(crate) fn record(
         prompt_token_ids: None,
         completion_token_ids: None,
         completion_logprobs: None,
+        token_path: None,
+        token_reason: None,
         node: None,
         policy: None,
         truncated: false,

@@ -225,6 +225,25 @@ async fn handle(state: Arc<State>, req: http::Request<Incoming>) -> http::Respon
     });
     state.received.fetch_add(1, Ordering::SeqCst);
     state.arrived.notify_waiters();
+    if path.ends_with("/inference/v1/generate") {
+        // vLLM's token endpoint: a fixed completion closed by Qwen3's `<|im_end|>`.
+        let mut ids = ids_of("generated here");
+        ids.push(151_645);
+        let logprobs: Vec<Value> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| serde_json::json!({"token": format!("token_id:{id}"), "logprob": logprob_of(i)}))
+            .collect();
+        let answer = serde_json::json!({"request_id": "gen", "choices": [{"index": 0,
+            "token_ids": ids, "logprobs": {"content": logprobs}, "finish_reason": "stop"}]});
+        let mut resp =
+            http::Response::new(BodyExt::boxed(Full::new(Bytes::from(answer.to_string()))));
+        resp.headers_mut().insert(
+            "content-type",
+            http::HeaderValue::from_static("application/json"),
+        );
+        return resp;
+    }
     let chat = path.ends_with("/chat/completions");
     let prompt = if chat {
         body["messages"]
