@@ -9,8 +9,8 @@ against the same upstream (`bench-upstream`):
 - `in-process`: an `intercept.Server` in this interpreter, one session, while a Python
   thread keeps the interpreter busy (a pure-Python loop that holds the GIL whenever it
   can). The CPU counted is that of every thread of the process but the busy one (read
-  from /proc/self/task); the share of the server's runtime threads (`intercept-rt`) is
-  printed beside it.
+  from /proc/self/task); the share of the server's threads (its event loops,
+  `intercept-w<i>`, and the package's runtime, `intercept-rt`) is printed beside it.
 - `binary`: `intercept serve`, one session created through its control API; the CPU
   counted is the whole process's.
 Prints one line per run: requests per second and CPU microseconds per request.
@@ -39,8 +39,8 @@ def _ticks(stat_path: str) -> int:
 
 
 def threads_cpu(skip: int) -> tuple[float, float]:
-    """Seconds of CPU of this process's threads but `skip` (the busy thread), and of its
-    `intercept-rt` threads alone."""
+    """Seconds of CPU of this process's threads but `skip` (the busy thread), and of the
+    server's threads alone (`intercept-w<i>` event loops, `intercept-rt` runtime)."""
     total = runtime = 0
     for tid in os.listdir("/proc/self/task"):
         if int(tid) == skip:
@@ -52,7 +52,7 @@ def threads_cpu(skip: int) -> tuple[float, float]:
         except OSError:
             continue
         total += ticks
-        if name.startswith("intercept-rt"):
+        if name.startswith(("intercept-rt", "intercept-w")):
             runtime += ticks
     return total / TICK, runtime / TICK
 
@@ -170,7 +170,7 @@ def main() -> None:
         rps, us, rt = asyncio.run(in_process(args))
         print(
             f"round {r}: in-process  {rps:9.0f} req/s  {us:6.1f} us CPU/req "
-            f"({rt:.1f} in intercept-rt threads)",
+            f"({rt:.1f} in the server's threads)",
             flush=True,
         )
         rps, us = binary(args)

@@ -6,7 +6,8 @@ usage: per_request.py <release dir> [--cases json16,json64,stream16] [--targets 
                       [--seconds 8] [--strace-requests 20000] [--no-strace] [--no-perf]
                       [--unpinned] [--json FILE]
 
-targets:
+targets (each may be followed by @DIR: that target's binaries from another release folder,
+e.g. serve-dir@target/baseline, to set two builds side by side in one run):
   serve-dir   the `intercept serve` binary with --trace-dir (as users run it)
   serve       the same without a trace folder (traces in memory)
   proxy       bench-proxy (records counted and dropped: proxying alone)
@@ -138,8 +139,11 @@ http {{
 class Target:
     """A proxy under measurement: its processes, its URL, its secrets file."""
 
-    def __init__(self, name, rel, upstream, tmp, unpinned):
-        self.name, self.proc, self.pids = name, None, []
+    def __init__(self, spec, rel, upstream, tmp, unpinned):
+        name, _, other = spec.partition("@")
+        if other:
+            rel = os.path.abspath(other)
+        self.name, self.label, self.proc, self.pids = name, spec, None, []
         secrets = f"{tmp}/secrets-{name}.json"
         if name == "nginx":
             prefix = f"{tmp}/nginx"
@@ -169,8 +173,8 @@ class Target:
             args = [f"{rel}/intercept", "serve", "--upstream", upstream, "--model", "bench",
                     "--log", "warn"]
             if name == "serve-dir":
-                os.makedirs(f"{tmp}/traces", exist_ok=True)
-                args += ["--trace-dir", f"{tmp}/traces"]
+                traces = tempfile.mkdtemp(prefix="traces", dir=tmp)
+                args += ["--trace-dir", traces]
             self.proc = subprocess.Popen(pinned(0, args, unpinned), stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE, text=True)
             ready = ready_line(self.proc)
@@ -247,7 +251,7 @@ def measure(args, rel, target, case):
     after = snapshot(pids)
     n = max(ok_requests(report), 1)
     row = {
-        "case": label, "target": target.name, "requests": n,
+        "case": label, "target": target.label, "requests": n,
         "rps": report["rps"],
         "p50_us": report["latency_us"]["p50"],
         "p99_us": report["latency_us"]["p99"],
@@ -307,7 +311,7 @@ def main() -> None:
     try:
         for case in args.cases.split(","):
             for name in args.targets.split(","):
-                if name == "nginx" and not shutil.which("nginx"):
+                if name.startswith("nginx") and not shutil.which("nginx"):
                     print("nginx is not installed: skipped", file=sys.stderr)
                     continue
                 target = Target(name, rel, upstream, tmp, args.unpinned)

@@ -183,3 +183,78 @@ fn socket(addr: SocketAddr, reuse_port: bool) -> io::Result<std::net::TcpListene
     socket.listen(1024)?;
     Ok(socket.into())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loops_listen_on_one_port_and_a_taken_port_is_refused() {
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let two = listen(any, 2).expect("two listeners");
+        assert_eq!(two.len(), 2);
+        let port = two[0].local_addr().expect("addr").port();
+        assert!(two
+            .iter()
+            .all(|l| l.local_addr().expect("addr").port() == port));
+        // Another server asking for that port fails, whether or not it asks for
+        // SO_REUSEPORT itself, as a plain bind would.
+        let taken = SocketAddr::from(([127, 0, 0, 1], port));
+        for n in [1, 2] {
+            let err = listen(taken, n).expect_err("the port is taken");
+            assert_eq!(err.kind(), io::ErrorKind::AddrInUse, "{err}");
+        }
+        // Every socket accepts: a connection to the port lands on one of them.
+        let client = std::net::TcpStream::connect(taken).expect("connect");
+        let accepted = (0..2000).find_map(|_| {
+            let got = two.iter().find_map(|l| l.accept().ok());
+            if got.is_none() {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            got
+        });
+        let (stream, peer) = accepted.expect("one of the loops' sockets accepts");
+        assert_eq!(peer, client.local_addr().expect("addr"));
+        drop(stream);
+    }
+
+    #[test]
+    fn a_shared_listener_is_handed_to_every_loop() {
+        let one = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = one.local_addr().expect("addr");
+        let all = share(one, 3).expect("shared");
+        assert_eq!(all.len(), 3);
+        assert!(all.iter().all(|l| l.local_addr().expect("addr") == addr));
+    }
+
+    #[test]
+    fn servers_asking_for_as_many_loops_share_them_while_they_live() {
+        let a = group(3).expect("loops");
+        let b = group(3).expect("loops");
+        assert!(Arc::ptr_eq(&a, &b), "one set of three loops per process");
+        assert_eq!(a.handles().len(), 3);
+        let other = group(5).expect("loops");
+        assert_eq!(other.handles().len(), 5);
+        // Each loop runs tasks on a thread of its own.
+        let names: Vec<String> = a
+            .handles()
+            .iter()
+            .map(|h| {
+                let (tx, rx) = std::sync::mpsc::channel();
+                h.spawn(async move {
+                    let _ = tx.send(std::thread::current().name().map(str::to_owned));
+                });
+                rx.recv()
+                    .expect("the loop runs the task")
+                    .unwrap_or_default()
+            })
+            .collect();
+        assert_eq!(names, ["intercept-w0", "intercept-w1", "intercept-w2"]);
+        let weak = Arc::downgrade(&a);
+        drop((a, b));
+        assert!(
+            weak.upgrade().is_none(),
+            "the loops end with their last user"
+        );
+    }
+}

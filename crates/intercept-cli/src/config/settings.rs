@@ -330,10 +330,10 @@ pub const SETTINGS: &[Setting] = &[
         value: "BYTES",
         default: "67108864 (64 MiB)",
         doc: "With `trace_dir`: most bytes of trace lines handed to the trace writer and not \
-            yet written. A call whose line does not fit waits in its record step until the \
-            writer made room (a slow or stopped disk slows the calls instead of growing \
-            memory). Also the most a crash of the process can lose (see \
-            [sidecar.md](sidecar.md#trace-files)).",
+            yet written. While it is full a call waits in its record step until the writer \
+            made room (a slow or stopped disk slows the calls instead of growing memory; \
+            the wait holds the call, not its event loop). Also the most a crash of the \
+            process can lose (see [sidecar.md](sidecar.md#trace-files)).",
     },
     Setting {
         key: "trace_flush_secs",
