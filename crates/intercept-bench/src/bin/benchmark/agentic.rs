@@ -15,7 +15,7 @@ use intercept_bench::procfs;
 use serde_json::{json, Value};
 
 use super::sidecar::Sidecar;
-use super::{start_nginx, Env, Group, Helper, NginxTuning, Target, SERVE, SESSIONS};
+use super::{start_nginx, Env, Group, Helper, NginxTuning, Target, BEFORE, SERVE, SESSIONS};
 
 /// Rollouts per wave.
 const WAVE: usize = 16;
@@ -162,6 +162,16 @@ pub(super) fn run(env: &Env, upstream: &mut Helper, nginx_on_path: bool) -> Resu
     );
     let direct_url = format!("http://{upstream_addr}/v1/chat/completions");
     let mut sidecar = Sidecar::start(env, &upstream_base, SESSIONS, "agentic")?;
+    let mut earlier = match &env.before {
+        Some(program) => Some(Sidecar::start_program(
+            env,
+            program,
+            &upstream_base,
+            SESSIONS,
+            "agentic-before",
+        )?),
+        None => None,
+    };
     let nginx = if nginx_on_path {
         Some(start_nginx(
             env,
@@ -183,6 +193,8 @@ pub(super) fn run(env: &Env, upstream: &mut Helper, nginx_on_path: bool) -> Resu
     let secrets = sidecar.secrets.clone();
     let (mut direct, mut serve, mut via_nginx) =
         (Tally::default(), Tally::default(), Tally::default());
+    let mut serve_before = Tally::default();
+    let mut before_upstream = 0u64;
     let mut serve_upstream = 0u64;
     let mut upstream_equal = true;
     for _ in 0..env.rounds.max(1) {
@@ -204,6 +216,15 @@ pub(super) fn run(env: &Env, upstream: &mut Helper, nginx_on_path: bool) -> Resu
         serve_upstream += received;
         upstream_equal &= received == r["calls"].as_u64().unwrap_or(0);
 
+        if let Some(b) = &earlier {
+            let before = requests(upstream)?;
+            let r = agentgen(env, &b.url, &b.secrets, serve_before.rollouts, &[b.pid()])?;
+            serve_before.add(&r);
+            let received = requests(upstream)? - before;
+            before_upstream += received;
+            upstream_equal &= received == r["calls"].as_u64().unwrap_or(0);
+        }
+
         if let Some(n) = &nginx {
             let before = requests(upstream)?;
             let r = agentgen(env, &n.url, &secrets, via_nginx.rollouts, &nginx_pids)?;
@@ -214,13 +235,17 @@ pub(super) fn run(env: &Env, upstream: &mut Helper, nginx_on_path: bool) -> Resu
     let recorded = sidecar.settle(serve_upstream)?;
     let rss1 = sidecar.rss_kib();
     drop(sidecar);
+    if let Some(b) = earlier.as_mut() {
+        upstream_equal &= b.settle(before_upstream)?.is(before_upstream);
+    }
+    drop(earlier);
     drop(nginx);
     let recorded_all = recorded.is(serve_upstream) && upstream_equal && serve.errors == 0;
     let rss_per_call = (rss1.saturating_sub(rss0) * 1024) as f64 / serve.calls.max(1) as f64;
     let raw_per_call = serve.raw_bytes as f64 / serve.calls.max(1) as f64;
 
     println!(
-        "  {:<16} {:>7} {:>9} {:>12} {:>13} {:>14} {:>8} {:>9}",
+        "  {:<22} {:>7} {:>9} {:>12} {:>13} {:>14} {:>8} {:>9}",
         "target",
         "calls",
         "calls/s",
@@ -231,13 +256,18 @@ pub(super) fn run(env: &Env, upstream: &mut Helper, nginx_on_path: bool) -> Resu
         "p99 ms"
     );
     let fmt = |v: Option<f64>, p: usize| v.map_or("-".to_owned(), |v| format!("{v:.p$}"));
-    for (name, t) in [("direct", &direct), (SERVE, &serve), ("nginx", &via_nginx)] {
+    for (name, t) in [
+        ("direct", &direct),
+        (SERVE, &serve),
+        (BEFORE, &serve_before),
+        ("nginx", &via_nginx),
+    ] {
         if t.calls == 0 {
             continue;
         }
         let p99 = t.p99_us.iter().copied().max().unwrap_or(0) as f64 / 1000.0;
         println!(
-            "  {name:<16} {:>7} {:>9.0} {:>12} {:>13} {:>14} {:>8} {:>9.2}",
+            "  {name:<22} {:>7} {:>9.0} {:>12} {:>13} {:>14} {:>8} {:>9.2}",
             t.calls,
             t.rps(),
             fmt(t.cpu_us_per_call(), 1),
@@ -308,6 +338,7 @@ pub(super) fn run(env: &Env, upstream: &mut Helper, nginx_on_path: bool) -> Resu
             "turns": TURNS,
             "direct": direct.to_json(),
             "serve": serve.to_json(),
+            "serve_before": (serve_before.calls > 0).then(|| serve_before.to_json()),
             "nginx": have_nginx.then(|| via_nginx.to_json()),
             "serve_recorded": recorded.to_json(),
             "serve_upstream_requests": serve_upstream,

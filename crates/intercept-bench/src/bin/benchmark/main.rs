@@ -94,6 +94,12 @@ struct BenchOptions {
     /// 0 and the rig on core 1.
     #[arg(long)]
     unpinned: bool,
+    /// A folder with another build's `intercept` binary (an earlier commit's
+    /// `target/release`, copied aside): it runs as one more target of the load and
+    /// agentic cases, `intercept-serve-before`, in the same rounds, so that a change is
+    /// measured before and after in one run.
+    #[arg(long, value_name = "DIR")]
+    before: Option<PathBuf>,
     /// Rounds per load case (default: 1 quick, 3 full). Each round runs every target for
     /// its share of the case's time, targets one after another, so a slow spell of a
     /// shared machine hits all of them; each target's median round (by req/s) is
@@ -128,8 +134,10 @@ const SERVE: &str = "intercept-serve";
 /// The recording group's goal for `intercept serve --trace-dir`'s CPU per request, as a
 /// multiple of nginx's.
 const SERVE_CPU_GOAL: f64 = 1.25;
+/// `intercept serve --trace-dir` of the build given by `--before`.
+const BEFORE: &str = "intercept-serve-before";
 /// The targets of every load case, in the order of the table.
-const MODES: [&str; 4] = ["direct", PROXY, SERVE, "nginx"];
+const MODES: [&str; 5] = ["direct", PROXY, SERVE, BEFORE, "nginx"];
 
 /// One load case.
 #[derive(Debug, Clone, Copy)]
@@ -297,12 +305,19 @@ struct Env {
     taskset: bool,
     rounds: usize,
     quick: bool,
+    /// The `intercept` binary of `--before`, when given.
+    before: Option<PathBuf>,
 }
 
 impl Env {
     /// A command for one of the bench binaries, pinned to `core` when taskset exists.
     fn command(&self, program: &str, core: u32) -> Command {
-        let path = self.bin.join(program);
+        self.command_at(&self.bin.join(program), core)
+    }
+
+    /// A command for the program at `path`, pinned to `core` when taskset exists.
+    fn command_at(&self, path: &Path, core: u32) -> Command {
+        let path = path.to_path_buf();
         if self.taskset {
             let mut cmd = Command::new("taskset");
             cmd.arg("-c").arg(core.to_string()).arg(path);
@@ -701,7 +716,13 @@ fn prepare(options: &BenchOptions) -> Result<(Env, bool, Value)> {
             .rounds
             .unwrap_or(if options.quick { 1 } else { 3 })
             .max(1),
+        before: options.before.as_ref().map(|dir| dir.join("intercept")),
     };
+    if let Some(before) = &env.before {
+        if !before.is_file() {
+            bail!("--before: {} is not a file", before.display());
+        }
+    }
     let nginx_on_path = !options.no_nginx && has_program("nginx", "-v");
     let machine = json!({
         "nproc": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
@@ -783,6 +804,16 @@ fn run(options: &BenchOptions) -> Result<()> {
     let mut serve_recorded_all = true;
     for &case in CASES {
         let mut sidecar = Sidecar::start(&env, &upstream_base, SESSIONS, &case_tag(case))?;
+        let before = match &env.before {
+            Some(program) => Some(Sidecar::start_program(
+                &env,
+                program,
+                &upstream_base,
+                SESSIONS,
+                &format!("{}-before", case_tag(case)),
+            )?),
+            None => None,
+        };
         let mut rounds: Vec<Row> = Vec::new();
         for _ in 0..env.rounds {
             rounds.push(measure(
@@ -812,6 +843,17 @@ fn run(options: &BenchOptions) -> Result<()> {
                 Some(sidecar.pid()),
                 &mut upstream,
             )?);
+            if let Some(b) = &before {
+                rounds.push(measure(
+                    &env,
+                    case,
+                    BEFORE,
+                    &b.url,
+                    &b.secrets,
+                    Some(b.pid()),
+                    &mut upstream,
+                )?);
+            }
             if let (Some(n), Some(pid)) = (&nginx, nginx_pid) {
                 rounds.push(measure(
                     &env,
@@ -832,6 +874,23 @@ fn run(options: &BenchOptions) -> Result<()> {
         let recorded = sidecar.settle(proxied)?;
         let rss_kib = sidecar.rss_kib();
         drop(sidecar);
+        if let Some(mut b) = before {
+            let proxied: u64 = rounds
+                .iter()
+                .filter(|r| r.mode == BEFORE)
+                .map(|r| r.upstream_requests)
+                .sum();
+            let recorded = b.settle(proxied)?;
+            println!(
+                "  {BEFORE} recorded {} calls; the upstream received {proxied} requests from                  it ({})",
+                recorded.calls,
+                if recorded.is(proxied) {
+                    "equal"
+                } else {
+                    "NOT equal"
+                }
+            );
+        }
         let equal = recorded.is(proxied);
         serve_recorded_all &= equal;
         println!(

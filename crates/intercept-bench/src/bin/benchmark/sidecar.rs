@@ -90,13 +90,25 @@ impl Sidecar {
         sessions: usize,
         tag: &str,
     ) -> Result<Sidecar> {
+        let program = env.bin.join("intercept");
+        Sidecar::start_program(env, &program, upstream_base, sessions, tag)
+    }
+
+    /// [`Sidecar::start`] with the `intercept` binary at `program` (another build's).
+    pub(super) fn start_program(
+        env: &Env,
+        program: &std::path::Path,
+        upstream_base: &str,
+        sessions: usize,
+        tag: &str,
+    ) -> Result<Sidecar> {
         let trace_dir = env.out.join(format!("serve-{tag}"));
         if trace_dir.exists() {
             std::fs::remove_dir_all(&trace_dir)
                 .with_context(|| format!("cannot empty {}", trace_dir.display()))?;
         }
         std::fs::create_dir_all(&trace_dir)?;
-        let mut cmd = env.command("intercept", 0);
+        let mut cmd = env.command_at(program, 0);
         cmd.args(["serve", "--upstream", upstream_base, "--model", "bench"])
             .arg("--trace-dir")
             .arg(&trace_dir)
