@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -102,8 +103,36 @@ def test_a_file_that_is_not_a_log_is_refused_clearly(tmp_path: Path) -> None:
         intercept.read_trace(tmp_path / "missing.jsonl")
 
 
+MESSAGE_FIELDS = {"role", "content", "reasoning", "tool_calls", "tool_call_id", "state"}
+
+
+def _as_episode_message(row: dict[str, Any]) -> dict[str, Any]:
+    """An exported message as the episode writes it: null and empty fields left out, a
+    part's `data` and a call's `arguments` parsed back from their JSON text."""
+    out: dict[str, Any] = {"role": row["role"]}
+    parts = []
+    for part in row["content"]:
+        kind = part["type"]
+        if kind == "data":
+            parts.append({"type": "data", "value": json.loads(part["data"])})
+        elif kind == "image":
+            parts.append({"type": "image", "url": part["url"]})
+        else:
+            parts.append({"type": kind, "text": part["text"]})
+    if parts:
+        out["content"] = parts
+    calls = [{"id": c["id"], "name": c["name"], "arguments": json.loads(c["arguments"])} for c in row["tool_calls"]]
+    if calls:
+        out["tool_calls"] = calls
+    for key in ("reasoning", "tool_call_id", "state"):
+        if row[key] is not None:
+            out[key] = row[key]
+    return out
+
+
 def test_parquet_export_reads_in_pyarrow_and_datasets(tmp_path: Path) -> None:
     pq = pytest.importorskip("pyarrow.parquet")
+    pa = pytest.importorskip("pyarrow")
     datasets = pytest.importorskip("datasets")
     files = _demo(tmp_path)
     out = tmp_path / "branches.parquet"
@@ -116,11 +145,36 @@ def test_parquet_export_reads_in_pyarrow_and_datasets(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr
     table = pq.read_table(out)
-    branches = sum(len(intercept.read_trace(f).episode().branches) for f in files)
+    episodes = [intercept.read_trace(f).episode() for f in files]
+    branches = sum(len(e.branches) for e in episodes)
     assert table.num_rows == branches
     assert set(table.column_names) >= {"session", "leaf", "token_ids", "mask", "logprobs", "prompt_len", "completion_tokens", "turns", "messages"}
+    # `messages` is nested data: a list of structs, not text.
+    kind = table.schema.field("messages").type
+    assert pa.types.is_list(kind) and pa.types.is_struct(kind.value_type)
+    assert {kind.value_type.field(i).name for i in range(kind.value_type.num_fields)} == MESSAGE_FIELDS
     rows = table.to_pylist()
     assert {r["session"] for r in rows} == {f.stem for f in files}
-    assert all(json.loads(r["messages"])[-1]["role"] == "assistant" for r in rows)
-    ds = datasets.Dataset.from_parquet(str(out))
+    # Each row's messages are its branch's path, message for message.
+    by_session = {e.session: e for e in episodes}
+    for r in rows:
+        episode = by_session[r["session"]]
+        assert [_as_episode_message(m) for m in r["messages"]] == [episode.nodes[n].message for n in r["path"]]
+        assert r["messages"][-1]["role"] == "assistant"
+
+    # Hugging Face datasets: a `messages` feature of dicts with the message's fields.
+    ds = datasets.load_dataset("parquet", data_files=str(out), split="train", cache_dir=str(tmp_path / "hf"))
     assert len(ds) == branches and ds[0]["session"] in {f.stem for f in files}
+    feature = ds.features["messages"]
+    item = getattr(feature, "feature", None)
+    if item is None and isinstance(feature, list):
+        item = feature[0]
+    assert isinstance(item, dict) and set(item) == MESSAGE_FIELDS, feature
+    assert isinstance(item["role"], datasets.Value) and item["role"].dtype == "string"
+    for i in range(len(ds)):
+        messages = ds[i]["messages"]
+        assert isinstance(messages, list) and all(isinstance(m, dict) and set(m) == MESSAGE_FIELDS for m in messages)
+        assert messages == rows[i]["messages"]
+    first = ds[0]["messages"][0]
+    assert isinstance(first["content"], list) and isinstance(first["content"][0], dict)
+    assert first["content"][0]["type"] == "text" and isinstance(first["content"][0]["text"], str)
