@@ -56,6 +56,7 @@ from ._episode import Branch, Episode, EpisodeSummary, Node
 from ._records import CallError, CallRecord, PauseStatus, ServerStatus, Totals, Trace, TraceLog, Usage, read_trace
 from ._session import Session
 from ._tokens import Tokens
+from ._types import Dialect, PauseMode, SessionStatus
 
 __all__ = [
     "__version__",
@@ -68,6 +69,9 @@ __all__ = [
     "Slot",
     "Session",
     "Tokens",
+    "Dialect",
+    "PauseMode",
+    "SessionStatus",
     "Stop",
     "CallInfo",
     "Trace",

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Union
 
 from ._errors import InvalidRequestError, RolloutConcludedError
+from ._types import Dialect
 
 __all__ = ["Stop", "CallInfo", "RequestHook", "ResponseHook"]
 
@@ -26,7 +27,7 @@ class Stop:
 class CallInfo:
     """What a hook that takes two arguments learns about the call."""
 
-    dialect: str
+    dialect: Dialect
     """`chat_completions`, `responses`, `messages` or `completions`."""
     stream: bool
     """Whether the harness asked for a stream."""
@@ -72,7 +73,7 @@ def run_hook(
     fn: Callable[..., Any],
     payload: bytes,
     with_call: bool,
-    call: tuple[str, bool, int, str, list[tuple[str, str]]],
+    call: tuple[Dialect, bool, int, str, list[tuple[str, str]]],
     done: Callable[[int, str | None], None],
 ) -> concurrent.futures.Future[Any]:
     """Schedules `fn` on `loop` (called by the native server from its own threads) and
@@ -141,7 +142,7 @@ def run_generate(
     fn: Callable[..., Any],
     payload: bytes,
     with_call: bool,
-    call: tuple[str, bool, int, str, list[tuple[str, str]]],
+    call: tuple[Dialect, bool, int, str, list[tuple[str, str]]],
     done: Callable[[int, str | None], None],
 ) -> concurrent.futures.Future[Any]:
     """Schedules a generate hook `fn(body, call)` on `loop` (called by the native server)

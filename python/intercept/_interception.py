@@ -12,6 +12,7 @@ from . import _native
 from ._errors import InvalidRequestError
 from ._records import PauseStatus, ServerStatus
 from ._session import Session
+from ._types import PauseMode, expect, wrong_type
 from .tunnels import Tunnel, tunnel_config
 
 __all__ = ["Server", "StaticPool", "ElasticPool", "Slot", "Interception"]
@@ -88,8 +89,7 @@ class Slot:
         `404 Tunnel not found or no longer active`): the server behind the slot is healed
         at once (a new tunnel, or a new server), and the rollout should be retried on a
         new slot. False for any other failure, and for a released slot."""
-        if not isinstance(text, str):
-            raise InvalidRequestError("report_tunnel_failure: `text` must be a string")
+        expect("text", text, str, "a str")
         return bool(self._native.report_tunnel_failure(text))
 
     @property
@@ -112,6 +112,14 @@ class Slot:
         return f"Slot(base_url={self.base_url!r}, session={self.session.id!r}, released={self.released})"
 
 
+def _pause_seconds(mode: object, timeout: object, retry_after: object) -> float:
+    """The seconds of a pause in `mode`, the arguments' types checked."""
+    expect("mode", mode, str, "'hold' or 'reject'")
+    expect("timeout", timeout, (int, float), "a number of seconds")
+    expect("retry_after", retry_after, (int, float), "a number of seconds")
+    return float(timeout if mode == "hold" else retry_after)  # type: ignore[arg-type]
+
+
 class _Acquire:
     """`await ic.acquire(s)` gives a `Slot`; `async with ic.acquire(s) as slot:` releases it on exit."""
 
@@ -124,12 +132,16 @@ class _Acquire:
 
     async def _acquire(self) -> Slot:
         session = self._session
-        if not isinstance(session, Session):
-            raise InvalidRequestError(f"acquire: expected an intercept.Session, got {type(session).__name__}")
+        # Claimed while the acquire runs (a concurrent acquire of the same session is a
+        # ConflictError), given back if it fails or is cancelled: a retry may succeed.
         session._claim()
-        if session._hooks:
-            session._native.bind_loop(asyncio.get_running_loop())
-        native = await self._ic._native.acquire(session._native)
+        try:
+            if session._hooks:
+                session._native.bind_loop(asyncio.get_running_loop())
+            native = await self._ic._native.acquire(session._native)
+        except BaseException:
+            session._unclaim()
+            raise
         return Slot(native, session)
 
     def __await__(self) -> Generator[Any, None, Slot]:
@@ -173,7 +185,10 @@ class Interception:
 
     def acquire(self, session: Session) -> _Acquire:
         """Registers `session` on a server and gives its `Slot` (awaitable, or an async
-        context manager that releases the slot on exit)."""
+        context manager that releases the slot on exit). An acquire that fails (not
+        started, no room before `wait_timeout`, a session setting refused) or is cancelled
+        leaves `session` free to be acquired again."""
+        expect("session", session, Session, "an intercept.Session")
         return _Acquire(self, session)
 
     @property
@@ -195,11 +210,11 @@ class Interception:
         servers = await self.servers()
         return servers[0].base_url if servers else None
 
-    async def pause(self, mode: str = "hold", *, timeout: float = 600.0, retry_after: float = 5.0) -> PauseStatus:
+    async def pause(self, mode: PauseMode = "hold", *, timeout: float = 600.0, retry_after: float = 5.0) -> PauseStatus:
         """Pauses new model calls (weight sync). `hold`: they wait for `resume()` (at most
         `timeout` s, then 503); `reject`: 429 with `Retry-After: retry_after` at once.
         Calls already admitted finish. Swap weights once `inflight` is 0."""
-        seconds = timeout if mode == "hold" else retry_after
+        seconds = _pause_seconds(mode, timeout, retry_after)
         return PauseStatus(**json.loads(await self._native.pause(mode, float(seconds))))
 
     async def resume(self) -> PauseStatus:
@@ -234,6 +249,8 @@ class StaticPool(Interception):
     `{"tunnel": ..., "listen": "127.0.0.1:8100"}`."""
 
     def __init__(self, servers: int | Sequence[Any] = 2, **settings: Any) -> None:
+        if isinstance(servers, str) or not isinstance(servers, (int, Sequence)) or isinstance(servers, bool):
+            wrong_type("servers", "a count (int) or a list with one entry per server", servers)
         if isinstance(servers, int):
             if servers < 1:
                 raise InvalidRequestError("StaticPool: at least one server")
@@ -268,6 +285,7 @@ class ElasticPool(Interception):
     """
 
     def __init__(self, multiplex: int = 32, tunnel: Tunnel | None = None, **settings: Any) -> None:
+        expect("multiplex", multiplex, int, "an int (sessions per server)")
         t = tunnel_config(tunnel)
         knobs = {k: settings.pop(k) for k in list(settings) if k in POOL_KNOBS}
         knobs = {k: v for k, v in knobs.items() if v is not None}

@@ -12,33 +12,55 @@ from ._errors import ConflictError, InvalidRequestError
 from ._hooks import RequestHook, ResponseHook, takes_call
 from ._records import Totals, Trace
 from ._tokens import Tokens, tokens_config
+from ._types import SessionStatus, expect, wrong_type
 
 __all__ = ["Session"]
 
 _LIMIT_KEYS = ("max_turns", "max_input_tokens", "max_output_tokens", "max_total_tokens")
 
 
-def _upstream(upstream: Any, api_key: str | None, headers: Mapping[str, str] | None) -> dict[str, Any]:
+def _upstream(upstream: Any, api_key: Any, headers: Any) -> dict[str, Any]:
     if isinstance(upstream, str):
         out: dict[str, Any] = {"base_url": upstream}
     elif isinstance(upstream, Mapping):
         out = dict(upstream)
     elif isinstance(upstream, Sequence):
         urls = list(upstream)
-        if not urls or not all(isinstance(u, str) for u in urls):
+        for i, u in enumerate(urls):
+            expect(f"upstream[{i}]", u, str, "a URL string")
+        if not urls:
             raise InvalidRequestError("upstream: a list of engines must hold at least one URL string")
         out = {"base_urls": urls}
     else:
-        raise InvalidRequestError(
-            f"upstream: expected a URL such as 'http://127.0.0.1:8000/v1', a list of URLs or a dict, got {type(upstream).__name__}"
-        )
+        wrong_type("upstream", "a URL such as 'http://127.0.0.1:8000/v1', a list of URLs or a dict", upstream)
     if api_key is not None:
+        expect("api_key", api_key, str, "a str or None")
         out["api_key"] = api_key
+    if headers is not None:
+        expect("headers", headers, Mapping, "a dict of header names to values, or None")
     if headers:
-        out["headers"] = [[str(k), str(v)] for k, v in headers.items()]
+        out["headers"] = _header_pairs("headers", headers)
     elif isinstance(out.get("headers"), Mapping):
-        out["headers"] = [[str(k), str(v)] for k, v in out["headers"].items()]
+        out["headers"] = _header_pairs("upstream.headers", out["headers"])
     return out
+
+
+def _header_pairs(name: str, headers: Mapping[Any, Any]) -> list[list[str]]:
+    for k, v in headers.items():
+        expect(f"{name} key", k, str, "a header name (str)")
+        expect(f"{name}[{k!r}]", v, str, "a header value (str)")
+    return [[k, v] for k, v in headers.items()]
+
+
+def _json_arg(name: str, value: Any) -> None:
+    """`TypeError` unless `value` is JSON data; `InvalidRequestError` for a number JSON
+    cannot hold (NaN, infinity)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except TypeError as e:
+        raise TypeError(f"{name}: expected JSON data (dict, list, str, int, float, bool or None): {e}") from None
+    except ValueError as e:
+        raise InvalidRequestError(f"{name}: must be JSON data: {e}") from None
 
 
 class Session:
@@ -62,7 +84,11 @@ class Session:
     `hook_headers` names request headers the hooks consume: their values arrive in
     `CallInfo.headers` and are not forwarded upstream (credentials never are handed over).
 
-    A session is acquired once; make a new one per rollout.
+    A session is acquired once; make a new one per rollout. An acquire that fails or is
+    cancelled leaves it free to be acquired again.
+
+    An argument of the wrong type raises `TypeError` naming it; a value of the right type
+    that is not allowed raises `InvalidRequestError` (a `ValueError`).
     """
 
     def __init__(
@@ -82,39 +108,48 @@ class Session:
         hook_headers: Sequence[str] = (),
         tokens: Tokens | Mapping[str, Any] | None = None,
     ) -> None:
-        if not isinstance(id, str) or not id:
+        expect("id", id, str, "a str")
+        if not id:
             raise InvalidRequestError("session: `id` must be a non-empty string")
-        if not isinstance(model, str):
-            raise InvalidRequestError("session: `model` must be a string")
+        expect("model", model, str, "a str")
         for name, hook in (("on_request", on_request), ("on_response", on_response)):
             if hook is not None and not callable(hook):
-                raise InvalidRequestError(f"session: `{name}` must be callable")
+                wrong_type(name, "a callable (sync or async) or None", hook)
+        if sampling is not None:
+            expect("sampling", sampling, Mapping, "a dict of sampling parameters, or None")
+        if limits is not None:
+            expect("limits", limits, Mapping, "a dict such as {'max_turns': 32}, or None")
+            for key, value in limits.items():
+                if value is not None:
+                    expect(f"limits[{key!r}]", value, int, "an int or None")
+        expect("capture_tokens", capture_tokens, bool, "a bool")
+        if isinstance(hook_headers, str) or not isinstance(hook_headers, Sequence):
+            wrong_type("hook_headers", "a list of header names", hook_headers)
+        for i, h in enumerate(hook_headers):
+            expect(f"hook_headers[{i}]", h, str, "a header name (str)")
         config = {
             "id": id,
             "model": model,
             "sampling": dict(sampling or {}),
             "upstream": _upstream(upstream, api_key, headers),
-            "limits": {k: v for k, v in dict(limits or {}).items()},
+            "limits": dict(limits or {}),
             "task": task,
         }
         tokens_json = tokens_config(tokens)
         if tokens_json is not None:
             config["tokens"] = tokens_json
-        try:
-            text = json.dumps(config, allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise InvalidRequestError(f"session: sampling, limits and task must be JSON values: {e}") from None
+        for key in ("upstream", "sampling", "limits", "task"):
+            _json_arg(key, config[key])
+        text = json.dumps(config, allow_nan=False)
         self._native = _native.NativeSession(
             text,
-            bool(capture_tokens),
+            capture_tokens,
             on_request,
             on_request is not None and takes_call(on_request),
             on_response,
             on_response is not None and takes_call(on_response),
         )
         if hook_headers:
-            if isinstance(hook_headers, str) or not all(isinstance(h, str) for h in hook_headers):
-                raise InvalidRequestError("session: `hook_headers` must be a list of header names")
             self._native.set_hook_headers(list(hook_headers))
         self._id = id
         self._model = model
@@ -130,9 +165,19 @@ class Session:
         return self._model
 
     def _claim(self) -> None:
+        """Marks the session taken by an acquire; a second acquire raises `ConflictError`."""
         if self._acquired:
-            raise ConflictError(f"session {self._id!r} was already acquired; make a new Session per rollout")
+            raise ConflictError(
+                f"session {self._id!r} was already acquired (or is being acquired); make a new Session per rollout"
+            )
         self._acquired = True
+
+    def _unclaim(self) -> None:
+        """Gives the claim back after an acquire that failed or was cancelled, so the same
+        session can be acquired again, unless the native side already concluded it (an
+        acquire cancelled after its slot was made releases that slot)."""
+        if self._native.status() != "released":
+            self._acquired = False
 
     def trace(self) -> Trace:
         """The trace so far (a snapshot of the session's log): every recorded call as a
@@ -156,9 +201,9 @@ class Session:
         return int(self._native.calls())
 
     @property
-    def status(self) -> str:
+    def status(self) -> SessionStatus:
         """`active`, `stopped` or `released`."""
-        return str(self._native.status())
+        return self._native.status()
 
     @property
     def stop_condition(self) -> str | None:
@@ -167,6 +212,7 @@ class Session:
 
     def stop(self, reason: str) -> None:
         """Stops the rollout (the first condition wins): later calls get 400 `rollout stopped: <reason>`."""
+        expect("reason", reason, str, "a str")
         self._native.stop(reason)
 
     def totals(self) -> Totals:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -24,6 +24,8 @@ from . import _interception
 from ._interception import Interception as _AsyncInterception
 from ._records import PauseStatus, ServerStatus
 from ._session import Session
+from ._types import PauseMode
+from .tunnels import Tunnel
 
 __all__ = ["Server", "StaticPool", "ElasticPool", "Slot"]
 
@@ -39,7 +41,14 @@ class _Portal:
         self._thread.start()
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        """Runs `coro` on the loop and waits for it; an interruption of the wait (Ctrl-C)
+        cancels it there too, so nothing outlives the call (an acquire holds no slot)."""
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result()
+        except BaseException:
+            fut.cancel()
+            raise
 
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -61,6 +70,16 @@ class Slot:
     @property
     def base_url(self) -> str:
         return self._slot.base_url
+
+    @property
+    def openai_base_url(self) -> str:
+        """`base_url + "/v1"`, what OpenAI SDKs take."""
+        return self._slot.openai_base_url
+
+    @property
+    def anthropic_base_url(self) -> str:
+        """`base_url`, what Anthropic SDKs take."""
+        return self._slot.anthropic_base_url
 
     @property
     def model_secret(self) -> str:
@@ -90,6 +109,11 @@ class Slot:
         """Frees the slot; returns once the trace is sealed."""
         self._portal.call(self._slot.release())
 
+    def release_now(self) -> None:
+        """Frees the slot at once without waiting (calls in flight are cancelled and
+        recorded in the background)."""
+        self._slot.release_now()
+
     def __enter__(self) -> Slot:
         return self
 
@@ -100,11 +124,16 @@ class Slot:
         return f"sync.{self._slot!r}"
 
 
-class _Sync:
-    _cls: type[_AsyncInterception]
+_S = TypeVar("_S", bound="_Sync")
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._ic = self._cls(*args, **kwargs)
+
+class _Sync:
+    """What every blocking interception offers: the async one's methods, each waiting."""
+
+    _ic: _AsyncInterception
+
+    def __init__(self, ic: _AsyncInterception) -> None:
+        self._ic = ic
         self._portal: _Portal | None = None
 
     def _p(self) -> _Portal:
@@ -113,11 +142,13 @@ class _Sync:
         return self._portal
 
     def start(self) -> None:
+        """Brings the servers (and tunnels) up; see `intercept.Interception.start`."""
         if self._portal is None:
             self._portal = _Portal()
         self._portal.call(self._ic.start())
 
     def stop(self) -> None:
+        """Stops everything and seals every session; see `intercept.Interception.stop`."""
         portal = self._portal
         if portal is None:
             return
@@ -127,7 +158,7 @@ class _Sync:
             self._portal = None
             portal.close()
 
-    def __enter__(self) -> _Sync:
+    def __enter__(self: _S) -> _S:
         try:
             self.start()
         except BaseException:
@@ -139,48 +170,68 @@ class _Sync:
         self.stop()
 
     def acquire(self, session: Session) -> Slot:
-        """Registers `session` and returns its slot (a context manager that releases it)."""
+        """Registers `session` and returns its slot (a context manager that releases it).
+        An acquire that fails or is interrupted leaves `session` free to be acquired
+        again."""
+        pending = self._ic.acquire(session)
         portal = self._p()
 
         async def go() -> _interception.Slot:
-            return await self._ic.acquire(session)
+            return await pending
 
         return Slot(portal.call(go()), portal)
 
     @property
     def load(self) -> int:
+        """Sessions holding a slot."""
         return self._ic.load
 
     @property
     def inflight(self) -> int:
+        """Model calls in flight."""
         return self._ic.inflight
 
     def servers(self) -> list[ServerStatus]:
+        """The servers as they are now."""
         return self._p().call(self._ic.servers())
 
-    def pause(self, mode: str = "hold", *, timeout: float = 600.0, retry_after: float = 5.0) -> PauseStatus:
+    def base_url(self) -> str | None:
+        """The first server's base URL (for a `Server`: its URL), None before start."""
+        if self._portal is None:
+            return None
+        return self._portal.call(self._ic.base_url())
+
+    def pause(self, mode: PauseMode = "hold", *, timeout: float = 600.0, retry_after: float = 5.0) -> PauseStatus:
+        """Pauses new model calls; see `intercept.Interception.pause`."""
         return self._p().call(self._ic.pause(mode, timeout=timeout, retry_after=retry_after))
 
     def resume(self) -> PauseStatus:
+        """Resumes model calls; the pause epoch goes up by one."""
         return self._p().call(self._ic.resume())
 
     def pause_status(self) -> PauseStatus:
         return self._ic.pause_status()
 
+    def __repr__(self) -> str:
+        return f"sync.{self._ic!r}"
+
 
 class Server(_Sync):
     """`intercept.Server`, blocking."""
 
-    _cls = _interception.Server
+    def __init__(self, *, tunnel: Tunnel | None = None, **settings: Any) -> None:
+        super().__init__(_interception.Server(tunnel=tunnel, **settings))
 
 
 class StaticPool(_Sync):
     """`intercept.StaticPool`, blocking."""
 
-    _cls = _interception.StaticPool
+    def __init__(self, servers: int | Sequence[Any] = 2, **settings: Any) -> None:
+        super().__init__(_interception.StaticPool(servers, **settings))
 
 
 class ElasticPool(_Sync):
     """`intercept.ElasticPool`, blocking."""
 
-    _cls = _interception.ElasticPool
+    def __init__(self, multiplex: int = 32, tunnel: Tunnel | None = None, **settings: Any) -> None:
+        super().__init__(_interception.ElasticPool(multiplex, tunnel, **settings))

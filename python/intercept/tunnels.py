@@ -84,4 +84,7 @@ def tunnel_config(tunnel: Tunnel | None) -> dict[str, Any] | None:
         if out.get("type") in (None, "none"):
             return None
         return out
-    raise InvalidRequestError(f"tunnel: expected a tunnel from intercept.tunnels, got {type(tunnel).__name__}")
+    raise TypeError(
+        f"tunnel: expected a tunnel from intercept.tunnels (Custom, Bore, Prime), a dict, 'prime' or None; "
+        f"got {type(tunnel).__name__}"
+    )

@@ -169,8 +169,8 @@ class _Compat:
                 yield (slot.base_url, slot.model_secret, slot.state_secret)
             return
         if not isinstance(session, vf().session_cls):
-            raise InvalidRequestError(
-                f"acquire: expected a verifiers RolloutSession or an intercept.Session, got {type(session).__name__}"
+            raise TypeError(
+                f"session: expected a verifiers RolloutSession or an intercept.Session, got {type(session).__name__}"
             )
         train = is_train_config(session.ctx.client)
         client = self._train_clients.get(session.ctx.client) if train else None

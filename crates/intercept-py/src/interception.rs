@@ -6,6 +6,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -23,6 +24,16 @@ fn secs(name: &str, v: f64) -> PyResult<Duration> {
             "{name}: expected a non-negative number of seconds, got {v}"
         ))
     })
+}
+
+/// A setting refused by serde: `TypeError` when its value has the wrong type (serde's
+/// `invalid type: ..., expected ...`, which names both), `InvalidRequestError` otherwise.
+fn type_or_invalid(message: String) -> PyErr {
+    if message.contains("invalid type: ") {
+        PyTypeError::new_err(message)
+    } else {
+        invalid(message)
+    }
 }
 
 /// One interception of any shape (see `python/intercept/_interception.py`).
@@ -62,12 +73,12 @@ impl NativeInterception {
     /// `ServerConfig`'s fields (see [`intercept_pool::server_config`]).
     #[new]
     fn new(config_json: &str, requires_tunnel: bool, settings_json: &str) -> PyResult<Self> {
-        let config: InterceptionConfig<TunnelConfig> =
-            serde_json::from_str(config_json).map_err(|e| invalid(format!("interception: {e}")))?;
+        let config: InterceptionConfig<TunnelConfig> = serde_json::from_str(config_json)
+            .map_err(|e| type_or_invalid(format!("interception: {e}")))?;
         let settings: serde_json::Map<String, serde_json::Value> =
             serde_json::from_str(settings_json)
                 .map_err(|e| invalid(format!("server settings: {e}")))?;
-        let server = server_config(&settings).map_err(invalid)?;
+        let server = server_config(&settings).map_err(type_or_invalid)?;
         let _rt = runtime().enter();
         let inner =
             make_interception_with(&config, requires_tunnel, server).map_err(|e| to_py(&e))?;
