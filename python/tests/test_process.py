@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -104,6 +105,13 @@ def test_intercept_serve_runs_and_stops_on_sigterm_and_sigint() -> None:
             assert proc.stdout is not None
             ready = json.loads(proc.stdout.readline())
             assert ready["event"] == "ready" and ready["control_url"].startswith("http://127.0.0.1:")
+            # The command owns its process and applies the binary's settings to it:
+            # transparent huge pages off (Linux reports it per process).
+            status = Path(f"/proc/{proc.pid}/status")
+            if status.exists():
+                thp = [line for line in status.read_text().splitlines() if line.startswith("THP_enabled:")]
+                if thp:
+                    assert thp[0].split()[1] == "0", thp
             proc.send_signal(sig)
             assert proc.wait(timeout=60) == 0
         finally:

@@ -1,7 +1,9 @@
 //! The global allocator of intercept's processes: [`MiMalloc`], mimalloc called the way
 //! its own `malloc` is fastest, for the `intercept` binary, the Python module and the
-//! bench's proxy. Process-wide choices beyond the allocator (mimalloc's options,
-//! transparent huge pages) stay with the binary that owns the process.
+//! bench's proxy; and [`configure_process`], the process-wide settings (mimalloc's
+//! options, transparent huge pages) that a program owning its process applies first: the
+//! binary's `main` and the wheel's `intercept` command. The Python module imported into a
+//! trainer leaves them to the trainer.
 //!
 //! The `mimalloc` crate's allocator asks mimalloc for an *aligned* block at every
 //! allocation (`mi_malloc_aligned`). That call takes a slower path than `mi_malloc`:
@@ -22,6 +24,57 @@ use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::c_void;
 
 use libmimalloc_sys as mi;
+
+/// Applies the process-wide settings of a process that runs intercept and nothing else
+/// (the binary's `main`, the wheel's `intercept` command), before its work starts:
+///
+/// - transparent huge pages off. With them, memory that grows (traces kept in memory) is
+///   faulted in 2 MiB at a time, each fault zeroing 2 MiB in the middle of a call:
+///   recording into in-memory traces ran at p99 5.6 ms instead of 0.9 ms, with a quarter
+///   more CPU per call (docs/benchmarks.md). mimalloc is built not to ask for them
+///   (`no_thp`); this also covers hosts whose kernel gives them unasked (`enabled =
+///   always`), and the other allocators of the process (the Python interpreter's). A
+///   host that refuses the request keeps its default. Linux only.
+/// - objects over 4 MiB mapped for themselves and unmapped when freed, instead of living
+///   in mimalloc's arenas (its default is 2 GiB). Only a runaway answer (a body read up
+///   to `max_response_bytes`, 256 MiB) makes such objects; unmapped at once, its memory
+///   returns to the system as the call is released, and the allocator keeps its default
+///   purge delay (1,000 ms) for everything else. A purge delay of 1 ms returned the
+///   runaway's memory too, but purged and faulted the pages of ordinary calls again and
+///   again: 1.26 page faults per recorded call and ~3 µs of CPU, against 0.25
+///   (docs/sidecar.md, "Memory of a runaway answer"). `MIMALLOC_ARENA_MAX_OBJECT_SIZE` in
+///   the environment still wins.
+///
+/// Both are settings of the whole process: a library loaded into someone else's program
+/// does not call this.
+pub fn configure_process() {
+    no_transparent_huge_pages();
+    huge_objects_from_the_os();
+}
+
+fn no_transparent_huge_pages() {
+    #[cfg(target_os = "linux")]
+    let _ = rustix::thread::disable_transparent_huge_pages(true);
+}
+
+/// `mi_option_arena_max_object_size` in mimalloc's `mi_option_e` (its header numbers the
+/// options; a test checks that this one reads mimalloc's default, 2 GiB in KiB).
+const MI_OPTION_ARENA_MAX_OBJECT_SIZE: mi::mi_option_t = 45;
+
+/// Objects above this many KiB come straight from the OS and go back to it when freed.
+const OS_OBJECTS_ABOVE_KIB: std::ffi::c_long = 4 * 1024;
+
+fn huge_objects_from_the_os() {
+    if std::env::var_os("MIMALLOC_ARENA_MAX_OBJECT_SIZE").is_some() {
+        return;
+    }
+    // SAFETY: `mi_option_set` stores an integer in mimalloc's option table, which is
+    // valid to do at any time from any thread; the option is a valid `mi_option_t`.
+    #[allow(unsafe_code)]
+    unsafe {
+        mi::mi_option_set(MI_OPTION_ARENA_MAX_OBJECT_SIZE, OS_OBJECTS_ABOVE_KIB);
+    }
+}
 
 /// The alignment of every block `mi_malloc` returns (a machine word).
 const MI_MIN_ALIGN: usize = std::mem::size_of::<usize>();
@@ -82,6 +135,31 @@ unsafe impl GlobalAlloc for MiMalloc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_arena_object_size_option_is_the_one_named_and_configure_sets_it() {
+        // SAFETY: reading an option of mimalloc's table.
+        #[allow(unsafe_code)]
+        let get = || unsafe { mi::mi_option_get(MI_OPTION_ARENA_MAX_OBJECT_SIZE) };
+        let from_env = std::env::var_os("MIMALLOC_ARENA_MAX_OBJECT_SIZE").is_some();
+        if !from_env {
+            assert_eq!(
+                get(),
+                2 << 20,
+                "mimalloc's default arena object limit is 2 GiB, in KiB"
+            );
+        }
+        configure_process();
+        if !from_env {
+            assert_eq!(get(), OS_OBJECTS_ABOVE_KIB);
+        }
+        #[cfg(target_os = "linux")]
+        assert_eq!(
+            rustix::thread::transparent_huge_pages_are_disabled().ok(),
+            Some(true),
+            "this process asked for no transparent huge pages"
+        );
+    }
 
     /// Every size class of mimalloc's small and medium pages, every alignment up to a
     /// page: each block is aligned, writable over its whole size, keeps its bytes when
