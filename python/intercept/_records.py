@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from ._episode import Episode
 
 from ._errors import InterceptError, error_class
+from ._types import Dialect, PauseMode
 
 __all__ = ["Usage", "CallError", "CallRecord", "Trace", "TraceLog", "Totals", "PauseStatus", "ServerStatus"]
 
@@ -63,7 +64,7 @@ class CallRecord:
     """The rollout id."""
     seq: int
     """Per-session sequence number, in the order calls started (from 0)."""
-    dialect: str
+    dialect: Dialect
     """`chat_completions`, `responses`, `messages` or `completions`."""
     endpoint: str
     """The upstream path (e.g. `/chat/completions`)."""
@@ -320,7 +321,7 @@ class PauseStatus:
     """Whether model calls are paused. Swap weights once `paused` and `inflight == 0`."""
 
     paused: bool
-    mode: str | None
+    mode: PauseMode | None
     """`hold` or `reject` while paused."""
     epoch: int
     """0 at start, plus one per resume; every record carries the epoch it was admitted in."""
