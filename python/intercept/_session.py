@@ -166,7 +166,9 @@ class Session:
 
     def _claim(self) -> None:
         """Marks the session taken by an acquire; a second acquire raises `ConflictError`."""
-        if self._acquired:
+        # A released session was acquired (an acquire cancelled just after its slot was
+        # made releases that slot): it is concluded for good.
+        if self._acquired or self._native.status() == "released":
             raise ConflictError(
                 f"session {self._id!r} was already acquired (or is being acquired); make a new Session per rollout"
             )
@@ -174,10 +176,8 @@ class Session:
 
     def _unclaim(self) -> None:
         """Gives the claim back after an acquire that failed or was cancelled, so the same
-        session can be acquired again, unless the native side already concluded it (an
-        acquire cancelled after its slot was made releases that slot)."""
-        if self._native.status() != "released":
-            self._acquired = False
+        session can be acquired again."""
+        self._acquired = False
 
     def trace(self) -> Trace:
         """The trace so far (a snapshot of the session's log): every recorded call as a
