@@ -266,6 +266,7 @@ fn engine_first(all: &[u8]) -> bool {
 /// and a character other than the closing quote.
 fn chat_first(all: &[u8]) -> bool {
     find_then(all, b"\"content\":\"", |c| c != b'"')
+        || find_then(all, b"\"reasoning_content\":\"", |c| c != b'"')
 }
 
 /// Whether `needle` occurs in `hay` followed by a byte that passes `next`.
