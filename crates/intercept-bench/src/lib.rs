@@ -8,7 +8,8 @@
 //! [`serve_api`]), how it holds up as its records pile up ([`growth`]), and what
 //! appending its trace lines costs with no proxy around it ([`write_cost`],
 //! `bench-write`), and how it carries agent-shaped traffic: 40-turn tool loops whose
-//! contexts grow to ~100 KB ([`agentic`], `agentgen`). This
+//! contexts grow to ~100 KB ([`agentic`], `agentgen`), and the time to first token the
+//! token path adds in front of an engine ([`tito_ttft`], `bench-tito-ttft`). This
 //! library holds what the binaries share, so tests can drive every piece in-process.
 //!
 //! ```no_run
@@ -55,6 +56,7 @@ pub mod serve_api;
 pub mod session;
 pub mod slow_streams;
 pub mod slow_upstream;
+pub mod tito_ttft;
 pub mod trace_size;
 pub mod write_cost;
 

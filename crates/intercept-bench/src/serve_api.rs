@@ -164,6 +164,16 @@ impl ControlClient {
         })
     }
 
+    /// `POST {path}` with a JSON `body`: its JSON answer (fails unless it is 2xx).
+    pub async fn post(&mut self, path: &str, body: Value) -> Result<Value> {
+        self.call(Method::POST, path, Some(body)).await
+    }
+
+    /// `GET {path}`: its JSON answer (fails unless it is 2xx).
+    pub async fn get(&mut self, path: &str) -> Result<Value> {
+        self.call(Method::GET, path, None).await
+    }
+
     /// Sends one request and reads its JSON answer; fails unless it is 2xx. A `GET`
     /// that fails on the way (the connection closed as it was sent) is sent once more
     /// on a new connection.
