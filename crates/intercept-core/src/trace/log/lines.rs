@@ -6,9 +6,65 @@ use serde::Serialize;
 
 use super::encode::{Encoder, Invalid};
 use super::NodeTokens;
-use crate::episode::{Message, Part, Role};
 use crate::json_text::write_str;
-use crate::record::{CallError, CallRecord, TokenCapture};
+use crate::trace::episode::{hex, EpisodeBuilder, Message, Part, Role};
+use crate::trace::record::{CallError, CallRecord, TokenCapture};
+
+/// What token data node `id` holds, if any.
+pub(crate) fn node_tokens(episode: &EpisodeBuilder, id: usize) -> Option<NodeTokens> {
+    episode.node_data(id).tokens.as_ref().map(|t| NodeTokens {
+        logprobs: t.logprobs.is_some(),
+    })
+}
+
+/// Writes node `id` of `episode` as a `node` line (with its newline; see
+/// `docs/traces.md`).
+pub(crate) fn node(
+    episode: &EpisodeBuilder,
+    id: usize,
+    enc: &mut Encoder<'_>,
+    out: &mut Vec<u8>,
+) -> Result<(), Invalid> {
+    let n = episode.node_data(id);
+    out.extend_from_slice(b"{\"type\":\"node\",\"id\":");
+    int(out, id as u64);
+    out.extend_from_slice(b",\"parent\":");
+    match n.parent {
+        Some(p) => int(out, p),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(b",\"hash\":\"");
+    out.extend_from_slice(hex(&n.hash).as_bytes());
+    out.extend_from_slice(b"\",\"sampled\":");
+    out.extend_from_slice(if n.sampled { b"true" } else { b"false" });
+    if let Some(call) = n.call {
+        key(out, "call");
+        int(out, call);
+    }
+    if let Some(t) = &n.tokens {
+        key(out, "token_ids");
+        ints(out, &t.ids);
+        key(out, "prompt_tokens");
+        int(out, t.prompt);
+        if let Some(l) = &t.logprobs {
+            key(out, "logprobs");
+            plain(out, l)?;
+        }
+        if t.start {
+            out.extend_from_slice(b",\"token_start\":true");
+        }
+        if let Some(b) = t.brk {
+            key(out, "token_break");
+            out.push(b'"');
+            out.extend_from_slice(b.as_str().as_bytes());
+            out.push(b'"');
+        }
+    }
+    key(out, "message");
+    message(enc, &n.message, out, 2)?;
+    out.extend_from_slice(b"}\n");
+    Ok(())
+}
 
 /// Writes `m` as its serde form (`{"role":…,"content":[…],…}`), strings through `enc`.
 /// `depth` is the message object's depth in the line.
@@ -278,8 +334,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::episode::ToolCall;
-    use crate::log::encode::Values;
+    use crate::trace::episode::ToolCall;
+    use crate::trace::log::encode::Values;
 
     fn write(m: &Message) -> (String, String) {
         let mut values = Values::default();

@@ -4,8 +4,8 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
-use crate::episode::{Episode, EpisodeBuilder, Message, Node, TokenBreak};
-use crate::record::CallRecord;
+use crate::trace::episode::{Episode, EpisodeBuilder, Message, Node, TokenBreak};
+use crate::trace::record::CallRecord;
 
 use super::{LogEnd, SCHEMA};
 

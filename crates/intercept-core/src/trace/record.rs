@@ -228,7 +228,7 @@ pub struct CallRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_reason: Option<String>,
     /// The episode node the call produced (its sampled response; see
-    /// [`crate::episode`]). `None` for a failed call, or when the session keeps no
+    /// [`crate::trace::episode`]). `None` for a failed call, or when the session keeps no
     /// episode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<u64>,
@@ -252,22 +252,22 @@ pub struct CallRecord {
 /// read. It must be that message (the server sets it from the same bytes); a record
 /// without it is read from its `response`.
 #[derive(Debug, Clone, Default)]
-pub struct SampledHint(Option<Box<crate::episode::Message>>);
+pub struct SampledHint(Option<Box<crate::trace::message::Message>>);
 
 impl SampledHint {
     /// A hint holding `message` (boxed, so that a record, and every future holding one,
     /// grows by a pointer only).
-    pub fn new(message: Option<Box<crate::episode::Message>>) -> Self {
+    pub fn new(message: Option<Box<crate::trace::message::Message>>) -> Self {
         SampledHint(message)
     }
 
     /// The message, if the server read it.
-    pub fn get(&self) -> Option<&crate::episode::Message> {
+    pub fn get(&self) -> Option<&crate::trace::message::Message> {
         self.0.as_deref()
     }
 
     /// Takes the message out, leaving no hint.
-    pub fn take(&mut self) -> Option<crate::episode::Message> {
+    pub fn take(&mut self) -> Option<crate::trace::message::Message> {
         self.0.take().map(|m| *m)
     }
 }
