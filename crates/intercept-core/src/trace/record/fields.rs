@@ -154,8 +154,9 @@ impl Line<'_> {
     }
 }
 
-fn int(out: &mut Vec<u8>, n: impl itoa::Integer) {
+fn int(out: &mut Vec<u8>, n: impl itoa::Integer) -> Result<(), serde_json::Error> {
     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    Ok(())
 }
 
 fn json<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> Result<(), serde_json::Error> {
@@ -204,7 +205,7 @@ pub(crate) fn write(
         first: !log,
     };
     l.field("session", false, |o| text(o, &r.session))?;
-    l.field("seq", false, |o| Ok(int(o, r.seq)))?;
+    l.field("seq", false, |o| int(o, r.seq))?;
     l.field("dialect", false, |o| {
         o.push(b'"');
         o.extend_from_slice(r.dialect.as_str().as_bytes());
@@ -237,7 +238,7 @@ pub(crate) fn write(
         Ok(())
     })?;
     l.field("usage", false, |o| json(o, &r.usage))?;
-    l.field("status", false, |o| Ok(int(o, r.status)))?;
+    l.field("status", false, |o| int(o, r.status))?;
     l.field("started_at", false, |o| json(o, &r.started_at))?;
     l.field("ended_at", false, |o| json(o, &r.ended_at))?;
     l.field("ttfb_ms", r.ttfb_ms.is_none(), |o| json(o, &r.ttfb_ms))?;
@@ -245,7 +246,7 @@ pub(crate) fn write(
         boolean(o, r.client_disconnected)
     })?;
     l.field("error", error.is_none(), |o| json(o, &error))?;
-    l.field("epoch", r.epoch == 0, |o| Ok(int(o, r.epoch)))?;
+    l.field("epoch", r.epoch == 0, |o| int(o, r.epoch))?;
     write_tail(r, &mut l, ids_on_node, logprobs_on_node)?;
     debug_assert_eq!(l.next, CALL_FIELDS.len(), "every field is written");
     if !log {
