@@ -11,6 +11,9 @@ __version__: str
 TESTING: bool
 # Every error kind of the Rust core: (kind, HTTP status, blame, doc), in declaration order.
 ERROR_KINDS: list[tuple[str, int, str, str]]
+# Every field of a call's JSON, in line order: (name, when a line leaves it out: "never",
+# "in_log" or "when_default", its default as JSON text).
+CALL_FIELDS: list[tuple[str, str, str]]
 
 def cli_main(argv: list[str]) -> int:
     """Runs the `intercept` command line (program name first); its exit status."""

@@ -7,8 +7,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, overload
 
+from . import _native
+
 if TYPE_CHECKING:
-    from . import _native
     from ._episode import Episode
 
 from ._errors import InterceptError, error_class
@@ -40,19 +41,10 @@ class CallError:
         return error_class(self.kind)(self.message, kind=self.kind, status=self.status)
 
 
-# Fields left out of a JSONL line when they hold their default.
-_OMITTED_WHEN_DEFAULT = {
-    "engine": None,
-    "token_capture": "off",
-    "prompt_token_ids": None,
-    "completion_token_ids": None,
-    "completion_logprobs": None,
-    "token_path": None,
-    "token_reason": None,
-    "requested_model": None,
-    "node": None,
-    "policy": None,
-    "truncated": False,
+# Fields left out of a JSONL line when they hold their default, and the default: the
+# native module's table, the one the Rust writer follows.
+_OMITTED_WHEN_DEFAULT: dict[str, Any] = {
+    name: json.loads(default) for name, omit, default in _native.CALL_FIELDS if omit == "when_default"
 }
 
 

@@ -34,15 +34,15 @@ pub enum TraceCommand {
     /// Print one full record per call (the record schema of docs/sidecar.md), one per
     /// line; files of trace_format = full are printed as they are.
     Cat {
-        /// Trace files.
-        #[arg(required = true, value_name = "FILE")]
+        /// Trace files, or folders of them (each `*.jsonl` inside, sorted by name).
+        #[arg(required = true, value_name = "PATH")]
         files: Vec<PathBuf>,
     },
     /// Print, per log, one JSON line: calls, nodes, branches, values, bytes, and bytes
     /// per byte of unique content (of the log, and of the same calls as full records).
     Stats {
-        /// Trace logs.
-        #[arg(required = true, value_name = "FILE")]
+        /// Trace files, or folders of them (each `*.jsonl` inside, sorted by name).
+        #[arg(required = true, value_name = "PATH")]
         files: Vec<PathBuf>,
     },
     /// Write the logs' episodes as one table, one row per branch.
@@ -53,8 +53,8 @@ pub enum TraceCommand {
         /// The file to write (replaced whole; written through a temporary file).
         #[arg(long, value_name = "PATH")]
         out: PathBuf,
-        /// Trace logs.
-        #[arg(required = true, value_name = "FILE")]
+        /// Trace files, or folders of them (each `*.jsonl` inside, sorted by name).
+        #[arg(required = true, value_name = "PATH")]
         files: Vec<PathBuf>,
     },
 }

@@ -4,32 +4,23 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use intercept_core::log::LogReader;
-use intercept_core::Trace;
+use intercept_trace::{read_log_file, Opened};
 
-/// The records of a log as one trace object (`{"id", "stop_condition", "replays",
-/// "calls": [...]}`), as the control API answers it. `stop_condition` and `replays`
-/// come from the end line when the log has one, else from the arguments.
+/// The records of trace text (a log, or full records) as one trace object (`{"id",
+/// "stop_condition", "replays", "calls": [...]}`), as the control API answers it.
+/// `stop_condition` and `replays` come from a log's end line when it has one, else from
+/// the arguments.
 pub fn trace_json(
-    log: &[u8],
+    text: &[u8],
     id: &str,
     stop_condition: Option<String>,
     replays: u64,
 ) -> Result<Vec<u8>, String> {
-    let read = LogReader::from_bytes(log).map_err(|e| e.to_string())?;
-    let (stop_condition, replays) = match read.end() {
-        Some(end) => (end.stop_condition.clone(), end.replays),
-        None => (stop_condition, replays),
-    };
-    let calls = read.records().map_err(|e| e.to_string())?;
-    Ok(Trace {
-        id: id.to_owned(),
-        stop_condition,
-        calls,
-        replays,
-    }
-    .to_json_vec())
+    intercept_trace::trace_of(text, id, stop_condition, replays)
+        .map(|trace| trace.to_json_vec())
+        .map_err(|e| e.to_string())
 }
 
 /// The episode of a log, as JSON.
@@ -39,16 +30,9 @@ pub fn episode_json(log: &[u8]) -> Result<Vec<u8>, String> {
         .map_err(|e| format!("the episode cannot be serialised: {e}"))
 }
 
-fn read(path: &Path) -> anyhow::Result<LogReader> {
-    let text = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    if !intercept_trace::is_log(&text) {
-        bail!(
-            "{} is not a trace log (its first line is not a log header); a file of \
-             trace_format = full already holds one record per line",
-            path.display()
-        );
-    }
-    LogReader::from_bytes(&text).with_context(|| format!("cannot read {}", path.display()))
+/// The files `paths` name (a folder: its `*.jsonl` files, sorted).
+fn files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    Ok(intercept_trace::trace_files(paths)?)
 }
 
 fn warn_skipped(path: &Path, log: &LogReader, err: &mut impl Write) -> std::io::Result<()> {
@@ -65,17 +49,19 @@ fn warn_skipped(path: &Path, log: &LogReader, err: &mut impl Write) -> std::io::
     Ok(())
 }
 
-/// `intercept trace cat FILE...`: one full record per call, one per line, in the record
-/// schema of `docs/sidecar.md`. Full-record files are printed as they are.
-pub fn cat(files: &[PathBuf], out: &mut impl Write, err: &mut impl Write) -> anyhow::Result<()> {
-    for path in files {
-        let text =
-            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-        if !intercept_trace::is_log(&text) {
-            out.write_all(&text)?;
-            continue;
-        }
-        let log = read(path)?;
+/// `intercept trace cat PATH...`: one full record per call, one per line, in the record
+/// schema of `docs/sidecar.md`. Full-record files are printed as they are; a folder is
+/// its `*.jsonl` files, sorted.
+pub fn cat(paths: &[PathBuf], out: &mut impl Write, err: &mut impl Write) -> anyhow::Result<()> {
+    for path in &files(paths)? {
+        let log = match intercept_trace::open_trace(path)? {
+            Opened::Full(text) => {
+                out.write_all(&text)?;
+                continue;
+            }
+            Opened::Log(log) => log,
+            _ => continue,
+        };
         warn_skipped(path, &log, err)?;
         for (i, call) in log.calls().iter().enumerate() {
             match log.record(i) {
@@ -91,11 +77,12 @@ pub fn cat(files: &[PathBuf], out: &mut impl Write, err: &mut impl Write) -> any
     Ok(())
 }
 
-/// `intercept trace stats FILE...`: one JSON object per file (calls, nodes, branches,
-/// bytes, and bytes per byte of unique content, for the log and for full records).
-pub fn stats(files: &[PathBuf], out: &mut impl Write, err: &mut impl Write) -> anyhow::Result<()> {
-    for path in files {
-        let log = read(path)?;
+/// `intercept trace stats PATH...`: one JSON object per log file (calls, nodes,
+/// branches, bytes, and bytes per byte of unique content, for the log and for full
+/// records); a folder is its `*.jsonl` files, sorted.
+pub fn stats(paths: &[PathBuf], out: &mut impl Write, err: &mut impl Write) -> anyhow::Result<()> {
+    for path in &files(paths)? {
+        let log = read_log_file(path)?;
         warn_skipped(path, &log, err)?;
         let stats = intercept_trace::stats::stats(&log);
         let mut value = serde_json::to_value(&stats)?;
@@ -105,12 +92,13 @@ pub fn stats(files: &[PathBuf], out: &mut impl Write, err: &mut impl Write) -> a
     Ok(())
 }
 
-/// `intercept trace export --format parquet --out PATH FILE...`: one row per branch of
-/// every file's episode.
-pub fn export(files: &[PathBuf], out: &Path, err: &mut impl Write) -> anyhow::Result<usize> {
+/// `intercept trace export --format parquet --out PATH PATH...`: one row per branch of
+/// every log file's episode; a folder is its `*.jsonl` files, sorted.
+pub fn export(paths: &[PathBuf], out: &Path, err: &mut impl Write) -> anyhow::Result<usize> {
+    let files = files(paths)?;
     let mut episodes = Vec::with_capacity(files.len());
-    for path in files {
-        let log = read(path)?;
+    for path in &files {
+        let log = read_log_file(path)?;
         warn_skipped(path, &log, err)?;
         episodes.push(log.episode());
     }

@@ -130,3 +130,77 @@ async fn a_torn_log_is_read_and_said_incomplete_and_other_files_are_refused() {
         2
     );
 }
+
+/// Runs the `intercept` binary with `args`: (status, stdout, stderr).
+fn intercept(args: &[&std::ffi::OsStr]) -> (std::process::ExitStatus, Vec<u8>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_intercept"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status,
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_reads_a_folder_as_its_jsonl_files_in_name_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = demo_logs(dir.path()).await;
+    assert_eq!(files.len(), 4);
+    // Files that are not `*.jsonl` (and folders inside) are not traces.
+    std::fs::write(dir.path().join("notes.txt"), b"not a trace").unwrap();
+    std::fs::create_dir(dir.path().join("inner.jsonl")).unwrap();
+    let folder = dir.path().as_os_str();
+
+    // cat: every file's records, the files in name order.
+    let (status, out, err) = tokio::task::spawn_blocking({
+        let folder = folder.to_owned();
+        move || intercept(&["trace".as_ref(), "cat".as_ref(), &folder])
+    })
+    .await
+    .unwrap();
+    assert!(status.success(), "{err}");
+    let printed: Vec<CallRecord> = out
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).unwrap())
+        .collect();
+    let expected: Vec<CallRecord> = files
+        .iter()
+        .flat_map(|f| intercept_trace::read_trace_file(f).unwrap().records)
+        .collect();
+    assert_eq!(printed, expected);
+
+    // stats: one line per file, in name order.
+    let (status, out, err) = intercept(&["trace".as_ref(), "stats".as_ref(), folder]);
+    assert!(status.success(), "{err}");
+    let named: Vec<String> = out
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_slice(l).unwrap();
+            v["file"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    let want: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    assert_eq!(named, want);
+
+    // export: every file's branches, as the files named one by one give them.
+    let table = dir.path().join("folder.parquet");
+    let (status, _, err) = intercept(&[
+        "trace".as_ref(),
+        "export".as_ref(),
+        "--out".as_ref(),
+        table.as_os_str(),
+        folder,
+    ]);
+    assert!(status.success(), "{err}");
+    let rows =
+        intercept_cli::trace::export(&files, &dir.path().join("files.parquet"), &mut Vec::new())
+            .unwrap();
+    assert!(rows >= 4);
+    assert!(err.contains(&format!("{rows} ")), "{err}");
+    assert!(std::fs::metadata(&table).unwrap().len() > 0);
+}

@@ -37,8 +37,8 @@ use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
-use crate::record::TokenCapture;
 use crate::sse::SseEvent;
+use crate::trace::record::TokenCapture;
 
 /// Where a wire format keeps token ids and logprobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -203,6 +203,87 @@ pub(crate) fn write_opt_str(out: &mut impl BufMut, s: Option<&str>) {
     }
 }
 
+/// The index of the first byte at or after `i` that is not JSON whitespace.
+pub(crate) fn ws(b: &[u8], mut i: usize) -> usize {
+    while i < b.len() && matches!(b[i], b' ' | b'\n' | b'\r' | b'\t') {
+        i += 1;
+    }
+    i
+}
+
+/// The index just after the string that starts at `i` (at its quote).
+pub(crate) fn string_end(b: &[u8], i: usize) -> Option<usize> {
+    closing_quote(b, i + 1, false).map(|(close, _)| close + 1)
+}
+
+/// The index just after the value that starts at or after `i`.
+pub(crate) fn skip_value(b: &[u8], i: usize) -> Option<usize> {
+    let i = ws(b, i);
+    match b.get(i)? {
+        b'"' => string_end(b, i),
+        b'{' | b'[' => {
+            // Strings are skipped whole, so brackets inside them do not count.
+            let mut depth = 0usize;
+            let mut at = i;
+            loop {
+                match b.get(at)? {
+                    b'"' => {
+                        at = string_end(b, at)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(at + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                at += 1;
+            }
+        }
+        _ => {
+            let mut at = i;
+            while at < b.len()
+                && !matches!(b[at], b',' | b']' | b'}' | b' ' | b'\n' | b'\r' | b'\t')
+            {
+                at += 1;
+            }
+            if at == i {
+                return None;
+            }
+            Some(at)
+        }
+    }
+}
+
+/// The elements of a JSON array's text, each as its raw text (whitespace around it
+/// left out); `None` when the text is not an array.
+pub(crate) fn elements(text: &str) -> Option<Vec<&str>> {
+    let raw = text.as_bytes();
+    let mut at = ws(raw, 0);
+    if raw.get(at) != Some(&b'[') {
+        return None;
+    }
+    let mut out = Vec::new();
+    at = ws(raw, at + 1);
+    if raw.get(at) == Some(&b']') {
+        return (ws(raw, at + 1) == raw.len()).then_some(out);
+    }
+    loop {
+        let start = ws(raw, at);
+        let end = skip_value(raw, start)?;
+        out.push(&text[start..end]);
+        at = ws(raw, end);
+        match raw.get(at)? {
+            b',' => at += 1,
+            b']' => return (ws(raw, at + 1) == raw.len()).then_some(out),
+            _ => return None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -337,5 +418,16 @@ mod tests {
             write_str(&mut ours, &s);
             assert_eq!(ours, serde_json::to_vec(&s).unwrap(), "byte {c:#x}");
         }
+    }
+
+    #[test]
+    fn elements_of_an_array() {
+        assert_eq!(
+            elements(" [ 1 , {\"a\": [2]} ,\"x\" ] "),
+            Some(vec!["1", "{\"a\": [2]}", "\"x\""])
+        );
+        assert_eq!(elements("[]"), Some(vec![]));
+        assert_eq!(elements("{}"), None);
+        assert_eq!(elements("[1,]"), None);
     }
 }

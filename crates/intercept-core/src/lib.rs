@@ -35,18 +35,16 @@ pub mod body;
 pub mod capture;
 mod chunked;
 pub mod dialect;
-pub mod episode;
 pub mod error;
 pub mod interception;
 mod json_text;
-pub mod log;
 pub mod network;
-pub mod record;
 mod rollout;
 pub mod secret;
 pub mod session;
 pub mod slot;
 pub mod sse;
+pub mod trace;
 pub mod tunnel;
 
 pub use body::{JsonBody, RawJson};
@@ -68,4 +66,6 @@ pub use session::{
     TokensConfig, ToolAction, ToolPhase, Totals, Trace, Upstream, SECRET_HEADERS,
 };
 pub use slot::Slot;
+// The record's modules, where they were before `trace` held them.
+pub use trace::{episode, log, record};
 pub use tunnel::{BindAddr, Endpoint, Health, Tunnel};

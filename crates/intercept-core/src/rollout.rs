@@ -7,7 +7,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::record::Usage;
+use crate::trace::record::Usage;
 
 /// Sampling settings a session imposes (`temperature`, `max_tokens`, ...). Keys the
 /// dialect does not know are passed through where the dialect allows extras.

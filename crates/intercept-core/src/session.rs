@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 use crate::body::JsonBody;
 use crate::dialect::DialectKind;
 use crate::error::Error;
-use crate::record::CallRecord;
+use crate::trace::record::CallRecord;
+pub use crate::trace::{RecordSink, RecordWait, Trace};
 
 pub use crate::rollout::{
     Limits, OnMismatch, Sampling, StopReason, TokenEngine, TokensConfig, Totals, Upstream,
@@ -130,7 +131,7 @@ pub struct Generated {
     pub response: bytes::Bytes,
     /// The ids that went to and came from the engine, when the session rendered the
     /// prompt itself.
-    pub tokens: Option<crate::record::TurnTokens>,
+    pub tokens: Option<crate::trace::record::TurnTokens>,
 }
 
 /// One rollout, as the server sees it.
@@ -426,34 +427,6 @@ impl SessionConfig {
     }
 }
 
-/// A wait for room to record ([`Session::room_to_record`], [`RecordSink::room`]).
-pub type RecordWait = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
-
-/// Receives what a session records, as it is recorded: each call's record, and the
-/// session's trace log (see [`crate::log`]) line by line. Both methods do nothing by
-/// default; a sink implements what it stores.
-pub trait RecordSink: Send + Sync + fmt::Debug {
-    /// `None` when the sink takes what a record adds now, without blocking (the
-    /// default); else a future that resolves once it has room (a bounded queue that is
-    /// full). [`RolloutSession`] answers [`Session::room_to_record`] with its sinks'.
-    fn room(&self) -> Option<RecordWait> {
-        None
-    }
-
-    /// Called once per record, on the request path: keep it quick.
-    fn on_record(&self, record: &CallRecord) {
-        let _ = record;
-    }
-
-    /// Called with the log lines the session adds, in log order: the header when the sink
-    /// is added, each call's lines as it is recorded, the end line at release. Called
-    /// with the session's lock held (that keeps the order), on the request path: keep it
-    /// quick, and do not call back into the session.
-    fn on_log(&self, lines: &[u8]) {
-        let _ = lines;
-    }
-}
-
 /// The settings a session's log header records: what the session imposes and where it
 /// calls (never the upstream's key or headers).
 fn settings_of(config: &SessionConfig, capture_tokens: bool) -> serde_json::Value {
@@ -499,65 +472,11 @@ impl SessionStatus {
     }
 }
 
-/// A finished or in-progress rollout trace.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Trace {
-    /// Rollout id.
-    pub id: String,
-    /// Why the rollout stopped, if it did.
-    pub stop_condition: Option<String>,
-    /// Every call, in the order they ended.
-    pub calls: Vec<CallRecord>,
-    /// SDK retries answered without an upstream call (replayed or coalesced).
-    #[serde(default)]
-    pub replays: u64,
-}
-
-impl Trace {
-    /// The trace as one JSON object, each record serialised with
-    /// [`CallRecord::to_json_vec`]: a record that cannot be serialised becomes an error
-    /// record, so the answer is always the whole trace.
-    pub fn to_json_vec(&self) -> Vec<u8> {
-        #[derive(Serialize)]
-        struct Head<'a> {
-            id: &'a str,
-            stop_condition: &'a Option<String>,
-            replays: u64,
-        }
-        let head = Head {
-            id: &self.id,
-            stop_condition: &self.stop_condition,
-            replays: self.replays,
-        };
-        // Plain strings and numbers: serialising them cannot fail.
-        let bodies: usize = self.calls.iter().map(CallRecord::json_size_hint).sum();
-        let mut out = Vec::with_capacity(bodies + 128);
-        if serde_json::to_writer(&mut out, &head).is_err() {
-            out.clear();
-            out.extend_from_slice(b"{}");
-        }
-        out.pop(); // the closing brace
-        out.extend_from_slice(if out.len() > 1 {
-            b",\"calls\":["
-        } else {
-            b"\"calls\":["
-        });
-        for (i, call) in self.calls.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            call.write_json(&mut out);
-        }
-        out.extend_from_slice(b"]}");
-        out
-    }
-}
-
 #[derive(Debug)]
 struct Inner {
     /// The trace log's writer: the episode, and what it needs to write each call as
     /// what it adds; made by the first call (an idle session holds none).
-    log: Option<Box<crate::log::LogWriter>>,
+    log: Option<Box<crate::trace::log::LogWriter>>,
     /// The log's lines after the header, kept in memory (see
     /// [`RolloutSession::with_calls_in_memory`]), each call's in one piece, in chunks
     /// that never move: recording a call never copies the lines before it.
@@ -574,7 +493,7 @@ struct Inner {
 }
 
 /// The ready session: imposes a model and sampling, enforces [`Limits`], keeps the
-/// trace in memory as its log ([`crate::log`]: each message, tool list and token once,
+/// trace in memory as its log ([`crate::trace::log`]: each message, tool list and token once,
 /// never a call's whole body) and forwards records and log lines to optional
 /// [`RecordSink`]s.
 ///
@@ -622,7 +541,7 @@ impl RolloutSession {
             capture_tokens: false,
             keep_calls: true,
             sinks: Vec::new(),
-            created_at: crate::record::epoch_seconds(std::time::SystemTime::now()),
+            created_at: crate::trace::record::epoch_seconds(std::time::SystemTime::now()),
             inner: Mutex::new(Inner {
                 log: None,
                 lines: Default::default(),
@@ -684,7 +603,7 @@ impl RolloutSession {
             )
         };
         let calls = log
-            .and_then(|log| crate::log::LogReader::from_bytes(&log).ok())
+            .and_then(|log| crate::trace::log::LogReader::from_bytes(&log).ok())
             .map(|read| {
                 (0..read.calls().len())
                     .filter_map(|i| read.record(i).ok())
@@ -699,7 +618,7 @@ impl RolloutSession {
         }
     }
 
-    /// The trace log so far (see [`crate::log`]): the header, every call's lines and,
+    /// The trace log so far (see [`crate::trace::log`]): the header, every call's lines and,
     /// once released, the end line. Without calls in memory, the header and end only
     /// (the sinks hold the rest).
     pub fn log(&self) -> Vec<u8> {
@@ -710,7 +629,7 @@ impl RolloutSession {
     /// The log's header line.
     fn header(&self) -> Vec<u8> {
         let settings = settings_of(&self.config, self.capture_tokens);
-        crate::log::header_line(&self.config.id, self.created_at, settings)
+        crate::trace::log::header_line(&self.config.id, self.created_at, settings)
     }
 
     fn log_of(&self, inner: &Inner) -> Vec<u8> {
@@ -723,7 +642,7 @@ impl RolloutSession {
     }
 
     /// Bytes of log lines the session wrote, by kind (also those not kept in memory).
-    pub fn log_bytes(&self) -> crate::log::LogBytes {
+    pub fn log_bytes(&self) -> crate::trace::log::LogBytes {
         self.inner
             .lock()
             .log
@@ -739,12 +658,12 @@ impl RolloutSession {
         inner.log.as_ref().map_or(0, |log| log.heap_bytes()) + inner.line_bytes
     }
 
-    /// The rollout as a message graph (see [`crate::episode`]), built call by call as
+    /// The rollout as a message graph (see [`crate::trace::episode`]), built call by call as
     /// the records arrived: the same as `self.trace().episode()`, without rebuilding.
-    pub fn episode(&self) -> crate::episode::Episode {
+    pub fn episode(&self) -> crate::trace::episode::Episode {
         match &self.inner.lock().log {
             Some(log) => log.episode(),
-            None => crate::episode::EpisodeBuilder::new().episode(&self.config.id),
+            None => crate::trace::episode::EpisodeBuilder::new().episode(&self.config.id),
         }
     }
 
@@ -835,7 +754,7 @@ impl Session for RolloutSession {
         let id = &self.config.id;
         let log = inner
             .log
-            .get_or_insert_with(|| Box::new(crate::log::LogWriter::new(id)));
+            .get_or_insert_with(|| Box::new(crate::trace::log::LogWriter::new(id)));
         log.record(&mut record, &mut lines);
         // Under the lock: each sink sees the lines in log order.
         for sink in &self.sinks {
@@ -893,8 +812,8 @@ impl Session for RolloutSession {
             return;
         }
         inner.released = true;
-        let end = crate::log::LogEnd {
-            ended_at: crate::record::epoch_seconds(std::time::SystemTime::now()),
+        let end = crate::trace::log::LogEnd {
+            ended_at: crate::trace::record::epoch_seconds(std::time::SystemTime::now()),
             stop_condition: inner.stop.as_ref().map(|r| r.as_str().to_owned()),
             calls: inner.recorded as u64,
             replays: inner.replays,
@@ -904,7 +823,7 @@ impl Session for RolloutSession {
                 .map(|log| log.summary())
                 .unwrap_or_default(),
         };
-        let line = crate::log::end_line(&end);
+        let line = crate::trace::log::end_line(&end);
         for sink in &self.sinks {
             sink.on_log(&line);
         }
@@ -918,7 +837,7 @@ impl Session for RolloutSession {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::Usage;
+    use crate::trace::record::Usage;
 
     fn call(seq: u64) -> CallRecord {
         serde_json::from_value(serde_json::json!({

@@ -106,6 +106,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("TESTING", cfg!(feature = "testing"))?;
     errors::register(m)?;
+    log::register(m)?;
     #[cfg(feature = "testing")]
     testing::register(m)?;
     Ok(())

@@ -31,24 +31,17 @@ impl NativeLog {
         py.detach(move || NativeLog::new(&text))
     }
 
-    /// Reads a log file.
+    /// Reads a log file (intercept-trace's reader: a full-record file is refused).
     #[staticmethod]
     fn read(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Self> {
         py.detach(move || {
-            let text = std::fs::read(&path).map_err(|e| {
-                to_py(&Error::InvalidRequest(format!(
-                    "cannot read the trace log {}: {e}",
-                    path.display()
-                )))
-            })?;
-            if !text.is_empty() && !intercept_trace_is_log(&text) {
-                return Err(to_py(&Error::InvalidRequest(format!(
-                    "{} is not a trace log (its first line is not a log header); a file of \
-                     trace_format = full holds one record per line: read it with json",
-                    path.display()
-                ))));
-            }
-            NativeLog::new(&text)
+            intercept_trace::read_log_file(&path)
+                .map(|log| NativeLog { log })
+                .map_err(|e| {
+                    to_py(&Error::InvalidRequest(format!(
+                        "cannot read the trace log: {e}"
+                    )))
+                })
         })
     }
 
@@ -105,10 +98,22 @@ impl NativeLog {
     }
 }
 
-/// Whether `text` starts with a log header line.
-fn intercept_trace_is_log(text: &[u8]) -> bool {
-    let first = text.split(|b| *b == b'\n').next().unwrap_or_default();
-    serde_json::from_slice::<serde_json::Value>(first)
-        .ok()
-        .is_some_and(|v| v.get("type").and_then(|t| t.as_str()) == Some("header"))
+/// Adds `CALL_FIELDS` to the module: every field of a call's JSON as (name, when a line
+/// leaves it out: `never`, `in_log` or `when_default`, its default as JSON text), in
+/// line order: the one table the Rust writers follow (`intercept_core::record::CALL_FIELDS`),
+/// which the Python records read.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    use intercept_core::record::{Omit, CALL_FIELDS};
+    let fields: Vec<(&str, &str, &str)> = CALL_FIELDS
+        .iter()
+        .map(|f| {
+            let omit = match f.omit {
+                Omit::Never => "never",
+                Omit::InLog => "in_log",
+                _ => "when_default",
+            };
+            (f.name, omit, f.default)
+        })
+        .collect();
+    m.add("CALL_FIELDS", fields)
 }

@@ -10,8 +10,10 @@
 //!   cannot change yet, one whole record per line ([`TraceFormat::Full`]);
 //! - [`TraceWriter`] and [`QueuedSink`]: the same through one writer thread and a queue
 //!   bounded in bytes, with a crash bound of one flush interval (`docs/sidecar.md`);
-//! - [`read_log_file`] and [`read_trace_file`] (records of either format): readers that keep every
-//!   whole line of a crashed file and mark a log without its end line `incomplete`;
+//! - [`read_log_file`], [`open_trace`] and [`read_trace_file`] (either format): the one
+//!   reader of trace files (the CLI's and the Python package's too), which keeps every
+//!   whole line of a crashed file and marks a log without its end line `incomplete`;
+//!   [`trace_files`] lists the files of folders;
 //! - [`stats`](stats::stats) and [`export::write_parquet`]: what a log holds, and its
 //!   branches as Parquet rows (`token_ids`, `mask`, `logprobs`, the messages).
 //!
@@ -48,7 +50,10 @@ mod read;
 pub mod stats;
 mod writer;
 
-pub use read::{is_log, parse_trace, read_log_file, read_trace_file, ReadError, TraceFile};
+pub use read::{
+    is_log, open_trace, parse_trace, read_log_file, read_trace_file, trace_files, trace_of, Opened,
+    ReadError, TraceFile,
+};
 pub use writer::{
     release_page_cache, save_episode, write_episode, JsonlSink, QueuedSink, TraceFormat,
     TraceWriter, WriterConfig, PAGE_CACHE_HINT_EVERY,

@@ -1,5 +1,6 @@
 //! `bench-trace-size`: what a rollout's trace costs on disk and in memory, for agent loops
-//! of 10, 20, 40 and 80 turns and a 50-step loop of screenshots (see
+//! of 1, 3 and 5 calls (short sessions, where a log's own lines weigh most) and of 10, 20,
+//! 40 and 80 turns, and a 50-step loop of screenshots (see
 //! `intercept_bench::trace_size`). Prints one table and, with `--json`, one JSON object
 //! per case.
 
@@ -17,7 +18,7 @@ struct Args {
     #[arg(long, default_value_t = 8)]
     sessions: usize,
     /// Turns of the agent loops.
-    #[arg(long, value_delimiter = ',', default_value = "10,20,40,80")]
+    #[arg(long, value_delimiter = ',', default_value = "1,3,5,10,20,40,80")]
     turns: Vec<usize>,
     /// Steps of the screenshot loop (0: none).
     #[arg(long, default_value_t = 50)]

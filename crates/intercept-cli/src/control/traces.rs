@@ -49,27 +49,15 @@ pub(super) async fn trace_from_file(
         )
     })?;
     let id2 = id.to_owned();
-    blocking(move || {
-        if intercept_trace::is_log(&text) {
-            return crate::trace::trace_json(&text, &id2, stop_condition, replays);
-        }
-        let file = intercept_trace::parse_trace(&text).map_err(|e| e.to_string())?;
-        Ok(intercept_core::Trace {
-            id: id2,
-            stop_condition,
-            calls: file.records,
-            replays,
-        }
-        .to_json_vec())
-    })
-    .await
-    .map_err(|e| {
-        gone(
-            id,
-            "trace",
-            format!("its trace file {} cannot be read: {e}", path.display()),
-        )
-    })
+    blocking(move || crate::trace::trace_json(&text, &id2, stop_condition, replays))
+        .await
+        .map_err(|e| {
+            gone(
+                id,
+                "trace",
+                format!("its trace file {} cannot be read: {e}", path.display()),
+            )
+        })
 }
 
 /// The episode of a released session: from its log held in memory, its log file, or

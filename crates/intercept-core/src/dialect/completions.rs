@@ -11,9 +11,9 @@ use super::{
 use crate::body::JsonBody;
 use crate::capture::{CaptureShape, HarnessAsked, TokenCollector};
 use crate::error::Error;
-use crate::record::Usage;
 use crate::rollout::Sampling;
 use crate::sse::SseEvent;
+use crate::trace::record::Usage;
 
 /// Sampling keys recorded for a Completions call.
 const COMPLETIONS_SAMPLING_KEYS: &[&str] = &[

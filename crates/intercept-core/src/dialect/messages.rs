@@ -12,9 +12,9 @@ use super::{
 };
 use crate::body::{JsonBody, RawJson};
 use crate::error::{error_type_for_status, Error};
-use crate::record::Usage;
 use crate::rollout::Sampling;
 use crate::sse::SseEvent;
+use crate::trace::record::Usage;
 
 const SAMPLING_KEYS: &[&str] = &[
     "temperature",

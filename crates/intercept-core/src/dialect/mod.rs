@@ -10,9 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::body::JsonBody;
 use crate::error::{error_type_for_status, Error};
-use crate::record::Usage;
 use crate::rollout::Sampling;
 use crate::sse::SseEvent;
+use crate::trace::record::Usage;
 
 mod chat;
 mod completions;
@@ -72,10 +72,10 @@ pub struct Summary {
     /// Token usage.
     pub usage: Usage,
     /// The sampled message, when the dialect read it in the same pass (Chat answers of
-    /// the usual shape: see [`crate::episode::SampledChat`]); the server hands
-    /// it to the episode with the record ([`crate::record::SampledHint`]). Boxed: a
+    /// the usual shape: see [`crate::trace::episode::SampledChat`]); the server hands
+    /// it to the episode with the record ([`crate::trace::record::SampledHint`]). Boxed: a
     /// summary is moved with the call's state.
-    pub message: Option<Box<crate::episode::Message>>,
+    pub message: Option<Box<crate::trace::episode::Message>>,
 }
 
 /// A stream, assembled.

@@ -8,9 +8,9 @@ use super::{
 };
 use crate::body::{JsonBody, RawJson};
 use crate::error::Error;
-use crate::record::Usage;
 use crate::rollout::{Sampling, StopReason};
 use crate::sse::SseEvent;
+use crate::trace::record::Usage;
 
 const SAMPLING_KEYS: &[&str] = &[
     "temperature",

@@ -8,9 +8,9 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::dialect::{Assembled, Relay, StreamAssembler};
-use crate::episode::{Message, Role};
 use crate::error::Error;
 use crate::sse::SseEvent;
+use crate::trace::episode::{Message, Role};
 
 use super::chunk::{WireChunk, WireDelta};
 use super::encode::{assembled_completion, OutChoice, OutFunction, OutMessage, OutToolCall};

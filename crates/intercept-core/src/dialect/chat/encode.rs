@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 
 use crate::body::RawJson;
 use crate::dialect::{Assembled, Summary};
-use crate::record::Usage;
+use crate::trace::record::Usage;
 
 use super::WireUsage;
 

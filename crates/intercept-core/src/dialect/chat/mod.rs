@@ -16,8 +16,8 @@ use super::{whitelisted, Dialect, DialectKind, Prepared, StreamAssembler, Summar
 use crate::body::JsonBody;
 use crate::capture::{CaptureShape, HarnessAsked, TokenCollector};
 use crate::error::Error;
-use crate::record::Usage;
 use crate::rollout::Sampling;
+use crate::trace::record::Usage;
 
 use self::assemble::ChatAssembler;
 pub(super) use self::encode::assembled_completion;
@@ -103,7 +103,7 @@ struct WireChoice {
     #[serde(default)]
     finish_reason: Option<String>,
     #[serde(default)]
-    message: Option<crate::episode::SampledChat>,
+    message: Option<crate::trace::episode::SampledChat>,
 }
 
 #[derive(Deserialize)]

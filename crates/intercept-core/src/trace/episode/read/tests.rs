@@ -3,8 +3,8 @@
 use serde_json::json;
 
 use super::*;
-use crate::episode::canonical::canonical;
-use crate::episode::{Message, Part};
+use crate::trace::canonical::canonical;
+use crate::trace::episode::{Message, Part};
 
 /// What the general reader makes of a Chat response message.
 fn general(raw: &str) -> Message {

@@ -3,8 +3,8 @@
 use serde_json::Value;
 
 use super::{arguments, image_ref, role_of, str_of, string_of};
-use crate::episode::canonical::sorted;
-use crate::episode::{Message, Part, Role, ToolCall};
+use crate::trace::canonical::sorted;
+use crate::trace::episode::{Message, Part, Role, ToolCall};
 
 /// One Chat Completions message (request `messages[]` or response `choices[].message`).
 pub(crate) fn from_chat(m: &Value) -> Message {

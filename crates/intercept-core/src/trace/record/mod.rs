@@ -6,47 +6,10 @@ use crate::body::{JsonBody, RawJson};
 use crate::dialect::DialectKind;
 use crate::error::{Error, ErrorKind};
 
-/// `,"<name>":`, the bytes that start a field after the first.
-macro_rules! key {
-    ($name:literal) => {
-        concat!(",\"", $name, "\":").as_bytes()
-    };
-}
+mod fields;
 
-/// The line of a record being written, with the few value writers its fields need.
-struct Line<'o>(&'o mut Vec<u8>);
-
-impl Line<'_> {
-    fn raw(&mut self, bytes: &[u8]) {
-        self.0.extend_from_slice(bytes);
-    }
-
-    /// A JSON string, escaped as serde_json escapes it.
-    fn str(&mut self, s: &str) {
-        crate::json_text::write_str(self.0, s);
-    }
-
-    /// A string known to need no escape, between quotes.
-    fn plain(&mut self, s: &str) {
-        self.0.reserve(s.len() + 2);
-        self.0.push(b'"');
-        self.0.extend_from_slice(s.as_bytes());
-        self.0.push(b'"');
-    }
-
-    fn int(&mut self, n: impl itoa::Integer) {
-        self.0
-            .extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-    }
-
-    fn bool(&mut self, b: bool) {
-        self.raw(if b { b"true" } else { b"false" });
-    }
-
-    fn json<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), serde_json::Error> {
-        serde_json::to_writer(&mut *self.0, value)
-    }
-}
+pub(crate) use fields::{write as fields_write, Shape};
+pub use fields::{CallField, Omit, CALL_FIELDS};
 
 /// Token usage of one call, read from the upstream's `usage`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -228,7 +191,7 @@ pub struct CallRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_reason: Option<String>,
     /// The episode node the call produced (its sampled response; see
-    /// [`crate::episode`]). `None` for a failed call, or when the session keeps no
+    /// [`crate::trace::episode`]). `None` for a failed call, or when the session keeps no
     /// episode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<u64>,
@@ -252,22 +215,22 @@ pub struct CallRecord {
 /// read. It must be that message (the server sets it from the same bytes); a record
 /// without it is read from its `response`.
 #[derive(Debug, Clone, Default)]
-pub struct SampledHint(Option<Box<crate::episode::Message>>);
+pub struct SampledHint(Option<Box<crate::trace::message::Message>>);
 
 impl SampledHint {
     /// A hint holding `message` (boxed, so that a record, and every future holding one,
     /// grows by a pointer only).
-    pub fn new(message: Option<Box<crate::episode::Message>>) -> Self {
+    pub fn new(message: Option<Box<crate::trace::message::Message>>) -> Self {
         SampledHint(message)
     }
 
     /// The message, if the server read it.
-    pub fn get(&self) -> Option<&crate::episode::Message> {
+    pub fn get(&self) -> Option<&crate::trace::message::Message> {
         self.0.as_deref()
     }
 
     /// Takes the message out, leaving no hint.
-    pub fn take(&mut self) -> Option<crate::episode::Message> {
+    pub fn take(&mut self) -> Option<crate::trace::message::Message> {
         self.0.take().map(|m| *m)
     }
 }
@@ -324,12 +287,10 @@ impl CallRecord {
         }
     }
 
-    /// The record as serde writes it, field by field in the order of the struct: keys
-    /// are constants (they need no escaping), plain strings and integers are copied in,
-    /// the other values go through serde_json. The two bodies are copied in as they
-    /// stand (the request straight from its pieces, [`JsonBody::write_to`]).
-    /// The request needs no UTF-8 check: its source was checked when it was parsed and
-    /// what was set since is JSON (see [`JsonBody::set_raw`]); the response is checked.
+    /// The record as serde writes it, field by field in the order of [`CALL_FIELDS`]
+    /// (`fields.rs`). The request needs no UTF-8 check: its source was checked when it
+    /// was parsed and what was set since is JSON (see [`JsonBody::set_raw`]); the
+    /// response is checked.
     fn write_parts(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
         let response = match &self.response {
             Some(r) => Some(
@@ -338,104 +299,7 @@ impl CallRecord {
             ),
             None => None,
         };
-        let mut line = Line(out);
-        line.raw(b"{\"session\":");
-        line.str(&self.session);
-        line.raw(key!("seq"));
-        line.int(self.seq);
-        line.raw(key!("dialect"));
-        line.plain(self.dialect.as_str());
-        line.raw(key!("endpoint"));
-        line.str(&self.endpoint);
-        line.raw(key!("model"));
-        line.str(&self.model);
-        if let Some(asked) = &self.requested_model {
-            line.raw(key!("requested_model"));
-            line.str(asked);
-        }
-        line.raw(key!("stream"));
-        line.bool(self.stream);
-        line.raw(key!("sampling"));
-        line.json(&self.sampling)?;
-        line.raw(key!("request"));
-        self.request.write_to(line.0);
-        line.raw(key!("response"));
-        line.raw(response.map_or(&b"null"[..], str::as_bytes));
-        line.raw(key!("finish_reason"));
-        crate::json_text::write_opt_str(line.0, self.finish_reason.as_deref());
-        self.write_tail(&mut line)?;
-        line.raw(b"}");
-        Ok(())
-    }
-
-    /// The fields after `finish_reason` (see [`CallRecord::write_parts`]).
-    fn write_tail(&self, line: &mut Line<'_>) -> Result<(), serde_json::Error> {
-        let usage = &self.usage;
-        line.raw(key!("usage"));
-        line.raw(b"{\"prompt_tokens\":");
-        line.int(usage.prompt_tokens);
-        line.raw(key!("completion_tokens"));
-        line.int(usage.completion_tokens);
-        line.raw(key!("cached_input_tokens"));
-        line.int(usage.cached_input_tokens);
-        line.raw(key!("reasoning_tokens"));
-        line.int(usage.reasoning_tokens);
-        line.raw(b"}");
-        line.raw(key!("status"));
-        line.int(self.status);
-        line.raw(key!("started_at"));
-        line.json(&self.started_at)?;
-        line.raw(key!("ended_at"));
-        line.json(&self.ended_at)?;
-        line.raw(key!("ttfb_ms"));
-        line.json(&self.ttfb_ms)?;
-        line.raw(key!("client_disconnected"));
-        line.bool(self.client_disconnected);
-        line.raw(key!("error"));
-        line.json(&self.error)?;
-        line.raw(key!("epoch"));
-        line.int(self.epoch);
-        if let Some(engine) = &self.engine {
-            line.raw(key!("engine"));
-            line.str(engine);
-        }
-        if !is_off(&self.token_capture) {
-            line.raw(key!("token_capture"));
-            line.json(&self.token_capture)?;
-        }
-        if let Some(ids) = &self.prompt_token_ids {
-            line.raw(key!("prompt_token_ids"));
-            line.json(ids)?;
-        }
-        if let Some(ids) = &self.completion_token_ids {
-            line.raw(key!("completion_token_ids"));
-            line.json(ids)?;
-        }
-        if let Some(logprobs) = &self.completion_logprobs {
-            line.raw(key!("completion_logprobs"));
-            line.json(logprobs)?;
-        }
-        if let Some(path) = &self.token_path {
-            line.raw(key!("token_path"));
-            line.json(path)?;
-        }
-        if let Some(reason) = &self.token_reason {
-            line.raw(key!("token_reason"));
-            line.str(reason);
-        }
-        if let Some(node) = self.node {
-            line.raw(key!("node"));
-            line.int(node);
-        }
-        if let Some(policy) = &self.policy {
-            line.raw(key!("policy"));
-            line.json(policy)?;
-        }
-        if self.truncated {
-            line.raw(key!("truncated"));
-            line.bool(true);
-        }
-        Ok(())
+        fields::write(self, Shape::Record { response }, out)
     }
 
     /// About how many bytes [`CallRecord::write_json`] writes: the bodies, plus room for
@@ -469,10 +333,10 @@ pub fn epoch_seconds(t: std::time::SystemTime) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn minimal() -> CallRecord {
+    pub(crate) fn minimal() -> CallRecord {
         serde_json::from_value(serde_json::json!({
             "session": "s\"é", "seq": 3, "dialect": "chat_completions", "endpoint": "/chat/completions",
             "model": "m", "stream": false, "sampling": {}, "request": {"model": "x"},
@@ -483,8 +347,8 @@ mod tests {
         .expect("record")
     }
 
-    #[test]
-    fn the_line_in_parts_is_what_serde_writes() {
+    /// A record with every field away from its default.
+    pub(crate) fn full() -> CallRecord {
         let mut full = minimal();
         full.requested_model = Some("asked".into());
         full.stream = true;
@@ -520,14 +384,84 @@ mod tests {
         full.policy = Some(crate::network::PolicyEvent::new(vec![
             "tools[0].type".into()
         ]));
+        full.token_path = Some(TokenPath::Bridged);
+        full.token_reason = Some("first_turn".into());
         full.truncated = true;
-        for record in [minimal(), full] {
+        full
+    }
+
+    #[test]
+    fn the_line_in_parts_is_what_serde_writes() {
+        for record in [minimal(), full()] {
             let serde = serde_json::to_vec(&record).expect("serde");
             assert_eq!(
                 String::from_utf8(record.to_json_vec()).expect("utf-8"),
                 String::from_utf8(serde).expect("utf-8")
             );
         }
+    }
+
+    /// The keys of a JSON object's text, in order.
+    pub(crate) fn keys(line: &[u8]) -> Vec<String> {
+        #[derive(serde::Deserialize)]
+        struct Keys(#[serde(with = "keys_in_order")] Vec<String>);
+        mod keys_in_order {
+            use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+            pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+                d: D,
+            ) -> Result<Vec<String>, D::Error> {
+                struct V;
+                impl<'de> Visitor<'de> for V {
+                    type Value = Vec<String>;
+                    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                        f.write_str("an object")
+                    }
+                    fn visit_map<A: MapAccess<'de>>(
+                        self,
+                        mut m: A,
+                    ) -> Result<Self::Value, A::Error> {
+                        let mut out = Vec::new();
+                        while let Some((k, IgnoredAny)) = m.next_entry::<String, IgnoredAny>()? {
+                            out.push(k);
+                        }
+                        Ok(out)
+                    }
+                }
+                d.deserialize_map(V)
+            }
+        }
+        serde_json::from_slice::<Keys>(line).expect("an object").0
+    }
+
+    #[test]
+    fn serde_and_the_line_follow_the_field_table() {
+        let names: Vec<String> = CALL_FIELDS.iter().map(|f| f.name.to_owned()).collect();
+        // Every field away from its default: serde writes each field of the table, in
+        // its order, and so does the line.
+        let full = full();
+        assert_eq!(keys(&serde_json::to_vec(&full).expect("serde")), names);
+        assert_eq!(keys(&full.to_json_vec()), names);
+        // At their defaults, the line leaves out exactly the fields the table says, and
+        // serde reads it back whole.
+        let kept: Vec<String> = CALL_FIELDS
+            .iter()
+            .filter(|f| f.omit != Omit::WhenDefault)
+            .map(|f| f.name.to_owned())
+            .collect();
+        let minimal = minimal();
+        assert_eq!(keys(&minimal.to_json_vec()), kept);
+        let back: CallRecord = serde_json::from_slice(&minimal.to_json_vec()).expect("read");
+        assert_eq!(back, minimal);
+        // A reader fills in each field left out with the table's default.
+        let mut value = serde_json::to_value(&minimal).expect("serde");
+        for f in CALL_FIELDS.iter().filter(|f| f.omit == Omit::WhenDefault) {
+            let default: serde_json::Value = serde_json::from_str(f.default).expect("json");
+            value[f.name] = default;
+        }
+        assert_eq!(
+            serde_json::from_value::<CallRecord>(value).expect("read"),
+            minimal
+        );
     }
 
     proptest::proptest! {

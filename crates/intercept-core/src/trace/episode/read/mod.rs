@@ -19,9 +19,9 @@ pub(crate) use self::messages::{anthropic_system, from_anthropic};
 pub(crate) use self::responses::from_responses;
 pub use self::sampled::SampledChat;
 pub(super) use self::sampled::{ChatResponse, ChatResponseValue};
-use super::canonical::sorted;
-use super::message::{hex, Hash, Message, Role};
 use crate::dialect::DialectKind;
+use crate::trace::canonical::sorted;
+use crate::trace::message::{hex, Hash, Message, Role};
 
 /// Tool-call arguments: a JSON string is parsed (and its keys sorted); one that is not
 /// JSON stays a string; an object (Anthropic `input`) is sorted.
@@ -73,7 +73,10 @@ fn role_of(name: &str) -> Role {
 }
 
 /// The assistant message of a response in its dialect.
-pub(in crate::episode) fn response_message(kind: DialectKind, response: &Value) -> Option<Message> {
+pub(in crate::trace::episode) fn response_message(
+    kind: DialectKind,
+    response: &Value,
+) -> Option<Message> {
     match kind {
         DialectKind::ChatCompletions => {
             let choice = response.get("choices")?.get(0)?;

@@ -6,9 +6,64 @@ use serde::Serialize;
 
 use super::encode::{Encoder, Invalid};
 use super::NodeTokens;
-use crate::episode::{Message, Part, Role};
-use crate::json_text::write_str;
-use crate::record::{CallError, CallRecord, TokenCapture};
+use crate::trace::episode::{hex, EpisodeBuilder, Message, Part, Role};
+use crate::trace::record::{CallError, CallRecord, Shape};
+
+/// What token data node `id` holds, if any.
+pub(crate) fn node_tokens(episode: &EpisodeBuilder, id: usize) -> Option<NodeTokens> {
+    episode.node_data(id).tokens.as_ref().map(|t| NodeTokens {
+        logprobs: t.logprobs.is_some(),
+    })
+}
+
+/// Writes node `id` of `episode` as a `node` line (with its newline; see
+/// `docs/traces.md`).
+pub(crate) fn node(
+    episode: &EpisodeBuilder,
+    id: usize,
+    enc: &mut Encoder<'_>,
+    out: &mut Vec<u8>,
+) -> Result<(), Invalid> {
+    let n = episode.node_data(id);
+    out.extend_from_slice(b"{\"type\":\"node\",\"id\":");
+    int(out, id as u64);
+    out.extend_from_slice(b",\"parent\":");
+    match n.parent {
+        Some(p) => int(out, p),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(b",\"hash\":\"");
+    out.extend_from_slice(hex(&n.hash).as_bytes());
+    out.extend_from_slice(b"\",\"sampled\":");
+    out.extend_from_slice(if n.sampled { b"true" } else { b"false" });
+    if let Some(call) = n.call {
+        key(out, "call");
+        int(out, call);
+    }
+    if let Some(t) = &n.tokens {
+        key(out, "token_ids");
+        ints(out, &t.ids);
+        key(out, "prompt_tokens");
+        int(out, t.prompt);
+        if let Some(l) = &t.logprobs {
+            key(out, "logprobs");
+            plain(out, l)?;
+        }
+        if t.start {
+            out.extend_from_slice(b",\"token_start\":true");
+        }
+        if let Some(b) = t.brk {
+            key(out, "token_break");
+            out.push(b'"');
+            out.extend_from_slice(b.as_str().as_bytes());
+            out.push(b'"');
+        }
+    }
+    key(out, "message");
+    message(enc, &n.message, out, 2)?;
+    out.extend_from_slice(b"}\n");
+    Ok(())
+}
 
 /// Writes `m` as its serde form (`{"role":…,"content":[…],…}`), strings through `enc`.
 /// `depth` is the message object's depth in the line.
@@ -130,8 +185,9 @@ fn ints(out: &mut Vec<u8>, ids: &[u32]) {
 }
 
 /// Writes a call line's fields before its bodies, without the closing brace: `type`,
-/// `seq`, `dialect`, ... in the order the format lists them, fields at their defaults
-/// left out.
+/// then the record's fields in the order of [`CALL_FIELDS`](crate::record::CALL_FIELDS),
+/// those at their defaults, the bodies and the token data its node holds left out
+/// (`record/fields.rs`), then `prompt`, the node its prompt ends at.
 pub(crate) fn call_meta(
     record: &CallRecord,
     prompt: Option<u32>,
@@ -140,137 +196,21 @@ pub(crate) fn call_meta(
     out: &mut Vec<u8>,
 ) {
     let start = out.len();
-    if call_fields(record, prompt, tokens_on_node, error, out).is_err() {
+    let shape = Shape::Log {
+        ids_on_node: tokens_on_node.is_some(),
+        logprobs_on_node: tokens_on_node.is_some_and(|t| t.logprobs),
+        error,
+    };
+    if crate::trace::record::fields_write(record, shape, out).is_err() {
         // Plain data: this does not happen; the line keeps what identifies it.
         out.truncate(start);
         out.extend_from_slice(b"{\"type\":\"call\",\"seq\":");
         int(out, record.seq);
     }
-}
-
-fn call_fields(
-    r: &CallRecord,
-    prompt: Option<u32>,
-    tokens_on_node: Option<NodeTokens>,
-    error: Option<&CallError>,
-    out: &mut Vec<u8>,
-) -> Result<(), Invalid> {
-    let on_node = tokens_on_node.is_some();
-    let logprobs_on_node = tokens_on_node.is_some_and(|t| t.logprobs);
-    out.extend_from_slice(b"{\"type\":\"call\",\"seq\":");
-    int(out, r.seq);
-    key(out, "dialect");
-    out.push(b'"');
-    out.extend_from_slice(r.dialect.as_str().as_bytes());
-    out.push(b'"');
-    key(out, "endpoint");
-    write_str(out, &r.endpoint);
-    key(out, "model");
-    write_str(out, &r.model);
-    if let Some(m) = &r.requested_model {
-        key(out, "requested_model");
-        write_str(out, m);
-    }
-    key(out, "stream");
-    out.extend_from_slice(if r.stream { b"true" } else { b"false" });
-    if !r.sampling.is_empty() {
-        key(out, "sampling");
-        out.push(b'{');
-        for (i, (k, v)) in r.sampling.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            write_str(out, k);
-            out.push(b':');
-            plain(out, v)?;
-        }
-        out.push(b'}');
-    }
-    if let Some(f) = &r.finish_reason {
-        key(out, "finish_reason");
-        write_str(out, f);
-    }
-    let u = &r.usage;
-    out.extend_from_slice(b",\"usage\":{\"prompt_tokens\":");
-    int(out, u.prompt_tokens);
-    out.extend_from_slice(b",\"completion_tokens\":");
-    int(out, u.completion_tokens);
-    out.extend_from_slice(b",\"cached_input_tokens\":");
-    int(out, u.cached_input_tokens);
-    out.extend_from_slice(b",\"reasoning_tokens\":");
-    int(out, u.reasoning_tokens);
-    out.push(b'}');
-    key(out, "status");
-    int(out, r.status);
-    key(out, "started_at");
-    plain(out, &r.started_at)?;
-    key(out, "ended_at");
-    plain(out, &r.ended_at)?;
-    if let Some(t) = r.ttfb_ms {
-        key(out, "ttfb_ms");
-        plain(out, &t)?;
-    }
-    if r.client_disconnected {
-        key(out, "client_disconnected");
-        out.extend_from_slice(b"true");
-    }
-    if let Some(e) = error.or(r.error.as_ref()) {
-        key(out, "error");
-        plain(out, e)?;
-    }
-    if r.epoch != 0 {
-        key(out, "epoch");
-        int(out, r.epoch);
-    }
-    if let Some(e) = &r.engine {
-        key(out, "engine");
-        write_str(out, e);
-    }
-    if r.token_capture != TokenCapture::Off {
-        key(out, "token_capture");
-        plain(out, &r.token_capture)?;
-    }
-    if let Some(ids) = r.prompt_token_ids.as_deref().filter(|_| !on_node) {
-        key(out, "prompt_token_ids");
-        ints(out, ids);
-    }
-    if let Some(ids) = r.completion_token_ids.as_deref().filter(|_| !on_node) {
-        key(out, "completion_token_ids");
-        ints(out, ids);
-    }
-    if let Some(l) = r
-        .completion_logprobs
-        .as_deref()
-        .filter(|_| !logprobs_on_node)
-    {
-        key(out, "completion_logprobs");
-        plain(out, l)?;
-    }
-    if let Some(path) = &r.token_path {
-        key(out, "token_path");
-        plain(out, path)?;
-    }
-    if let Some(reason) = &r.token_reason {
-        key(out, "token_reason");
-        write_str(out, reason);
-    }
-    if let Some(n) = r.node {
-        key(out, "node");
-        int(out, n);
-    }
     if let Some(p) = prompt {
         key(out, "prompt");
         int(out, p);
     }
-    if let Some(p) = &r.policy {
-        key(out, "policy");
-        plain(out, p)?;
-    }
-    if r.truncated {
-        key(out, "truncated");
-        out.extend_from_slice(b"true");
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -278,8 +218,37 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::episode::ToolCall;
-    use crate::log::encode::Values;
+
+    #[test]
+    fn a_call_line_follows_the_field_table() {
+        use crate::record::{Omit, CALL_FIELDS};
+        let line = |record: &CallRecord| {
+            let mut out = Vec::new();
+            call_meta(record, Some(4), None, None, &mut out);
+            out.push(b'}');
+            crate::trace::record::tests::keys(&out)
+        };
+        let with = |keep: &dyn Fn(Omit) -> bool| {
+            let mut names = vec!["type".to_owned()];
+            names.extend(
+                CALL_FIELDS
+                    .iter()
+                    .filter(|f| !f.apart_in_log && keep(f.omit))
+                    .map(|f| f.name.to_owned()),
+            );
+            names.push("prompt".into());
+            names
+        };
+        let full = crate::trace::record::tests::full();
+        assert_eq!(line(&full), with(&|_| true));
+        let minimal = CallRecord {
+            response: None,
+            ..crate::trace::record::tests::minimal()
+        };
+        assert_eq!(line(&minimal), with(&|omit| omit == Omit::Never));
+    }
+    use crate::trace::episode::ToolCall;
+    use crate::trace::log::encode::Values;
 
     fn write(m: &Message) -> (String, String) {
         let mut values = Values::default();

@@ -4,8 +4,8 @@ use serde_json::Value;
 
 use super::chat::chat_content;
 use super::{arguments, image_ref, role_of, str_of, string_of};
-use crate::episode::canonical::sorted;
-use crate::episode::{Message, Part, Role, ToolCall};
+use crate::trace::canonical::sorted;
+use crate::trace::episode::{Message, Part, Role, ToolCall};
 
 /// Responses `input` (a string or items) or `output` items. Consecutive assistant-side
 /// items (an assistant message, reasoning, function calls) form one assistant message.

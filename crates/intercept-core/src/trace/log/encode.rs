@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 
 use crate::json_text;
+pub(crate) use crate::json_text::ws;
 
 /// Strings this long (in their JSON text, escapes included) or longer are written once.
 pub const MIN_STRING: usize = 64;
@@ -85,61 +86,14 @@ pub(crate) struct Encoder<'a> {
     pub(crate) defs: &'a mut Vec<u8>,
 }
 
-/// The index of the first byte at or after `i` that is not JSON whitespace.
-pub(crate) fn ws(b: &[u8], mut i: usize) -> usize {
-    while i < b.len() && matches!(b[i], b' ' | b'\n' | b'\r' | b'\t') {
-        i += 1;
-    }
-    i
-}
-
 /// The index just after the string that starts at `i` (at its quote).
 fn string_end(b: &[u8], i: usize) -> Result<usize> {
-    json_text::closing_quote(b, i + 1, false)
-        .map(|(close, _)| close + 1)
-        .ok_or(Invalid)
+    json_text::string_end(b, i).ok_or(Invalid)
 }
 
 /// The index just after the value that starts at or after `i`.
 pub(crate) fn skip_value(b: &[u8], i: usize) -> Result<usize> {
-    let i = ws(b, i);
-    match b.get(i).ok_or(Invalid)? {
-        b'"' => string_end(b, i),
-        b'{' | b'[' => {
-            // Strings are skipped whole, so brackets inside them do not count.
-            let mut depth = 0usize;
-            let mut at = i;
-            loop {
-                match b.get(at).ok_or(Invalid)? {
-                    b'"' => {
-                        at = string_end(b, at)?;
-                        continue;
-                    }
-                    b'{' | b'[' => depth += 1,
-                    b'}' | b']' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            return Ok(at + 1);
-                        }
-                    }
-                    _ => {}
-                }
-                at += 1;
-            }
-        }
-        _ => {
-            let mut at = i;
-            while at < b.len()
-                && !matches!(b[at], b',' | b']' | b'}' | b' ' | b'\n' | b'\r' | b'\t')
-            {
-                at += 1;
-            }
-            if at == i {
-                return Err(Invalid);
-            }
-            Ok(at)
-        }
-    }
+    json_text::skip_value(b, i).ok_or(Invalid)
 }
 
 /// Whether a key's string token (quotes included) decodes to one of the [`MARKERS`].
@@ -400,32 +354,6 @@ fn reference(out: &mut Vec<u8>, id: u32) {
     out.push(b'}');
 }
 
-/// The elements of a JSON array's text, each as its raw text (whitespace around it
-/// left out); `None` when the text is not an array.
-pub(crate) fn elements(text: &str) -> Option<Vec<&str>> {
-    let raw = text.as_bytes();
-    let mut at = ws(raw, 0);
-    if raw.get(at) != Some(&b'[') {
-        return None;
-    }
-    let mut out = Vec::new();
-    at = ws(raw, at + 1);
-    if raw.get(at) == Some(&b']') {
-        return (ws(raw, at + 1) == raw.len()).then_some(out);
-    }
-    loop {
-        let start = ws(raw, at);
-        let end = skip_value(raw, start).ok()?;
-        out.push(&text[start..end]);
-        at = ws(raw, end);
-        match raw.get(at)? {
-            b',' => at += 1,
-            b']' => return (ws(raw, at + 1) == raw.len()).then_some(out),
-            _ => return None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -486,16 +414,5 @@ mod tests {
         );
         let (out, _) = encode(&deep);
         assert!(out.contains("{\"$j\":\"[[[1]]]\"}"), "{out}");
-    }
-
-    #[test]
-    fn elements_of_an_array() {
-        assert_eq!(
-            elements(" [ 1 , {\"a\": [2]} ,\"x\" ] "),
-            Some(vec!["1", "{\"a\": [2]}", "\"x\""])
-        );
-        assert_eq!(elements("[]"), Some(vec![]));
-        assert_eq!(elements("{}"), None);
-        assert_eq!(elements("[1,]"), None);
     }
 }

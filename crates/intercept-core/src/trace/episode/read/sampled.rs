@@ -9,7 +9,7 @@ use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
-use crate::episode::{Message, Role};
+use crate::trace::episode::{Message, Role};
 
 /// A Chat response's message read in the same pass as the rest of the response, without
 /// building a [`Value`]: `Plain` for the usual sampled turn (text or null content,
@@ -237,23 +237,23 @@ impl<'de> Deserialize<'de> for SampledChat {
 /// A Chat response's first choice's message, read without building the rest: the usual
 /// shape as it stands, any other as a [`Value`] (see [`SampledChat`]).
 #[derive(Deserialize)]
-pub(in crate::episode) struct ChatResponse {
-    pub(in crate::episode) choices: Vec<ChatChoice>,
+pub(in crate::trace::episode) struct ChatResponse {
+    pub(in crate::trace::episode) choices: Vec<ChatChoice>,
 }
 
 #[derive(Deserialize)]
-pub(in crate::episode) struct ChatChoice {
+pub(in crate::trace::episode) struct ChatChoice {
     #[serde(default)]
-    pub(in crate::episode) message: Option<SampledChat>,
+    pub(in crate::trace::episode) message: Option<SampledChat>,
 }
 
 /// The same, for a message [`SampledChat`] leaves to the general reader.
 #[derive(Deserialize)]
-pub(in crate::episode) struct ChatResponseValue {
-    pub(in crate::episode) choices: Vec<ChatChoiceValue>,
+pub(in crate::trace::episode) struct ChatResponseValue {
+    pub(in crate::trace::episode) choices: Vec<ChatChoiceValue>,
 }
 
 #[derive(Deserialize)]
-pub(in crate::episode) struct ChatChoiceValue {
-    pub(in crate::episode) message: Option<Value>,
+pub(in crate::trace::episode) struct ChatChoiceValue {
+    pub(in crate::trace::episode) message: Option<Value>,
 }

@@ -9,7 +9,7 @@
 //! - `value`: a long string or a large request/response member, written the first time a
 //!   call carries it and referenced as `{"$v":N}` after that (tool lists, system prompts,
 //!   images and other base64 data, tool results, the model's answers);
-//! - `node`: a message joining the episode's graph ([`crate::episode`]), written once,
+//! - `node`: a message joining the episode's graph ([`crate::trace::episode`]), written once,
 //!   with the tokens it adds;
 //! - `call`: one per model call: everything a [`CallRecord`] holds, its request's
 //!   conversation given as the elements it adds to an earlier call's (`{"$a":…}`), its
@@ -61,8 +61,8 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::episode::{Episode, EpisodeBuilder, EpisodeSummary};
-use crate::record::{CallError, CallRecord};
+use crate::trace::episode::{Episode, EpisodeBuilder, EpisodeSummary};
+use crate::trace::record::{CallError, CallRecord};
 use crate::DialectKind;
 
 pub(crate) mod encode;
@@ -197,7 +197,7 @@ impl LogWriter {
     /// The header line (with its newline): the schema, the session id, when it was
     /// made (now) and `settings` (the session's model, sampling, limits, ...).
     pub fn header(&self, settings: serde_json::Value) -> Vec<u8> {
-        let now = crate::record::epoch_seconds(std::time::SystemTime::now());
+        let now = crate::trace::record::epoch_seconds(std::time::SystemTime::now());
         header_line(&self.session, now, settings)
     }
 
@@ -227,18 +227,14 @@ impl LogWriter {
                 defs: &mut defs,
             };
             let at = nodes.len();
-            if self
-                .episode
-                .write_node_line(id, &mut enc, &mut nodes)
-                .is_err()
-            {
+            if lines::node(&self.episode, id, &mut enc, &mut nodes).is_err() {
                 // A message's data is valid JSON: this does not happen; the node is left
                 // out rather than written torn.
                 nodes.truncate(at);
             }
         }
         // The call line.
-        let tokens_on_node = node.and_then(|n| self.episode.node_tokens(n as usize));
+        let tokens_on_node = node.and_then(|n| lines::node_tokens(&self.episode, n as usize));
         let prompt = node.and_then(|n| self.episode.node_parent(n as usize));
         let mut enc = encode::Encoder {
             values: &mut self.values,
@@ -396,7 +392,7 @@ impl Wire {
         // A conversation that extends the last one byte for byte: only its tail is read.
         let last = wire.last.take();
         let continued = last.filter(|l| !l.path.is_empty()).and_then(|l| {
-            let tail = crate::episode::appended(&l.raw, &raw)?;
+            let tail = crate::trace::episode::appended(&l.raw, &raw)?;
             Some((l.seq, l.path, tail))
         });
         let (base, mut path, added): (Option<u64>, Vec<u32>, String) = match continued {
@@ -413,7 +409,7 @@ impl Wire {
             }
             None => {
                 let text = simdutf8::basic::from_utf8(&raw).map_err(|_| encode::Invalid)?;
-                let elements = encode::elements(text).ok_or(encode::Invalid)?;
+                let elements = crate::json_text::elements(text).ok_or(encode::Invalid)?;
                 let mut path = Vec::new();
                 let mut parent = None;
                 for e in &elements {
@@ -447,7 +443,7 @@ impl Wire {
         out.extend_from_slice(b",\"keep\":");
         out.extend_from_slice(itoa::Buffer::new().format(keep).as_bytes());
         out.extend_from_slice(b",\"add\":[");
-        let elements = encode::elements(&added).ok_or(encode::Invalid)?;
+        let elements = crate::json_text::elements(&added).ok_or(encode::Invalid)?;
         for (i, e) in elements.iter().enumerate() {
             if i > 0 {
                 out.push(b',');

@@ -4,8 +4,8 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
-use crate::episode::{Episode, EpisodeBuilder, Message, Node, TokenBreak};
-use crate::record::CallRecord;
+use crate::trace::episode::{Episode, EpisodeBuilder, Message, Node, TokenBreak};
+use crate::trace::record::{CallRecord, Omit, CALL_FIELDS};
 
 use super::{LogEnd, SCHEMA};
 
@@ -444,14 +444,12 @@ impl LogReader {
             fields.insert(key.into(), v);
         }
         fields.insert("session".into(), Value::String(self.session().to_owned()));
-        // Fields a call line leaves out at their defaults (docs/traces.md).
-        for (key, default) in [
-            ("sampling", Value::Object(Map::new())),
-            ("finish_reason", Value::Null),
-            ("ttfb_ms", Value::Null),
-            ("error", Value::Null),
-        ] {
-            fields.entry(key).or_insert(default);
+        // Fields a call line leaves out at their defaults (record/fields.rs).
+        for f in CALL_FIELDS.iter().filter(|f| f.omit == Omit::InLog) {
+            if !fields.contains_key(f.name) {
+                let default = serde_json::from_str(f.default).unwrap_or(Value::Null);
+                fields.insert(f.name.into(), default);
+            }
         }
         if let Some(node) = call.node {
             let node = node as usize;

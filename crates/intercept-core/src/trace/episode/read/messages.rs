@@ -3,8 +3,8 @@
 use serde_json::Value;
 
 use super::{arguments, inline_image, role_of, str_of, string_of};
-use crate::episode::canonical::{canonical, sorted};
-use crate::episode::{Message, Part, Role, ToolCall};
+use crate::trace::canonical::{canonical, sorted};
+use crate::trace::episode::{Message, Part, Role, ToolCall};
 
 /// The `system` of an Anthropic request.
 pub(crate) fn anthropic_system(system: &Value) -> Option<Message> {

@@ -60,8 +60,8 @@ use serde_json::Value;
 
 use crate::chunked::Chunked;
 use crate::dialect::DialectKind;
-use crate::record::CallRecord;
-use crate::session::Trace;
+use crate::trace::record::CallRecord;
+use crate::trace::Trace;
 
 /// The conversation of a request in any dialect, as [`Message`]s, in order: the system
 /// prompt (Anthropic `system`, Responses `instructions`), then each message. `None` when
@@ -105,11 +105,10 @@ pub fn response_message(kind: DialectKind, response: &[u8]) -> Option<Message> {
     read::response_message(kind, &value)
 }
 
-mod canonical;
-mod message;
 mod read;
 
-pub use message::{Hash, Message, Part, Role, ToolCall};
+pub(crate) use crate::trace::message::hex;
+pub use crate::trace::message::{Hash, Message, Part, Role, ToolCall};
 pub use read::SampledChat;
 
 /// Why a sampled node starts a new token sequence instead of extending its path's.
@@ -243,26 +242,30 @@ pub struct Episode {
     pub summary: EpisodeSummary,
 }
 
+/// The tokens a node adds to its sequence.
 #[derive(Debug)]
-struct Tokens {
-    ids: Vec<u32>,
+pub(crate) struct Tokens {
+    pub(crate) ids: Vec<u32>,
     /// Leading ids that are prompt (unmasked).
-    prompt: usize,
+    pub(crate) prompt: usize,
     /// Logprobs of the completion ids.
-    logprobs: Option<Vec<f64>>,
-    start: bool,
-    brk: Option<TokenBreak>,
+    pub(crate) logprobs: Option<Vec<f64>>,
+    /// Whether the node starts a token sequence.
+    pub(crate) start: bool,
+    /// Why it does, when it breaks one.
+    pub(crate) brk: Option<TokenBreak>,
 }
 
+/// A node as the builder holds it.
 #[derive(Debug)]
-struct NodeData {
-    parent: Option<u32>,
-    hash: Hash,
-    message: Message,
-    sampled: bool,
-    call: Option<u64>,
+pub(crate) struct NodeData {
+    pub(crate) parent: Option<u32>,
+    pub(crate) hash: Hash,
+    pub(crate) message: Message,
+    pub(crate) sampled: bool,
+    pub(crate) call: Option<u64>,
     /// Boxed: most nodes have none, and a node's size is memory per call.
-    tokens: Option<Box<Tokens>>,
+    pub(crate) tokens: Option<Box<Tokens>>,
 }
 
 /// Builds an episode call by call ([`EpisodeBuilder::commit`]); the graph grows with the
@@ -495,7 +498,7 @@ impl EpisodeBuilder {
             // The request was read as a JSON object: its elements are found by the
             // log's scan, not parsed twice.
             let text = simdutf8::basic::from_utf8(&array).ok()?;
-            for m in crate::log::encode::elements(text)? {
+            for m in crate::json_text::elements(text)? {
                 let bytes = m.as_bytes();
                 let rk = (key(parent), raw_hash(self.raw_seed, bytes), bytes.len());
                 count += 1;
@@ -554,7 +557,7 @@ impl EpisodeBuilder {
             DialectKind::Completions => {
                 let prompt = match parse("prompt")? {
                     Value::String(s) => s,
-                    other => canonical::canonical(&other),
+                    other => crate::trace::canonical::canonical(&other),
                 };
                 Some((None, vec![Message::text(Role::User, prompt)]))
             }
@@ -724,7 +727,7 @@ impl EpisodeBuilder {
                 Node {
                     id: i as u32,
                     parent: n.parent,
-                    hash: message::hex(&n.hash),
+                    hash: hex(&n.hash),
                     message: n.message.clone(),
                     sampled: n.sampled,
                     call: n.call,
@@ -838,64 +841,9 @@ impl EpisodeBuilder {
         self.nodes[id].parent
     }
 
-    /// What token data a node holds, if any.
-    pub(crate) fn node_tokens(&self, id: usize) -> Option<crate::log::NodeTokens> {
-        self.nodes[id]
-            .tokens
-            .as_ref()
-            .map(|t| crate::log::NodeTokens {
-                logprobs: t.logprobs.is_some(),
-            })
-    }
-
-    /// Writes node `id` as a log `node` line (with its newline; see `docs/traces.md`).
-    pub(crate) fn write_node_line(
-        &self,
-        id: usize,
-        enc: &mut crate::log::encode::Encoder<'_>,
-        out: &mut Vec<u8>,
-    ) -> Result<(), crate::log::encode::Invalid> {
-        let n = &self.nodes[id];
-        let int = |out: &mut Vec<u8>, v: u64| {
-            out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
-        };
-        out.extend_from_slice(b"{\"type\":\"node\",\"id\":");
-        int(out, id as u64);
-        out.extend_from_slice(b",\"parent\":");
-        match n.parent {
-            Some(p) => int(out, u64::from(p)),
-            None => out.extend_from_slice(b"null"),
-        }
-        out.extend_from_slice(b",\"hash\":\"");
-        out.extend_from_slice(message::hex(&n.hash).as_bytes());
-        out.extend_from_slice(b"\",\"sampled\":");
-        out.extend_from_slice(if n.sampled { b"true" } else { b"false" });
-        if let Some(call) = n.call {
-            out.extend_from_slice(b",\"call\":");
-            int(out, call);
-        }
-        if let Some(t) = &n.tokens {
-            out.extend_from_slice(b",\"token_ids\":");
-            serde_json::to_writer(&mut *out, &t.ids).map_err(|_| crate::log::encode::Invalid)?;
-            out.extend_from_slice(b",\"prompt_tokens\":");
-            int(out, t.prompt as u64);
-            if let Some(l) = &t.logprobs {
-                out.extend_from_slice(b",\"logprobs\":");
-                serde_json::to_writer(&mut *out, l).map_err(|_| crate::log::encode::Invalid)?;
-            }
-            if t.start {
-                out.extend_from_slice(b",\"token_start\":true");
-            }
-            if let Some(b) = t.brk {
-                out.extend_from_slice(b",\"token_break\":\"");
-                out.extend_from_slice(b.as_str().as_bytes());
-                out.push(b'"');
-            }
-        }
-        out.extend_from_slice(b",\"message\":");
-        crate::log::lines::message(enc, &n.message, out, 2)?;
-        out.extend_from_slice(b"}\n");
-        Ok(())
+    /// Node `id`'s data, as the log writes it.
+    pub(crate) fn node_data(&self, id: usize) -> &NodeData {
+        &self.nodes[id]
     }
 
     /// A builder holding `nodes` (as a log or an [`Episode`] gives them), for reading:
@@ -935,7 +883,7 @@ impl EpisodeBuilder {
             }
             b.nodes.push(NodeData {
                 parent: n.parent,
-                hash: message::unhex(&n.hash).unwrap_or_default(),
+                hash: crate::trace::message::unhex(&n.hash).unwrap_or_default(),
                 message: n.message,
                 sampled: n.sampled,
                 call: n.call,
