@@ -16,6 +16,7 @@
 //! | `workspace-lints` | every member's `Cargo.toml` has `[lints] workspace = true` |
 //! | `crate-docs` | every member's library root (`src/lib.rs`) starts with a `//!` crate doc |
 //! | `code-map` | every `src/*.rs` file (but `lib.rs`) and module folder of a library crate under `crates/` is named in that crate's section of `docs/architecture.md` |
+//! | `module-cycles` | the top-level modules of each crate in `ACYCLIC_CRATES` (the server, the cli) use each other one way: the `crate::` paths written outside comments and test modules make no cycle |
 //! | `timeless-docs` | `docs/*.md` and the READMEs never say "being built", "today", "comes later" or "for now": a page says what the code does |
 
 use std::fmt;
@@ -73,6 +74,7 @@ pub fn check(root: &Path) -> Result<Vec<Violation>> {
     all.extend(workspace_deps_used(root)?);
     all.extend(no_placeholders(root)?);
     all.extend(code_map(root)?);
+    all.extend(module_cycles(root)?);
     all.extend(timeless_docs(root)?);
     Ok(all)
 }
@@ -642,6 +644,208 @@ fn crate_section<'a>(page: &'a str, krate: &str) -> Option<&'a str> {
         .next()
         .unwrap_or(rest.len());
     Some(&rest[..end])
+}
+
+/// The crates whose top-level modules must use each other one way (`module-cycles`):
+/// the server's request path and the sidecar.
+pub const ACYCLIC_CRATES: &[&str] = &["intercept-server", "intercept-cli"];
+
+/// `module-cycles`: see the module docs.
+pub fn module_cycles(root: &Path) -> Result<Vec<Violation>> {
+    let mut out = Vec::new();
+    for krate in ACYCLIC_CRATES {
+        let dir = root.join("crates").join(krate);
+        let name = krate;
+        let src = dir.join("src");
+        let mut files = Vec::new();
+        rust_files(&src, &mut files)?;
+        files.sort();
+        let mut sources = Vec::new();
+        for file in files {
+            let rel = file.strip_prefix(&src).unwrap_or(&file);
+            let Some(module) = top_module(rel) else {
+                continue;
+            };
+            let text = fs::read_to_string(&file)
+                .with_context(|| format!("could not read {}", file.display()))?;
+            sources.push((module, text));
+        }
+        for cycle in module_graph_cycles(&sources) {
+            out.push(Violation {
+                rule: "module-cycles",
+                location: format!("crates/{name}"),
+                detail: format!(
+                    "its modules use each other in a cycle ({}): make the dependency one-way (move what both need into a module of its own)",
+                    cycle.join(" → ")
+                ),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The top-level module a file under `src/` belongs to (`call.rs` and `call/stream.rs`
+/// both to `call`); `None` for the crate root, binaries and test files.
+fn top_module(rel: &Path) -> Option<String> {
+    let mut parts = rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned());
+    let first = parts.next()?;
+    let rest: Vec<String> = parts.collect();
+    if first == "bin" || first == "lib.rs" || first == "main.rs" {
+        return None;
+    }
+    if rest.iter().any(|p| p == "tests.rs" || p == "tests") {
+        return None;
+    }
+    Some(first.trim_end_matches(".rs").to_string())
+}
+
+/// The cycles among the top-level modules of a crate, given each file's module and text:
+/// an edge `a → b` for every `crate::b` path written in a file of `a` outside comments
+/// and outside a trailing `#[cfg(test)]` module. Each cycle is listed once, from its
+/// smallest module name, closed (`a → b → a`).
+pub fn module_graph_cycles(sources: &[(String, String)]) -> Vec<Vec<String>> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (module, text) in sources {
+        let targets = edges.entry(module.clone()).or_default();
+        for target in crate_paths(text) {
+            if &target != module {
+                targets.insert(target);
+            }
+        }
+    }
+    // Strongly connected components (Tarjan), then one cycle through each.
+    let names: Vec<String> = edges.keys().cloned().collect();
+    let mut cycles = Vec::new();
+    let mut seen = BTreeSet::new();
+    for start in &names {
+        if seen.contains(start) {
+            continue;
+        }
+        // The modules reachable from `start` that also reach it back.
+        let reach = |from: &String| -> BTreeSet<String> {
+            let mut found = BTreeSet::new();
+            let mut stack = vec![from.clone()];
+            while let Some(m) = stack.pop() {
+                for next in edges.get(&m).into_iter().flatten() {
+                    if found.insert(next.clone()) {
+                        stack.push(next.clone());
+                    }
+                }
+            }
+            found
+        };
+        let forward = reach(start);
+        if !forward.contains(start) {
+            continue;
+        }
+        let component: BTreeSet<String> = forward
+            .iter()
+            .filter(|m| reach(m).contains(start))
+            .cloned()
+            .collect();
+        // A shortest cycle back to `start` inside the component (breadth first).
+        let mut previous: BTreeMap<String, String> = BTreeMap::new();
+        let mut queue = std::collections::VecDeque::from([start.clone()]);
+        let mut closing = None;
+        while let Some(m) = queue.pop_front() {
+            for next in edges.get(&m).into_iter().flatten() {
+                if !component.contains(next) {
+                    continue;
+                }
+                if next == start {
+                    closing = Some(m.clone());
+                    break;
+                }
+                if !previous.contains_key(next) {
+                    previous.insert(next.clone(), m.clone());
+                    queue.push_back(next.clone());
+                }
+            }
+            if closing.is_some() {
+                break;
+            }
+        }
+        let mut path = vec![start.clone()];
+        let mut at = closing.unwrap_or_else(|| start.clone());
+        let mut back = Vec::new();
+        while &at != start {
+            back.push(at.clone());
+            at = previous.get(&at).cloned().unwrap_or_else(|| start.clone());
+        }
+        back.reverse();
+        path.extend(back);
+        path.push(start.clone());
+        seen.extend(component);
+        cycles.push(path);
+    }
+    cycles
+}
+
+/// The top-level modules named by `crate::` paths in Rust source (`crate::a::B`,
+/// `crate::{a, b::C}`), skipping comments, `$crate::` and a trailing `#[cfg(test)]` module.
+pub fn crate_paths(text: &str) -> Vec<String> {
+    let code = match text.find("#[cfg(test)]\nmod ") {
+        Some(at) => &text[..at],
+        None => text,
+    };
+    let mut out = Vec::new();
+    for line in code.lines() {
+        let line = line.trim_start();
+        if line.starts_with("//") {
+            continue;
+        }
+        let line = match line.find(" // ") {
+            Some(at) => &line[..at],
+            None => line,
+        };
+        let mut rest = line;
+        while let Some(at) = rest.find("crate::") {
+            let before = rest[..at].chars().next_back();
+            let after = &rest[at + "crate::".len()..];
+            rest = after;
+            if before.is_some_and(|c| c == '$' || c.is_alphanumeric() || c == '_') {
+                continue;
+            }
+            if let Some(group) = after.strip_prefix('{') {
+                let mut depth = 0usize;
+                let mut item_start = true;
+                let mut word = String::new();
+                for c in group.chars() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => break,
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => item_start = true,
+                        _ => {}
+                    }
+                    if depth == 0 && item_start {
+                        if c.is_alphanumeric() || c == '_' {
+                            word.push(c);
+                            continue;
+                        }
+                        if !word.is_empty() {
+                            out.push(std::mem::take(&mut word));
+                            item_start = false;
+                        }
+                    }
+                }
+                if !word.is_empty() {
+                    out.push(word);
+                }
+            } else {
+                let word: String = after
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if !word.is_empty() {
+                    out.push(word);
+                }
+            }
+        }
+    }
+    out.retain(|m| m.chars().next().is_some_and(|c| c.is_lowercase()) && m != "self");
+    out
 }
 
 /// Words that date a page: what it says must be what the code does.

@@ -92,7 +92,7 @@ pub(crate) async fn handle(state: Arc<ControlState>, req: Request<Incoming>) -> 
             _ => not_allowed(&method, &path),
         };
     }
-    let authorized = intercept_core::dialect::bearer(req.headers())
+    let authorized = intercept_core::internal::bearer(req.headers())
         .is_some_and(|candidate| state.token.matches(candidate));
     if !authorized {
         return worded(
