@@ -15,7 +15,7 @@
 //! | `no-placeholders` | no placeholder macros or ignored tests in the Rust sources under `crates/`, `xtask/` and `tests/` |
 //! | `workspace-lints` | every member's `Cargo.toml` has `[lints] workspace = true` |
 //! | `crate-docs` | every member's library root (`src/lib.rs`) starts with a `//!` crate doc |
-//! | `code-map` | every `src/*.rs` file (but `lib.rs`) and module folder of a library crate under `crates/` is named in that crate's section of `docs/architecture.md` |
+//! | `code-map` | every `src/*.rs` file (but `lib.rs`) and module folder of a library crate under `crates/` is named in that crate's section of `docs/architecture.md`, and every name that page writes in backticks as code (an identifier, a path `a::b`, a call `f()`) is in the sources (`NOT_CODE` lists the words that are not code) |
 //! | `module-cycles` | the top-level modules of each crate in `ACYCLIC_CRATES` (the server, the cli) use each other one way: the `crate::` paths written outside comments and test modules make no cycle |
 //! | `timeless-docs` | `docs/*.md` and the READMEs never say "being built", "today", "comes later" or "for now": a page says what the code does |
 
@@ -596,7 +596,133 @@ pub fn code_map(root: &Path) -> Result<Vec<Violation>> {
         entries.sort();
         out.extend(code_map_violations(&page, &name, &entries));
     }
+    out.extend(code_map_names(root, &page)?);
     Ok(out)
+}
+
+/// Words the architecture page writes in backticks that name no code.
+pub const NOT_CODE: &[&str] = &[];
+
+/// The folders whose sources the page's names are looked up in.
+const NAME_SOURCES: &[&str] = &["crates", "xtask", "tests", "python"];
+
+/// The second half of `code-map`: every name the page writes in backticks that reads as
+/// code (an identifier, a path `a::b`, a call `f()`) is in the sources: each segment a
+/// word of a line of Rust or Python outside comments, a call's name a `fn` or `def`.
+fn code_map_names(root: &Path, page: &str) -> Result<Vec<Violation>> {
+    let mut words = std::collections::HashSet::new();
+    let mut functions = std::collections::HashSet::new();
+    for dir in NAME_SOURCES {
+        let mut files = Vec::new();
+        source_files(&root.join(dir), &mut files)?;
+        for file in files {
+            let text = fs::read_to_string(&file)
+                .with_context(|| format!("could not read {}", file.display()))?;
+            source_words(&text, &mut words, &mut functions);
+        }
+    }
+    Ok(missing_names(page, &words, &functions)
+        .into_iter()
+        .map(|(line, name)| Violation {
+            rule: "code-map",
+            location: format!("{ARCHITECTURE}:{line}"),
+            detail: format!(
+                "`{name}` names nothing in the sources: write the name the code uses, or drop it"
+            ),
+        })
+        .collect())
+}
+
+/// The words of a source's lines outside comments (`//`, `#`), and the names its `fn`s
+/// and `def`s define.
+pub fn source_words(
+    text: &str,
+    words: &mut std::collections::HashSet<String>,
+    functions: &mut std::collections::HashSet<String>,
+) {
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("//") || trimmed.starts_with('#') && !trimmed.starts_with("#[") {
+            continue;
+        }
+        let mut previous = "";
+        for word in line
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .filter(|w| !w.is_empty())
+        {
+            if previous == "fn" || previous == "def" {
+                functions.insert(word.to_string());
+            }
+            words.insert(word.to_string());
+            previous = word;
+        }
+    }
+}
+
+/// The backticked names of `page` (outside fenced blocks) that read as code but are not
+/// among `words` (or, for a call, `functions`), with their 1-based lines.
+pub fn missing_names(
+    page: &str,
+    words: &std::collections::HashSet<String>,
+    functions: &std::collections::HashSet<String>,
+) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for (i, line) in page.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        for (k, span) in line.split('`').enumerate() {
+            if k % 2 == 0 || NOT_CODE.contains(&span) {
+                continue;
+            }
+            let call = span.ends_with("()");
+            let path = span.strip_suffix("()").unwrap_or(span);
+            let ident = |s: &str| {
+                s.chars()
+                    .next()
+                    .is_some_and(|c| c.is_alphabetic() || c == '_')
+                    && s.chars().all(|c| c.is_alphanumeric() || c == '_')
+            };
+            let segments: Vec<&str> = path.split("::").collect();
+            if !segments.iter().all(|s| ident(s)) {
+                continue;
+            }
+            let last = segments.last().copied().unwrap_or_default();
+            let missing =
+                segments.iter().any(|s| !words.contains(*s)) || (call && !functions.contains(last));
+            if missing {
+                out.push((i + 1, span.to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// Every `.rs` and `.py` file under `dir`, skipping `target` and hidden folders.
+fn source_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let entries = fs::read_dir(dir).with_context(|| format!("could not list {}", dir.display()))?;
+    for entry in entries {
+        let entry = entry.with_context(|| format!("could not list {}", dir.display()))?;
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let kind = entry
+            .file_type()
+            .with_context(|| format!("could not stat {}", path.display()))?;
+        if kind.is_dir() {
+            if name != "target" && !name.starts_with('.') {
+                source_files(&path, out)?;
+            }
+        } else if kind.is_file() && (name.ends_with(".rs") || name.ends_with(".py")) {
+            out.push(path);
+        }
+    }
+    Ok(())
 }
 
 /// The `code-map` rule for one crate: `entries` are its `src/` entries (name, is a
@@ -687,7 +813,9 @@ pub fn module_cycles(root: &Path) -> Result<Vec<Violation>> {
 /// The top-level module a file under `src/` belongs to (`call.rs` and `call/stream.rs`
 /// both to `call`); `None` for the crate root, binaries and test files.
 fn top_module(rel: &Path) -> Option<String> {
-    let mut parts = rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned());
+    let mut parts = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned());
     let first = parts.next()?;
     let rest: Vec<String> = parts.collect();
     if first == "bin" || first == "lib.rs" || first == "main.rs" {
@@ -812,22 +940,20 @@ pub fn crate_paths(text: &str) -> Vec<String> {
                 let mut item_start = true;
                 let mut word = String::new();
                 for c in group.chars() {
+                    if depth == 0 && item_start && (c.is_alphanumeric() || c == '_') {
+                        word.push(c);
+                        continue;
+                    }
+                    if !word.is_empty() {
+                        out.push(std::mem::take(&mut word));
+                        item_start = false;
+                    }
                     match c {
                         '{' => depth += 1,
                         '}' if depth == 0 => break,
                         '}' => depth -= 1,
                         ',' if depth == 0 => item_start = true,
                         _ => {}
-                    }
-                    if depth == 0 && item_start {
-                        if c.is_alphanumeric() || c == '_' {
-                            word.push(c);
-                            continue;
-                        }
-                        if !word.is_empty() {
-                            out.push(std::mem::take(&mut word));
-                            item_start = false;
-                        }
                     }
                 }
                 if !word.is_empty() {
@@ -1021,6 +1147,55 @@ mod tests {
         let found: Vec<usize> = find_placeholders(&src).iter().map(|f| f.0).collect();
         assert_eq!(found, vec![1, 3, 4]);
         assert!(find_placeholders("fn todo() {}\n// ignored\n").is_empty());
+    }
+
+    #[test]
+    fn backticked_names_must_be_in_the_sources() {
+        let mut words = std::collections::HashSet::new();
+        let mut functions = std::collections::HashSet::new();
+        source_words(
+            "mod preamble;\npub fn read_body() {}\n// fn parse_body() in a comment\nstruct Shared;\ndef hook(): pass\n",
+            &mut words,
+            &mut functions,
+        );
+        let page = "`read_body` and `preamble::Shared`, `hook()`, `x-header`, `src/a.rs`\n\
+                    `parse_body` parses\n```\n`Gone` in a block\n```\n`read_body::Gone` and `Shared()`\n";
+        let missing = missing_names(page, &words, &functions);
+        assert_eq!(
+            missing,
+            vec![
+                (2, "parse_body".to_string()),
+                (6, "read_body::Gone".to_string()),
+                (6, "Shared()".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn crate_paths_are_read_from_uses_and_expressions() {
+        let src = "use crate::a::B;\nuse crate::{b, c::D, e::{F, G}};\n// crate::z in a comment\nlet x = crate::f::g(); $crate::m\n#[cfg(test)]\nmod tests { use crate::t; }\n";
+        assert_eq!(crate_paths(src), ["a", "b", "c", "e", "f"]);
+    }
+
+    #[test]
+    fn module_cycles_are_found_once_each() {
+        let module = |m: &str, text: &str| (m.to_string(), text.to_string());
+        let acyclic = [
+            module("server", "use crate::call::Call;\nuse crate::retry::claim;"),
+            module("call", "use crate::retry::Answer;"),
+            module("retry", ""),
+        ];
+        assert!(module_graph_cycles(&acyclic).is_empty());
+        let cyclic = [
+            module("serve", "crate::respond::render"),
+            module("respond", "use crate::detach::ResponseBody;"),
+            module("detach", "crate::serve::Busy"),
+            module("other", "crate::serve::x"),
+        ];
+        assert_eq!(
+            module_graph_cycles(&cyclic),
+            vec![vec!["detach", "serve", "respond", "detach"]]
+        );
     }
 
     #[test]

@@ -58,7 +58,10 @@ fn every_library_file_is_in_the_code_map() {
 
 #[test]
 fn modules_use_each_other_one_way() {
-    assert_holds("module-cycles", tidy::module_cycles(&xtask::workspace_root()));
+    assert_holds(
+        "module-cycles",
+        tidy::module_cycles(&xtask::workspace_root()),
+    );
 }
 
 #[test]
