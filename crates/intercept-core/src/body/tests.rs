@@ -88,8 +88,7 @@ fn body(text: &str) -> JsonBody {
 
 #[test]
 fn unchanged_body_is_one_shared_slice() {
-    let text =
-        r#"{"model": "a", "messages": [{"role":"user","content":"hi"}], "stream": true}"#;
+    let text = r#"{"model": "a", "messages": [{"role":"user","content":"hi"}], "stream": true}"#;
     let b = body(text);
     let chunks = b.chunks();
     assert_eq!(
@@ -181,8 +180,7 @@ fn escaped_keys_and_duplicates() {
 
 #[test]
 fn a_key_that_does_not_decode_is_invalid_json() {
-    let e =
-        JsonBody::parse(Bytes::from_static(br#"{"\ud800":1}"#)).expect_err("lone surrogate");
+    let e = JsonBody::parse(Bytes::from_static(br#"{"\ud800":1}"#)).expect_err("lone surrogate");
     let text = e.to_string();
     assert!(
         text.contains("not valid JSON") && text.contains("escape"),
@@ -359,8 +357,7 @@ fn a_grown_conversation_is_scanned_from_where_it_parts() {
             .map(|i| json!({"role": "user", "content": format!("m{i}")}))
             .collect();
         Bytes::from(
-            serde_json::to_vec(&json!({"model": "m", "messages": items, "tools": [1, 2]}))
-                .unwrap(),
+            serde_json::to_vec(&json!({"model": "m", "messages": items, "tools": [1, 2]})).unwrap(),
         )
     };
     let marks = |memo: &ParseMemo| {
@@ -376,9 +373,7 @@ fn a_grown_conversation_is_scanned_from_where_it_parts() {
     JsonBody::parse_after(body(5), &mut memo).expect("grown");
     assert_eq!(marks(&memo), [(0, 5), (2, 2)]);
     // A body that is not JSON leaves no memo, and the next is parsed whole.
-    assert!(
-        JsonBody::parse_after(Bytes::from_static(b"{\"messages\": [1,"), &mut memo).is_err()
-    );
+    assert!(JsonBody::parse_after(Bytes::from_static(b"{\"messages\": [1,"), &mut memo).is_err());
     assert!(memo.scanned.is_none());
     let again = JsonBody::parse_after(body(6), &mut memo).expect("whole");
     assert_eq!(again.to_value()["messages"][5]["content"], "m5");
