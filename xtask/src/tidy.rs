@@ -15,7 +15,8 @@
 //! | `no-placeholders` | no placeholder macros or ignored tests in the Rust sources under `crates/`, `xtask/` and `tests/` |
 //! | `workspace-lints` | every member's `Cargo.toml` has `[lints] workspace = true` |
 //! | `crate-docs` | every member's library root (`src/lib.rs`) starts with a `//!` crate doc |
-//! | `code-map` | every `src/*.rs` file (but `lib.rs`) and module folder of a library crate under `crates/` is named in that crate's section of `docs/architecture.md` |
+//! | `code-map` | every `src/*.rs` file (but `lib.rs`) and module folder of a library crate under `crates/` is named in that crate's section of `docs/architecture.md`, and every name that page writes in backticks as code (an identifier, a path `a::b`, a call `f()`) is in the sources (`NOT_CODE` lists the words that are not code) |
+//! | `module-cycles` | the top-level modules of each crate in `ACYCLIC_CRATES` (the server, the cli) use each other one way: the `crate::` paths written outside comments and test modules make no cycle |
 //! | `timeless-docs` | `docs/*.md` and the READMEs never say "being built", "today", "comes later" or "for now": a page says what the code does |
 
 use std::fmt;
@@ -73,6 +74,7 @@ pub fn check(root: &Path) -> Result<Vec<Violation>> {
     all.extend(workspace_deps_used(root)?);
     all.extend(no_placeholders(root)?);
     all.extend(code_map(root)?);
+    all.extend(module_cycles(root)?);
     all.extend(timeless_docs(root)?);
     Ok(all)
 }
@@ -594,7 +596,133 @@ pub fn code_map(root: &Path) -> Result<Vec<Violation>> {
         entries.sort();
         out.extend(code_map_violations(&page, &name, &entries));
     }
+    out.extend(code_map_names(root, &page)?);
     Ok(out)
+}
+
+/// Words the architecture page writes in backticks that name no code.
+pub const NOT_CODE: &[&str] = &[];
+
+/// The folders whose sources the page's names are looked up in.
+const NAME_SOURCES: &[&str] = &["crates", "xtask", "tests", "python"];
+
+/// The second half of `code-map`: every name the page writes in backticks that reads as
+/// code (an identifier, a path `a::b`, a call `f()`) is in the sources: each segment a
+/// word of a line of Rust or Python outside comments, a call's name a `fn` or `def`.
+fn code_map_names(root: &Path, page: &str) -> Result<Vec<Violation>> {
+    let mut words = std::collections::HashSet::new();
+    let mut functions = std::collections::HashSet::new();
+    for dir in NAME_SOURCES {
+        let mut files = Vec::new();
+        source_files(&root.join(dir), &mut files)?;
+        for file in files {
+            let text = fs::read_to_string(&file)
+                .with_context(|| format!("could not read {}", file.display()))?;
+            source_words(&text, &mut words, &mut functions);
+        }
+    }
+    Ok(missing_names(page, &words, &functions)
+        .into_iter()
+        .map(|(line, name)| Violation {
+            rule: "code-map",
+            location: format!("{ARCHITECTURE}:{line}"),
+            detail: format!(
+                "`{name}` names nothing in the sources: write the name the code uses, or drop it"
+            ),
+        })
+        .collect())
+}
+
+/// The words of a source's lines outside comments (`//`, `#`), and the names its `fn`s
+/// and `def`s define.
+pub fn source_words(
+    text: &str,
+    words: &mut std::collections::HashSet<String>,
+    functions: &mut std::collections::HashSet<String>,
+) {
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("//") || trimmed.starts_with('#') && !trimmed.starts_with("#[") {
+            continue;
+        }
+        let mut previous = "";
+        for word in line
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .filter(|w| !w.is_empty())
+        {
+            if previous == "fn" || previous == "def" {
+                functions.insert(word.to_string());
+            }
+            words.insert(word.to_string());
+            previous = word;
+        }
+    }
+}
+
+/// The backticked names of `page` (outside fenced blocks) that read as code but are not
+/// among `words` (or, for a call, `functions`), with their 1-based lines.
+pub fn missing_names(
+    page: &str,
+    words: &std::collections::HashSet<String>,
+    functions: &std::collections::HashSet<String>,
+) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for (i, line) in page.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        for (k, span) in line.split('`').enumerate() {
+            if k % 2 == 0 || NOT_CODE.contains(&span) {
+                continue;
+            }
+            let call = span.ends_with("()");
+            let path = span.strip_suffix("()").unwrap_or(span);
+            let ident = |s: &str| {
+                s.chars()
+                    .next()
+                    .is_some_and(|c| c.is_alphabetic() || c == '_')
+                    && s.chars().all(|c| c.is_alphanumeric() || c == '_')
+            };
+            let segments: Vec<&str> = path.split("::").collect();
+            if !segments.iter().all(|s| ident(s)) {
+                continue;
+            }
+            let last = segments.last().copied().unwrap_or_default();
+            let missing =
+                segments.iter().any(|s| !words.contains(*s)) || (call && !functions.contains(last));
+            if missing {
+                out.push((i + 1, span.to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// Every `.rs` and `.py` file under `dir`, skipping `target` and hidden folders.
+fn source_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let entries = fs::read_dir(dir).with_context(|| format!("could not list {}", dir.display()))?;
+    for entry in entries {
+        let entry = entry.with_context(|| format!("could not list {}", dir.display()))?;
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let kind = entry
+            .file_type()
+            .with_context(|| format!("could not stat {}", path.display()))?;
+        if kind.is_dir() {
+            if name != "target" && !name.starts_with('.') {
+                source_files(&path, out)?;
+            }
+        } else if kind.is_file() && (name.ends_with(".rs") || name.ends_with(".py")) {
+            out.push(path);
+        }
+    }
+    Ok(())
 }
 
 /// The `code-map` rule for one crate: `entries` are its `src/` entries (name, is a
@@ -642,6 +770,208 @@ fn crate_section<'a>(page: &'a str, krate: &str) -> Option<&'a str> {
         .next()
         .unwrap_or(rest.len());
     Some(&rest[..end])
+}
+
+/// The crates whose top-level modules must use each other one way (`module-cycles`):
+/// the server's request path and the sidecar.
+pub const ACYCLIC_CRATES: &[&str] = &["intercept-server", "intercept-cli"];
+
+/// `module-cycles`: see the module docs.
+pub fn module_cycles(root: &Path) -> Result<Vec<Violation>> {
+    let mut out = Vec::new();
+    for krate in ACYCLIC_CRATES {
+        let dir = root.join("crates").join(krate);
+        let name = krate;
+        let src = dir.join("src");
+        let mut files = Vec::new();
+        rust_files(&src, &mut files)?;
+        files.sort();
+        let mut sources = Vec::new();
+        for file in files {
+            let rel = file.strip_prefix(&src).unwrap_or(&file);
+            let Some(module) = top_module(rel) else {
+                continue;
+            };
+            let text = fs::read_to_string(&file)
+                .with_context(|| format!("could not read {}", file.display()))?;
+            sources.push((module, text));
+        }
+        for cycle in module_graph_cycles(&sources) {
+            out.push(Violation {
+                rule: "module-cycles",
+                location: format!("crates/{name}"),
+                detail: format!(
+                    "its modules use each other in a cycle ({}): make the dependency one-way (move what both need into a module of its own)",
+                    cycle.join(" → ")
+                ),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The top-level module a file under `src/` belongs to (`call.rs` and `call/stream.rs`
+/// both to `call`); `None` for the crate root, binaries and test files.
+fn top_module(rel: &Path) -> Option<String> {
+    let mut parts = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned());
+    let first = parts.next()?;
+    let rest: Vec<String> = parts.collect();
+    if first == "bin" || first == "lib.rs" || first == "main.rs" {
+        return None;
+    }
+    if rest.iter().any(|p| p == "tests.rs" || p == "tests") {
+        return None;
+    }
+    Some(first.trim_end_matches(".rs").to_string())
+}
+
+/// The cycles among the top-level modules of a crate, given each file's module and text:
+/// an edge `a → b` for every `crate::b` path written in a file of `a` outside comments
+/// and outside a trailing `#[cfg(test)]` module. Each cycle is listed once, from its
+/// smallest module name, closed (`a → b → a`).
+pub fn module_graph_cycles(sources: &[(String, String)]) -> Vec<Vec<String>> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (module, text) in sources {
+        let targets = edges.entry(module.clone()).or_default();
+        for target in crate_paths(text) {
+            if &target != module {
+                targets.insert(target);
+            }
+        }
+    }
+    // Strongly connected components (Tarjan), then one cycle through each.
+    let names: Vec<String> = edges.keys().cloned().collect();
+    let mut cycles = Vec::new();
+    let mut seen = BTreeSet::new();
+    for start in &names {
+        if seen.contains(start) {
+            continue;
+        }
+        // The modules reachable from `start` that also reach it back.
+        let reach = |from: &String| -> BTreeSet<String> {
+            let mut found = BTreeSet::new();
+            let mut stack = vec![from.clone()];
+            while let Some(m) = stack.pop() {
+                for next in edges.get(&m).into_iter().flatten() {
+                    if found.insert(next.clone()) {
+                        stack.push(next.clone());
+                    }
+                }
+            }
+            found
+        };
+        let forward = reach(start);
+        if !forward.contains(start) {
+            continue;
+        }
+        let component: BTreeSet<String> = forward
+            .iter()
+            .filter(|m| reach(m).contains(start))
+            .cloned()
+            .collect();
+        // A shortest cycle back to `start` inside the component (breadth first).
+        let mut previous: BTreeMap<String, String> = BTreeMap::new();
+        let mut queue = std::collections::VecDeque::from([start.clone()]);
+        let mut closing = None;
+        while let Some(m) = queue.pop_front() {
+            for next in edges.get(&m).into_iter().flatten() {
+                if !component.contains(next) {
+                    continue;
+                }
+                if next == start {
+                    closing = Some(m.clone());
+                    break;
+                }
+                if !previous.contains_key(next) {
+                    previous.insert(next.clone(), m.clone());
+                    queue.push_back(next.clone());
+                }
+            }
+            if closing.is_some() {
+                break;
+            }
+        }
+        let mut path = vec![start.clone()];
+        let mut at = closing.unwrap_or_else(|| start.clone());
+        let mut back = Vec::new();
+        while &at != start {
+            back.push(at.clone());
+            at = previous.get(&at).cloned().unwrap_or_else(|| start.clone());
+        }
+        back.reverse();
+        path.extend(back);
+        path.push(start.clone());
+        seen.extend(component);
+        cycles.push(path);
+    }
+    cycles
+}
+
+/// The top-level modules named by `crate::` paths in Rust source (`crate::a::B`,
+/// `crate::{a, b::C}`), skipping comments, `$crate::` and a trailing `#[cfg(test)]` module.
+pub fn crate_paths(text: &str) -> Vec<String> {
+    let code = match text.find("#[cfg(test)]\nmod ") {
+        Some(at) => &text[..at],
+        None => text,
+    };
+    let mut out = Vec::new();
+    for line in code.lines() {
+        let line = line.trim_start();
+        if line.starts_with("//") {
+            continue;
+        }
+        let line = match line.find(" // ") {
+            Some(at) => &line[..at],
+            None => line,
+        };
+        let mut rest = line;
+        while let Some(at) = rest.find("crate::") {
+            let before = rest[..at].chars().next_back();
+            let after = &rest[at + "crate::".len()..];
+            rest = after;
+            if before.is_some_and(|c| c == '$' || c.is_alphanumeric() || c == '_') {
+                continue;
+            }
+            if let Some(group) = after.strip_prefix('{') {
+                let mut depth = 0usize;
+                let mut item_start = true;
+                let mut word = String::new();
+                for c in group.chars() {
+                    if depth == 0 && item_start && (c.is_alphanumeric() || c == '_') {
+                        word.push(c);
+                        continue;
+                    }
+                    if !word.is_empty() {
+                        out.push(std::mem::take(&mut word));
+                        item_start = false;
+                    }
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => break,
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => item_start = true,
+                        _ => {}
+                    }
+                }
+                if !word.is_empty() {
+                    out.push(word);
+                }
+            } else {
+                let word: String = after
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if !word.is_empty() {
+                    out.push(word);
+                }
+            }
+        }
+    }
+    out.retain(|m| m.chars().next().is_some_and(|c| c.is_lowercase()) && m != "self");
+    out
 }
 
 /// Words that date a page: what it says must be what the code does.
@@ -817,6 +1147,55 @@ mod tests {
         let found: Vec<usize> = find_placeholders(&src).iter().map(|f| f.0).collect();
         assert_eq!(found, vec![1, 3, 4]);
         assert!(find_placeholders("fn todo() {}\n// ignored\n").is_empty());
+    }
+
+    #[test]
+    fn backticked_names_must_be_in_the_sources() {
+        let mut words = std::collections::HashSet::new();
+        let mut functions = std::collections::HashSet::new();
+        source_words(
+            "mod preamble;\npub fn read_body() {}\n// fn parse_body() in a comment\nstruct Shared;\ndef hook(): pass\n",
+            &mut words,
+            &mut functions,
+        );
+        let page = "`read_body` and `preamble::Shared`, `hook()`, `x-header`, `src/a.rs`\n\
+                    `parse_body` parses\n```\n`Gone` in a block\n```\n`read_body::Gone` and `Shared()`\n";
+        let missing = missing_names(page, &words, &functions);
+        assert_eq!(
+            missing,
+            vec![
+                (2, "parse_body".to_string()),
+                (6, "read_body::Gone".to_string()),
+                (6, "Shared()".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn crate_paths_are_read_from_uses_and_expressions() {
+        let src = "use crate::a::B;\nuse crate::{b, c::D, e::{F, G}};\n// crate::z in a comment\nlet x = crate::f::g(); $crate::m\n#[cfg(test)]\nmod tests { use crate::t; }\n";
+        assert_eq!(crate_paths(src), ["a", "b", "c", "e", "f"]);
+    }
+
+    #[test]
+    fn module_cycles_are_found_once_each() {
+        let module = |m: &str, text: &str| (m.to_string(), text.to_string());
+        let acyclic = [
+            module("server", "use crate::call::Call;\nuse crate::retry::claim;"),
+            module("call", "use crate::retry::Answer;"),
+            module("retry", ""),
+        ];
+        assert!(module_graph_cycles(&acyclic).is_empty());
+        let cyclic = [
+            module("serve", "crate::respond::render"),
+            module("respond", "use crate::detach::ResponseBody;"),
+            module("detach", "crate::serve::Busy"),
+            module("other", "crate::serve::x"),
+        ];
+        assert_eq!(
+            module_graph_cycles(&cyclic),
+            vec![vec!["detach", "serve", "respond", "detach"]]
+        );
     }
 
     #[test]

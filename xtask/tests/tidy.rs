@@ -57,6 +57,14 @@ fn every_library_file_is_in_the_code_map() {
 }
 
 #[test]
+fn modules_use_each_other_one_way() {
+    assert_holds(
+        "module-cycles",
+        tidy::module_cycles(&xtask::workspace_root()),
+    );
+}
+
+#[test]
 fn docs_are_timeless() {
     assert_holds(
         "timeless-docs",

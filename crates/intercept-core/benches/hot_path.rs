@@ -18,11 +18,11 @@
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use intercept_core::body::ParseMemo;
-use intercept_core::sse::{SseEvent, SseSplitter};
+use intercept_core::internal::ParseMemo;
+use intercept_core::internal::Prepared;
+use intercept_core::internal::{SseEvent, SseSplitter};
 use intercept_core::{
-    mediate_request, ChatDialect, Dialect, JsonBody, MessagesDialect, NetworkPolicy, Prepared,
-    Sampling,
+    mediate_request, ChatDialect, Dialect, JsonBody, MessagesDialect, NetworkPolicy, Sampling,
 };
 use serde_json::json;
 

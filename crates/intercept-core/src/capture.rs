@@ -11,22 +11,6 @@
 //! writes exactly `null` for `prompt_token_ids`, `token_ids` and `logprobs` when they are
 //! not requested, so the harness gets the bytes a run without capture would have given.
 //! Only the first choice (`index` 0) is captured (intercept serves `n = 1`).
-//!
-//! ```
-//! use bytes::Bytes;
-//! use intercept_core::capture::{CaptureShape, HarnessAsked, TokenCollector};
-//! use intercept_core::TokenCapture;
-//!
-//! let mut c = TokenCollector::new(CaptureShape::Chat, HarnessAsked::default());
-//! let reply = br#"{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"logprobs":{"content":[{"token":"hi","logprob":-0.5,"bytes":[104,105],"top_logprobs":[]}]},"finish_reason":"stop","token_ids":[6151]}],"prompt_token_ids":[1,2]}"#;
-//! let served = c.strip_json(&Bytes::from_static(reply));
-//! assert_eq!(&served[..], br#"{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"logprobs":null,"finish_reason":"stop","token_ids":null}],"prompt_token_ids":null}"#);
-//! let tokens = c.finish();
-//! assert_eq!(tokens.status, TokenCapture::Captured);
-//! assert_eq!(tokens.prompt_token_ids, Some(vec![1, 2]));
-//! assert_eq!(tokens.completion_token_ids, Some(vec![6151]));
-//! assert_eq!(tokens.completion_logprobs, Some(vec![-0.5]));
-//! ```
 
 use std::borrow::Cow;
 use std::fmt;
@@ -43,7 +27,7 @@ use crate::trace::record::TokenCapture;
 /// Where a wire format keeps token ids and logprobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum CaptureShape {
+pub(crate) enum CaptureShape {
     /// Chat Completions: `prompt_token_ids` at the top level, per choice `token_ids` and
     /// `logprobs.content[].logprob`.
     Chat,
@@ -142,17 +126,17 @@ fn is_null(v: &RawValue) -> bool {
 /// What the harness itself asked for, of what token capture adds to a request: that
 /// part is relayed to it as it is, the rest is captured and stripped.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct HarnessAsked {
+pub(crate) struct HarnessAsked {
     /// The request asked for logprobs.
-    pub logprobs: bool,
+    pub(crate) logprobs: bool,
     /// The request asked for token ids (`return_token_ids`).
-    pub token_ids: bool,
+    pub(crate) token_ids: bool,
 }
 
 impl TokenCollector {
     /// A collector for answers of `shape`; `asked` says what the harness asked for
     /// itself (relayed as it is).
-    pub fn new(shape: CaptureShape, asked: HarnessAsked) -> Self {
+    pub(crate) fn new(shape: CaptureShape, asked: HarnessAsked) -> Self {
         TokenCollector {
             shape,
             keep_logprobs: asked.logprobs,
@@ -384,6 +368,19 @@ mod tests {
             prop_assert_eq!(t.completion_token_ids, Some(ids_sent));
             prop_assert_eq!(t.completion_logprobs, Some(lps_sent));
         }
+    }
+
+    #[test]
+    fn a_chat_reply_is_captured_and_stripped() {
+        let mut c = TokenCollector::new(CaptureShape::Chat, HarnessAsked::default());
+        let reply = br#"{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"logprobs":{"content":[{"token":"hi","logprob":-0.5,"bytes":[104,105],"top_logprobs":[]}]},"finish_reason":"stop","token_ids":[6151]}],"prompt_token_ids":[1,2]}"#;
+        let served = c.strip_json(&Bytes::from_static(reply));
+        assert_eq!(&served[..], br#"{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"logprobs":null,"finish_reason":"stop","token_ids":null}],"prompt_token_ids":null}"#);
+        let tokens = c.finish();
+        assert_eq!(tokens.status, TokenCapture::Captured);
+        assert_eq!(tokens.prompt_token_ids, Some(vec![1, 2]));
+        assert_eq!(tokens.completion_token_ids, Some(vec![6151]));
+        assert_eq!(tokens.completion_logprobs, Some(vec![-0.5]));
     }
 
     #[test]

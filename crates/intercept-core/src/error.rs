@@ -374,7 +374,7 @@ impl Error {
 }
 
 /// The error `type` string the OpenAI and Anthropic SDKs associate with an HTTP status.
-pub fn error_type_for_status(status: u16) -> &'static str {
+pub(crate) fn error_type_for_status(status: u16) -> &'static str {
     match status {
         401 => "authentication_error",
         403 => "permission_error",
@@ -388,7 +388,7 @@ pub fn error_type_for_status(status: u16) -> &'static str {
 }
 
 /// Phrases by which upstream servers say that a prompt exceeds the model's context.
-pub const CONTEXT_LENGTH_PHRASES: &[&str] = &[
+pub(crate) const CONTEXT_LENGTH_PHRASES: &[&str] = &[
     "this model's maximum context length is",
     "is longer than the model's context length",
     "is longer than the maximum model length",
@@ -405,7 +405,7 @@ pub const CONTEXT_LENGTH_PHRASES: &[&str] = &[
 /// Whether an upstream error says the prompt was too long for the model: a 4xx status
 /// whose text holds one of [`CONTEXT_LENGTH_PHRASES`]. A 429 or 5xx that mentions the
 /// context length is a transient failure (a retry can succeed), never a stop.
-pub fn is_context_length_error(status: u16, text: &str) -> bool {
+pub(crate) fn is_context_length_error(status: u16, text: &str) -> bool {
     if !(400..500).contains(&status) || status == 429 {
         return false;
     }

@@ -1,14 +1,22 @@
 //! Contracts and data of **intercept**, the interception layer between RL rollouts'
 //! agent programs and the policy model. This crate does no I/O and needs no runtime.
 //!
-//! - [`Slot`]: what a rollout gets (base URL, model secret, state secret).
-//! - [`Session`]: one rollout as the server sees it; [`RolloutSession`] is the ready one.
-//! - [`Interception`]: start, stop, acquire a [`SlotGuard`] (one server or a pool).
-//! - [`Tunnel`] / [`Endpoint`]: how a server is exposed to remote sandboxes.
-//! - [`Dialect`]: a wire format ([`ChatDialect`] for OpenAI Chat Completions).
-//! - [`CallRecord`]: the per-call trace record; [`Error`]: typed errors with one status.
-//! - [`Episode`]: a rollout as a message graph whose branches are token-exact training
-//!   samples ([`Trace::episode`], [`RolloutSession::episode`]).
+//! What a trainer uses:
+//!
+//! - A rollout: [`RolloutSession`] made from a [`SessionConfig`] (its [`Upstream`],
+//!   [`Sampling`], [`Limits`], [`NetworkPolicy`], [`TokensConfig`]); the [`Session`]
+//!   trait for one of its own, whose hooks answer with [`HookAction`] and [`ToolAction`]
+//!   and see [`CallInfo`].
+//! - Serving it: an [`Interception`] (one server or a pool) hands out a [`SlotGuard`];
+//!   its [`Slot`] is a base URL and two [`Secret`]s ([`Slot::harness_env`]).
+//! - What it recorded: [`Trace`] (one [`CallRecord`] per call, with its [`Usage`]),
+//!   [`Totals`] and [`StopReason`]; the [`Episode`], a message graph whose branches are
+//!   token-exact training samples ([`RolloutSession::episode`]).
+//! - Failures: [`Error`], with one [`ErrorKind`] and HTTP status each.
+//! - Exposing a server to remote sandboxes: [`Tunnel`] and its [`Endpoint`].
+//!
+//! The wire formats are the sealed [`Dialect`] trait's four implementations
+//! ([`DialectKind`]); their helper types live in [`dialect`].
 //!
 //! ```
 //! use std::sync::Arc;
@@ -32,7 +40,7 @@
 //! ```
 
 pub mod body;
-pub mod capture;
+mod capture;
 mod chunked;
 pub mod dialect;
 pub mod error;
@@ -43,14 +51,13 @@ mod rollout;
 pub mod secret;
 pub mod session;
 pub mod slot;
-pub mod sse;
+mod sse;
 pub mod trace;
 pub mod tunnel;
 
 pub use body::{JsonBody, RawJson};
 pub use dialect::{
-    join_url, Assembled, ChatDialect, CompletionsDialect, Dialect, DialectKind, MessagesDialect,
-    Prepared, Relay, ResponsesDialect, StreamAssembler, Summary,
+    ChatDialect, CompletionsDialect, Dialect, DialectKind, MessagesDialect, ResponsesDialect,
 };
 pub use episode::{Episode, EpisodeBuilder};
 pub use error::{Blame, Error, ErrorKind};
@@ -69,3 +76,18 @@ pub use slot::Slot;
 // The record's modules, where they were before `trace` held them.
 pub use trace::{episode, log, record};
 pub use tunnel::{BindAddr, Endpoint, Health, Tunnel};
+
+/// What the other crates of this workspace (the server, the pools, the command line, the
+/// mock model) share with this one to serve the dialects: no API to build on, and no
+/// promise that it stays.
+#[doc(hidden)]
+pub mod internal {
+    pub use crate::body::{ParseMemo, MAX_JSON_DEPTH};
+    pub use crate::capture::{CapturedTokens, TokenCollector};
+    pub use crate::dialect::heartbeat::CHAT_HEARTBEAT_ID;
+    pub use crate::dialect::{
+        bearer, join_url, Assembled, Heartbeat, Prepared, Relay, StreamAssembler, Summary,
+    };
+    pub use crate::interception::join_errors;
+    pub use crate::sse::{SseEvent, SseSplitter};
+}

@@ -39,7 +39,7 @@ capabilities; use local tools or inline data already present in the conversation
 retry the blocked provider-side operation.";
 
 /// The code of the record's policy event ([`PolicyEvent::code`]).
-pub const POLICY_CODE: &str = "provider_capability_unavailable";
+pub(crate) const POLICY_CODE: &str = "provider_capability_unavailable";
 
 /// What to do with a request that asks for a capability the policy forbids.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -2,7 +2,6 @@
 //! removed paths; then properties over generated bodies.
 
 use bytes::Bytes;
-use intercept_core::dialect::mediate::{BLANK_PNG, REMOVED_PLACEHOLDER};
 use intercept_core::network::NOTICE;
 use intercept_core::{
     mediate_request, ChatDialect, Dialect, JsonBody, MessagesDialect, NetworkPolicy, OnViolation,
@@ -10,6 +9,11 @@ use intercept_core::{
 };
 use proptest::prelude::*;
 use serde_json::{json, Value};
+
+/// The text that replaces removed content, as the harness reads it.
+const REMOVED_PLACEHOLDER: &str = "[content removed by the network policy]";
+/// The 1×1 PNG that replaces a removed screenshot.
+const BLANK_PNG: &str = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII=";
 
 fn body(v: &Value) -> JsonBody {
     JsonBody::parse(Bytes::from(serde_json::to_vec(v).expect("json"))).expect("body")

@@ -1153,15 +1153,15 @@ async fn each_route_renders_the_same_reply_in_its_dialect() {
 fn assemble_with(
     dialect: &dyn intercept_core::Dialect,
     stream: &Answer,
-) -> Result<intercept_core::Assembled, intercept_core::Error> {
-    let mut assembler = dialect.assembler(&intercept_core::Prepared {
+) -> Result<intercept_core::internal::Assembled, intercept_core::Error> {
+    let mut assembler = dialect.assembler(&intercept_core::internal::Prepared {
         stream: true,
         hide_stream_usage: false,
     });
-    let mut splitter = intercept_core::sse::SseSplitter::new();
+    let mut splitter = intercept_core::internal::SseSplitter::new();
     splitter.push(&stream.body);
     while let Some(event) = splitter.next_event() {
-        assembler.push(&intercept_core::sse::SseEvent::new(&event));
+        assembler.push(&intercept_core::internal::SseEvent::new(&event));
     }
     assembler.finish()
 }

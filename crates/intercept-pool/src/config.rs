@@ -257,7 +257,7 @@ pub struct TunnelInputs {
 }
 
 /// Whether servers must be exposed through tunnels: true when any consumer is off the
-/// host network (reference §13.5):
+/// host network (the rule of verifiers' `requires_tunnel`):
 ///
 /// 1. the harness runtime is not local; or
 /// 2. a live shared tool server that is not external runs in a non-local runtime; or

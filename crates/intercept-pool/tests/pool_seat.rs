@@ -20,7 +20,7 @@ const START: Duration = Duration::from_secs(1);
 const MULTIPLEX: usize = 32;
 
 /// The baseline: one lock held across the whole acquire, servers created one at a time
-/// under it (reference `ElasticInterceptionPool`, §13.4).
+/// under it (as verifiers' `ElasticInterceptionPool` does).
 #[derive(Debug, Default)]
 struct SerialPool {
     servers: tokio::sync::Mutex<Vec<usize>>,

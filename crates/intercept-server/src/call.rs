@@ -15,19 +15,20 @@ use crate::redact::Redactor;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use hyper::body::Incoming;
-use intercept_core::capture::{CapturedTokens, TokenCollector};
+use intercept_core::internal::{CapturedTokens, TokenCollector};
+use intercept_core::internal::{Prepared, Summary};
 use intercept_core::record::epoch_seconds;
 use intercept_core::{
-    CallError, CallInfo, CallRecord, Dialect, Error, HookAction, JsonBody, Prepared, RawJson,
-    Session, StopReason, Summary, TokenCapture,
+    CallError, CallInfo, CallRecord, Dialect, Error, HookAction, JsonBody, RawJson, Session,
+    StopReason, TokenCapture,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
 use crate::detach::ResponseBody;
+use crate::detach::{error_response, json_response};
 use crate::preamble::{authenticate, read_body, Shared};
 use crate::registry::{Entry, InflightGuard};
-use crate::respond::{error_response, json_response};
 use crate::upstream::{read_all, ReadError, UpstreamBody};
 
 pub(crate) mod stream;
@@ -190,36 +191,6 @@ impl Reply {
         }
         resp.body_mut().hold(self.busy);
         self.tx.send(resp).map_err(drop)
-    }
-}
-
-/// What became of a piece sent towards the harness.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Sent {
-    /// Queued for the harness's connection.
-    Queued,
-    /// Nobody reads the stream any more (the harness is gone).
-    Gone,
-    /// The call was cancelled while the harness did not take the piece.
-    Cancelled,
-}
-
-/// Queues `piece` for the harness unless the call is cancelled first. A piece that
-/// finds room is queued as by `try_send` (no wait, no allocation); only a harness that
-/// does not read makes it wait, and then cancellation wins.
-pub(crate) async fn send_or_cancel(
-    tx: &mpsc::Sender<Bytes>,
-    piece: Bytes,
-    cancel: &tokio_util::sync::CancellationToken,
-) -> Sent {
-    match tx.try_send(piece) {
-        Ok(()) => Sent::Queued,
-        Err(mpsc::error::TrySendError::Closed(_)) => Sent::Gone,
-        Err(mpsc::error::TrySendError::Full(piece)) => tokio::select! {
-            biased;
-            _ = cancel.cancelled() => Sent::Cancelled,
-            r = tx.send(piece) => if r.is_ok() { Sent::Queued } else { Sent::Gone },
-        },
     }
 }
 

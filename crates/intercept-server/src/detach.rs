@@ -24,11 +24,14 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use futures_util::FutureExt as _;
-use http::Response;
+use http::{HeaderValue, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
+use intercept_core::{ChatDialect, Dialect, Error};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::task::TaskTracker;
+
+use crate::respond::{render, Shape};
 
 type CallFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -248,6 +251,51 @@ impl Drop for ResponseBody {
             drop(call.take());
         }
     }
+}
+
+// Responses whose body is a [`ResponseBody`]: errors in a route's shape (rendered by
+// `respond`), JSON, event streams.
+
+/// An error in the dialect's shape.
+pub(crate) fn error_response(dialect: &dyn Dialect, error: &Error) -> Response<ResponseBody> {
+    render(error, Shape::Dialect(dialect)).map(ResponseBody::full)
+}
+
+/// An error outside any dialect's routes, in the OpenAI shape.
+pub(crate) fn plain_error(error: &Error) -> Response<ResponseBody> {
+    error_response(&ChatDialect, error)
+}
+
+/// An error of the state, task and tool channels: a flat `{"error": <text>}` body.
+pub(crate) fn flat_error(error: &Error) -> Response<ResponseBody> {
+    render(error, Shape::Flat).map(ResponseBody::full)
+}
+
+/// A JSON response.
+pub(crate) fn json_response(status: StatusCode, body: impl Into<Bytes>) -> Response<ResponseBody> {
+    let mut resp = Response::new(ResponseBody::full(body));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// An event stream's answer: `body` with the headers of one (`text/event-stream`, not
+/// cached).
+pub(crate) fn event_stream(body: ResponseBody) -> Response<ResponseBody> {
+    let mut head = Response::new(body);
+    let h = head.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache"),
+    );
+    head
 }
 
 #[cfg(test)]

@@ -64,6 +64,7 @@ mod per_core;
 mod preamble;
 mod redact;
 mod registry;
+mod relay;
 mod respond;
 mod retry;
 pub mod routing;

@@ -22,10 +22,10 @@ pub(crate) struct Entry {
     drained: Notify,
     released: AtomicBool,
     sealed: AtomicBool,
-    pub(crate) retry: Mutex<crate::retry::RetryState>,
+    pub(crate) retry: crate::retry::RetryTable,
     /// What parsing the rollout's last request body left for parsing its next one
     /// (a conversation that grew is scanned from where it parts from the last).
-    pub(crate) parse_memo: Mutex<intercept_core::body::ParseMemo>,
+    pub(crate) parse_memo: Mutex<intercept_core::internal::ParseMemo>,
     /// The session's token path, when it has a `tokens` setting.
     pub(crate) tito: Option<Arc<crate::tokens::Tito>>,
 }
@@ -52,7 +52,7 @@ impl Entry {
             drained: Notify::new(),
             released: AtomicBool::new(false),
             sealed: AtomicBool::new(false),
-            retry: Mutex::new(crate::retry::RetryState::default()),
+            retry: Arc::new(Mutex::new(crate::retry::RetryState::default())),
             parse_memo: Mutex::new(Default::default()),
             tito: None,
         }

@@ -5,9 +5,7 @@
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
-use intercept_core::{ChatDialect, Dialect, Error};
-
-use crate::detach::ResponseBody;
+use intercept_core::{Dialect, Error};
 
 /// Header on every response the server generates itself (not relayed from the upstream
 /// unchanged); its value says who is to blame: `client`, `upstream`, `tunnel`, `internal`.
@@ -103,35 +101,10 @@ fn to_json(value: &serde_json::Value) -> Bytes {
     Bytes::from(serde_json::to_vec(value).unwrap_or_default())
 }
 
-/// An error in the dialect's shape.
-pub(crate) fn error_response(dialect: &dyn Dialect, error: &Error) -> Response<ResponseBody> {
-    render(error, Shape::Dialect(dialect)).map(ResponseBody::full)
-}
-
-/// An error outside any dialect's routes, in the OpenAI shape.
-pub(crate) fn plain_error(error: &Error) -> Response<ResponseBody> {
-    error_response(&ChatDialect, error)
-}
-
-/// An error of the state, task and tool channels: a flat `{"error": <text>}` body.
-pub(crate) fn flat_error(error: &Error) -> Response<ResponseBody> {
-    render(error, Shape::Flat).map(ResponseBody::full)
-}
-
-/// A JSON response.
-pub(crate) fn json_response(status: StatusCode, body: impl Into<Bytes>) -> Response<ResponseBody> {
-    let mut resp = Response::new(ResponseBody::full(body));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use intercept_core::ChatDialect;
 
     #[test]
     fn every_shape_carries_the_same_status_and_headers() {

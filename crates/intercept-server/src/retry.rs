@@ -25,7 +25,8 @@ use intercept_core::Error;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::registry::Entry;
+use intercept_core::Session;
+use parking_lot::Mutex;
 
 /// Bodies up to this size are matched byte for byte: the body is shared, not copied (a
 /// session keeps its last request for parsing the next one anyway, see
@@ -131,33 +132,8 @@ pub(crate) enum Answer {
     Stream(Bytes),
 }
 
-impl Answer {
-    /// The harness's answer: the JSON body, or the dialect's minimal stream carrying the
-    /// response.
-    pub(crate) fn response(
-        self,
-        dialect: &dyn intercept_core::Dialect,
-    ) -> http::Response<crate::detach::ResponseBody> {
-        match self {
-            Answer::Json { body, content_type } => {
-                let mut resp = crate::respond::json_response(http::StatusCode::OK, body);
-                if let Some(ct) = content_type {
-                    resp.headers_mut().insert(http::header::CONTENT_TYPE, ct);
-                }
-                resp
-            }
-            Answer::Stream(response) => {
-                let value = serde_json::from_slice(&response).unwrap_or_default();
-                let events = dialect.synthesize_stream(&value);
-                let mut out = Vec::with_capacity(events.iter().map(Bytes::len).sum());
-                for ev in &events {
-                    out.extend_from_slice(ev);
-                }
-                crate::call::stream::event_stream(crate::detach::ResponseBody::full(out))
-            }
-        }
-    }
-}
+/// A session's retry state, shared with the claims of its calls in flight.
+pub(crate) type RetryTable = Arc<Mutex<RetryState>>;
 
 /// Per-session retry state.
 ///
@@ -251,7 +227,8 @@ pub(crate) const KEY_CAPACITY: usize = 64;
 /// replayed (the session's `on_replay` is told); otherwise the attempt, for [`claim`]
 /// once the call is admitted.
 pub(crate) async fn replay(
-    entry: &Arc<Entry>,
+    table: &RetryTable,
+    session: &Arc<dyn Session>,
     path: &'static str,
     headers: &HeaderMap,
     body: &intercept_core::JsonBody,
@@ -260,23 +237,20 @@ pub(crate) async fn replay(
     if let Some(key) = headers.get(IDEMPOTENCY_KEY) {
         let key = String::from_utf8_lossy(key.as_bytes());
         let request = Fingerprint::digest(body.source()).await;
-        return match keyed(entry, &key, path, request) {
+        return match keyed(table, &key, path, request) {
             Keyed::Claim(c) => Ok(Plan::Keyed(c)),
             Keyed::Replay(answer) => {
-                tracing::debug!(
-                    session = entry.session.id(),
-                    "intercept replay (idempotency key)"
-                );
-                entry.session.on_replay();
+                tracing::debug!(session = session.id(), "intercept replay (idempotency key)");
+                session.on_replay();
                 Err(Early::Replayed(answer))
             }
             Keyed::Join(rx) => {
                 tracing::debug!(
-                    session = entry.session.id(),
+                    session = session.id(),
                     "intercept coalesce (idempotency key)"
                 );
                 Err(Early::Join(Joined {
-                    entry: entry.clone(),
+                    session: session.clone(),
                     rx,
                 }))
             }
@@ -294,10 +268,10 @@ pub(crate) async fn replay(
     }
     let marked = is_marked_retry(headers);
     let fingerprint = Fingerprint::of(body.source()).await;
-    match replay_served(entry, &fingerprint, marked) {
+    match replay_served(table, &fingerprint, marked) {
         Some(served) => {
-            tracing::debug!(session = entry.session.id(), "intercept replay");
-            entry.session.on_replay();
+            tracing::debug!(session = session.id(), "intercept replay");
+            session.on_replay();
             Err(Early::Replayed(Answer::Json {
                 body: served,
                 content_type: None,
@@ -336,18 +310,22 @@ impl Claim {
 /// The retry stage's second half, once the call is admitted: the claim on a new attempt
 /// (resolved by [`Claim::served`], or as failed when dropped), or `Err`, an identical
 /// attempt in flight that a marked retry joins ([`Joined::answer`]).
-pub(crate) fn claim(entry: &Arc<Entry>, plan: Plan) -> Result<Option<Claim>, Joined> {
+pub(crate) fn claim(
+    table: &RetryTable,
+    session: &Arc<dyn Session>,
+    plan: Plan,
+) -> Result<Option<Claim>, Joined> {
     let attempt = match plan {
         Plan::Keyed(c) => return Ok(Some(Claim::Key(c))),
         Plan::Marked(None) => return Ok(None),
         Plan::Marked(Some(attempt)) => attempt,
     };
-    match coalesce_or_claim(entry, attempt.fingerprint, attempt.marked) {
+    match coalesce_or_claim(table, attempt.fingerprint, attempt.marked) {
         Decision::Claim(c) => Ok(Some(Claim::Flight(c))),
         Decision::Coalesce(rx) => {
-            tracing::debug!(session = entry.session.id(), "intercept coalesce");
+            tracing::debug!(session = session.id(), "intercept coalesce");
             Err(Joined {
-                entry: entry.clone(),
+                session: session.clone(),
                 rx,
             })
         }
@@ -357,7 +335,7 @@ pub(crate) fn claim(entry: &Arc<Entry>, plan: Plan) -> Result<Option<Claim>, Joi
 /// An attempt in flight that a retry joined.
 #[derive(Debug)]
 pub(crate) struct Joined {
-    entry: Arc<Entry>,
+    session: Arc<dyn Session>,
     rx: watch::Receiver<Flight>,
 }
 
@@ -367,7 +345,7 @@ impl Joined {
     pub(crate) async fn answer(self) -> Option<Answer> {
         let served = wait(self.rx).await;
         if served.is_some() {
-            self.entry.session.on_replay();
+            self.session.on_replay();
         }
         served
     }
@@ -375,11 +353,11 @@ impl Joined {
 
 /// Replay check (before any refusal): a marked retry of the last served body gets the
 /// recorded response, while that body names one logical request.
-fn replay_served(entry: &Entry, request: &Fingerprint, marked: bool) -> Option<Bytes> {
+fn replay_served(table: &RetryTable, request: &Fingerprint, marked: bool) -> Option<Bytes> {
     if !marked {
         return None;
     }
-    let state = entry.retry.lock();
+    let state = table.lock();
     match &state.last {
         Some(last) if last.generations == 1 && last.request.same(request) => {
             Some(last.body.clone())
@@ -390,8 +368,8 @@ fn replay_served(entry: &Entry, request: &Fingerprint, marked: bool) -> Option<B
 
 /// Coalesce with an attempt in flight (marked retries of a body that names one logical
 /// request) or claim a new one. An unmarked request is one more generation of its body.
-fn coalesce_or_claim(entry: &Arc<Entry>, request: Fingerprint, marked: bool) -> Decision {
-    let mut state = entry.retry.lock();
+fn coalesce_or_claim(table: &RetryTable, request: Fingerprint, marked: bool) -> Decision {
+    let mut state = table.lock();
     let state = &mut *state;
     let held = state
         .last
@@ -448,7 +426,7 @@ fn coalesce_or_claim(entry: &Arc<Entry>, request: Fingerprint, marked: bool) -> 
         waiters: None,
     });
     Decision::Claim(FlightClaim {
-        entry: entry.clone(),
+        table: table.clone(),
         id,
         resolved: false,
     })
@@ -457,7 +435,7 @@ fn coalesce_or_claim(entry: &Arc<Entry>, request: Fingerprint, marked: bool) -> 
 /// Ownership of an attempt in flight; resolves as failed if dropped unresolved.
 #[derive(Debug)]
 pub(crate) struct FlightClaim {
-    entry: Arc<Entry>,
+    table: RetryTable,
     id: u64,
     resolved: bool,
 }
@@ -474,7 +452,7 @@ impl FlightClaim {
     fn finish(&mut self, flight: Flight) {
         self.resolved = true;
         let waiters = {
-            let mut state = self.entry.retry.lock();
+            let mut state = self.table.lock();
             let Some(at) = state.inflight.iter().position(|f| f.id == self.id) else {
                 return;
             };
@@ -597,8 +575,8 @@ impl KeyStore {
 }
 
 /// Looks a key up: its completed answer, the call in flight, a mismatch, or a new claim.
-fn keyed(entry: &Arc<Entry>, key: &str, path: &'static str, request: Fingerprint) -> Keyed {
-    let mut state = entry.retry.lock();
+fn keyed(table: &RetryTable, key: &str, path: &'static str, request: Fingerprint) -> Keyed {
+    let mut state = table.lock();
     let store = &mut state.keys;
     store.expire(Instant::now());
     if let Some(found) = store.entries.iter().find(|e| &*e.key == key) {
@@ -621,7 +599,7 @@ fn keyed(entry: &Arc<Entry>, key: &str, path: &'static str, request: Fingerprint
         state: KeyState::Pending(tx),
     });
     Keyed::Claim(KeyClaim {
-        entry: entry.clone(),
+        table: table.clone(),
         id,
         resolved: false,
     })
@@ -631,7 +609,7 @@ fn keyed(entry: &Arc<Entry>, key: &str, path: &'static str, request: Fingerprint
 /// key is then forgotten, so the harness's next attempt goes upstream).
 #[derive(Debug)]
 pub(crate) struct KeyClaim {
-    entry: Arc<Entry>,
+    table: RetryTable,
     id: u64,
     resolved: bool,
 }
@@ -648,7 +626,7 @@ impl KeyClaim {
             Some(a) => Flight::Served(a.clone()),
             None => Flight::Failed,
         };
-        let waiters = self.entry.retry.lock().keys.complete(self.id, answer);
+        let waiters = self.table.lock().keys.complete(self.id, answer);
         if let Some(tx) = waiters {
             tx.send_replace(flight);
         }

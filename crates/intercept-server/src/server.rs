@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use intercept_core::interception::join_errors;
+use intercept_core::internal::join_errors;
 use intercept_core::{
     CallInfo, ChatDialect, CompletionsDialect, Dialect, Endpoint, Error, HookAction, Interception,
     JsonBody, MessagesDialect, PauseMode, PauseStatus, ResponsesDialect, SecretStr, Session, Slot,
@@ -26,9 +27,9 @@ use tracing::{debug, info, warn};
 use crate::call::Call;
 use crate::config::ServerConfig;
 use crate::detach::ResponseBody;
+use crate::detach::{error_response, event_stream, flat_error, json_response, plain_error};
 use crate::preamble::{authenticate, close_after, read_body, refuse_unread, Shared, Stats};
 use crate::registry::{Entry, InflightGuard, Registry};
-use crate::respond::{error_response, flat_error, json_response, plain_error};
 use crate::upstream::{read_all, UpstreamClient};
 
 #[derive(Debug)]
@@ -575,7 +576,7 @@ const LEGACY_STATE_ROUTE_HEADER: &str = "x-verifiers-state-route";
 /// `GET /state`, `PUT /state`, `GET /task`: the state capability (the state secret, never
 /// the model secret).
 async fn state_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ResponseBody> {
-    let bearer = intercept_core::dialect::bearer(req.headers()).map(SecretStr::new);
+    let bearer = intercept_core::internal::bearer(req.headers()).map(SecretStr::new);
     let is_state = req.uri().path() == "/state";
     let entry = match &bearer {
         None => None,
@@ -652,7 +653,7 @@ async fn state_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Re
 /// shutdown drops it.
 async fn tool_route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ResponseBody> {
     let (entry, _guard) =
-        match authenticate(&shared, intercept_core::dialect::bearer(req.headers())) {
+        match authenticate(&shared, intercept_core::internal::bearer(req.headers())) {
             Ok(a) => a,
             Err(e) => return refuse_unread(req.into_body(), flat_error(&e)).await,
         };
@@ -817,24 +818,25 @@ async fn admit(
             debug!(session = session.id(), error = ?e.to_string(), "call not admitted");
             fail(e)
         })?;
-    let plan =
-        match crate::retry::replay(&entry, dialect.upstream_path(), headers, body, stream).await {
-            Ok(plan) => plan,
-            Err(crate::retry::Early::Replayed(answer)) => return Err(answer.response(dialect)),
-            Err(crate::retry::Early::Refused(e)) => return Err(fail(e)),
-            Err(crate::retry::Early::Join(joined)) => {
-                // A joined call does not keep the rollout unsealed while it waits.
-                drop(guard);
-                return Err(joined_answer(dialect, joined).await);
-            }
-        };
+    let path = dialect.upstream_path();
+    let plan = match crate::retry::replay(&entry.retry, session, path, headers, body, stream).await
+    {
+        Ok(plan) => plan,
+        Err(crate::retry::Early::Replayed(answer)) => return Err(replayed(answer, dialect)),
+        Err(crate::retry::Early::Refused(e)) => return Err(fail(e)),
+        Err(crate::retry::Early::Join(joined)) => {
+            // A joined call does not keep the rollout unsealed while it waits.
+            drop(guard);
+            return Err(joined_answer(dialect, joined).await);
+        }
+    };
     if entry.is_released() {
         return Err(fail(Error::RolloutConcluded));
     }
     if let Some(reason) = session.stop_reason() {
         return Err(fail(Error::RolloutStopped(reason)));
     }
-    let claim = match crate::retry::claim(&entry, plan) {
+    let claim = match crate::retry::claim(&entry.retry, session, plan) {
         Ok(claim) => claim,
         Err(joined) => {
             drop(guard);
@@ -859,11 +861,34 @@ async fn joined_answer(
     joined: crate::retry::Joined,
 ) -> Response<ResponseBody> {
     match joined.answer().await {
-        Some(answer) => answer.response(dialect),
+        Some(answer) => replayed(answer, dialect),
         None => error_response(
             dialect,
             &Error::UpstreamUnavailable("upstream attempt failed".into()),
         ),
+    }
+}
+
+/// A served answer given again (a replay, or the answer of a joined attempt): the JSON
+/// body, or the dialect's minimal stream carrying the response.
+fn replayed(answer: crate::retry::Answer, dialect: &dyn Dialect) -> Response<ResponseBody> {
+    match answer {
+        crate::retry::Answer::Json { body, content_type } => {
+            let mut resp = json_response(http::StatusCode::OK, body);
+            if let Some(ct) = content_type {
+                resp.headers_mut().insert(http::header::CONTENT_TYPE, ct);
+            }
+            resp
+        }
+        crate::retry::Answer::Stream(response) => {
+            let value = serde_json::from_slice(&response).unwrap_or_default();
+            let events = dialect.synthesize_stream(&value);
+            let mut out = Vec::with_capacity(events.iter().map(Bytes::len).sum());
+            for ev in &events {
+                out.extend_from_slice(ev);
+            }
+            event_stream(ResponseBody::full(out))
+        }
     }
 }
 
@@ -877,7 +902,7 @@ async fn prepare(
 ) -> Result<
     (
         Option<intercept_core::PolicyEvent>,
-        Option<intercept_core::capture::TokenCollector>,
+        Option<intercept_core::internal::TokenCollector>,
     ),
     Error,
 > {

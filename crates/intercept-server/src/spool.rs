@@ -59,7 +59,7 @@ impl Spool {
         tx: &mpsc::Sender<Bytes>,
         cancel: &tokio_util::sync::CancellationToken,
     ) -> std::io::Result<()> {
-        use crate::call::{send_or_cancel, Sent};
+        use crate::relay::{send_or_cancel, Sent};
         for chunk in self.memory {
             if send_or_cancel(tx, chunk, cancel).await != Sent::Queued {
                 return Ok(());

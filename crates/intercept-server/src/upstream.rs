@@ -75,7 +75,8 @@ mod uri_cache {
     use std::collections::VecDeque;
 
     use http::Uri;
-    use intercept_core::{join_url, Error};
+    use intercept_core::internal::join_url;
+    use intercept_core::Error;
 
     /// A base URL, a dialect path, and the URI they join to.
     type CachedUri = (Box<str>, Box<str>, Uri);

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use intercept_core::dialect::heartbeat::CHAT_HEARTBEAT_ID;
+use intercept_core::internal::CHAT_HEARTBEAT_ID;
 use intercept_server::{ServerConfig, StreamHeartbeat};
 use intercept_test::Reply;
 use serde_json::{json, Value};

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::*;
 use http_body_util::{BodyExt, Full};
-use intercept_core::body::MAX_JSON_DEPTH;
+use intercept_core::internal::MAX_JSON_DEPTH;
 use intercept_core::{ErrorKind, Interception, Limits, Session, SessionStatus, Upstream};
 use intercept_server::{ServerConfig, GENERATED_HEADER};
 use intercept_test::{Reply, ToolCall};

@@ -34,11 +34,14 @@ use tracing::{info, warn};
 use intercept_server::{render, render_message, Shape};
 
 use crate::config::{check_base_url, check_tokens_patch, merge_tokens, TOKENS_FIELDS};
-use crate::sidecar::{ControlState, Held, Last};
 use intercept_trace::{JsonlSink, QueuedSink, TraceFormat};
 
 mod create;
+mod state;
 mod traces;
+
+pub(crate) use state::ControlState;
+use state::{Held, Last};
 
 pub use create::check_id;
 use create::*;
@@ -92,7 +95,7 @@ pub(crate) async fn handle(state: Arc<ControlState>, req: Request<Incoming>) -> 
             _ => not_allowed(&method, &path),
         };
     }
-    let authorized = intercept_core::dialect::bearer(req.headers())
+    let authorized = intercept_core::internal::bearer(req.headers())
         .is_some_and(|candidate| state.token.matches(candidate));
     if !authorized {
         return worded(
@@ -372,6 +375,29 @@ async fn pause(state: &ControlState, req: Request<Incoming>) -> Resp {
         Ok(mode) => pause_answer(state.server.pause(mode).await),
         Err(message) => bad(message),
     }
+}
+
+/// Serves the control API on `listener` until `stop` fires.
+pub(crate) async fn serve_api(
+    listener: tokio::net::TcpListener,
+    state: Arc<ControlState>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let options = intercept_server::ServeOptions {
+        header_read_timeout: state.config.header_read_timeout,
+        max_connections: state.config.max_connections,
+    };
+    let service = hyper::service::service_fn(move |req| {
+        let state = state.clone();
+        async move { Ok::<_, std::convert::Infallible>(handle(state, req).await) }
+    });
+    let serve = intercept_server::serve_connections(
+        listener,
+        move |_: &intercept_server::Connection| service.clone(),
+        options,
+        stop.cancelled_owned(),
+    );
+    tracing::Instrument::instrument(serve, tracing::info_span!("control_api")).await
 }
 
 #[cfg(test)]

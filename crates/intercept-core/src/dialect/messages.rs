@@ -28,7 +28,7 @@ const SAMPLING_KEYS: &[&str] = &[
 ];
 
 /// The `anthropic-version` sent upstream (it replaces the harness's).
-pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+pub(crate) const ANTHROPIC_VERSION: &str = "2023-06-01";
 
 /// Anthropic Messages: `POST /v1/messages` (and `/v1/messages/count_tokens`, relayed and
 /// never recorded), secret in `x-api-key` or `Authorization: Bearer`; a stream ends with

@@ -17,15 +17,15 @@ use crate::trace::record::Usage;
 mod chat;
 mod completions;
 pub mod heartbeat;
-pub mod mediate;
+pub(crate) mod mediate;
 mod messages;
 mod responses;
 
 pub use chat::ChatDialect;
 pub use completions::CompletionsDialect;
 pub use heartbeat::Heartbeat;
-pub use messages::{MessagesDialect, ANTHROPIC_VERSION};
-pub use responses::{is_openai_reasoning_model, ResponsesDialect};
+pub use messages::MessagesDialect;
+pub use responses::ResponsesDialect;
 
 /// Which wire format a call spoke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -46,7 +46,7 @@ const TERMINAL: &[&str] = &[
 pub struct ResponsesDialect;
 
 /// Whether a model name is an OpenAI reasoning model.
-pub fn is_openai_reasoning_model(model: &str) -> bool {
+pub(crate) fn is_openai_reasoning_model(model: &str) -> bool {
     let (prefix_ok, name) = match model.rsplit_once('/') {
         Some((prefix, name)) => (prefix == "openai", name),
         None => (true, model),

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures_util::future::join_all;
-use intercept_core::interception::join_errors;
+use intercept_core::internal::join_errors;
 use intercept_core::{
     Error, Interception, PauseMode, PauseStatus, ServerStatus, Session, SlotGuard,
 };

@@ -11,22 +11,24 @@ use tokio::time::Instant;
 
 use crate::redact::Redactor;
 use bytes::{Bytes, BytesMut};
-use http::{HeaderValue, Response};
-use intercept_core::capture::TokenCollector;
-use intercept_core::dialect::Heartbeat;
-use intercept_core::sse::{SseEvent, SseSplitter};
-use intercept_core::{Assembled, Error, RawJson, Relay, StreamAssembler};
+use http::Response;
+use intercept_core::internal::Heartbeat;
+use intercept_core::internal::TokenCollector;
+use intercept_core::internal::{Assembled, Relay, StreamAssembler};
+use intercept_core::internal::{SseEvent, SseSplitter};
+use intercept_core::{Error, RawJson};
 use tokio::sync::mpsc;
 use tokio::time::{sleep_until, Sleep};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::{
-    ms_since, send_or_cancel, stopped_by_hook, too_large, Call, Failed, HookOutcome, Outcome,
-    Reply, Sent, KEEPALIVE, READY_BATCH_LIMIT,
+    ms_since, stopped_by_hook, too_large, Call, Failed, HookOutcome, Outcome, Reply, KEEPALIVE,
+    READY_BATCH_LIMIT,
 };
 use crate::config::{ServerConfig, StreamHeartbeat};
-use crate::detach::ResponseBody;
+use crate::detach::{event_stream, ResponseBody};
+use crate::relay::{send_or_cancel, Sent};
 use crate::spool::Spool;
 use crate::upstream::{Read, UpstreamBody};
 
@@ -265,22 +267,6 @@ impl Head {
 /// The head of a relayed event stream.
 fn sse_head(rx: mpsc::Receiver<Bytes>) -> Response<ResponseBody> {
     event_stream(ResponseBody::channel(rx))
-}
-
-/// An event stream's answer: `body` with the headers of one (`text/event-stream`, not
-/// cached).
-pub(crate) fn event_stream(body: ResponseBody) -> Response<ResponseBody> {
-    let mut head = Response::new(body);
-    let h = head.headers_mut();
-    h.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(
-        http::header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache"),
-    );
-    head
 }
 
 /// The relay's clocks: keepalive comments through upstream silence, and the grace the

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame};
-use intercept_core::sse::{SseEvent, SseSplitter};
+use intercept_core::internal::{SseEvent, SseSplitter};
 use intercept_core::{JsonBody, TokenEngine, TurnTokens};
 use intercept_tokens::{Renderer, StreamParser};
 use parking_lot::Mutex;

@@ -1,5 +1,5 @@
 //! Prime account configuration: API key, API base URL, team, from the environment and
-//! `~/.prime/config.json` (reference §15.1).
+//! `~/.prime/config.json` (as `prime_tunnel` 0.1.15 reads it).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -102,8 +102,9 @@ impl fmt::Debug for PrimeAccount {
 }
 
 impl PrimeAccount {
-    /// Resolves the account from `env` (reference §15.1). Fails when no API key is
-    /// configured, or when `PRIME_CONTEXT` names a missing or invalid environment file.
+    /// Resolves the account from `env` (as `prime_tunnel` 0.1.15 does). Fails when no API
+    /// key is configured, or when `PRIME_CONTEXT` names a missing or invalid environment
+    /// file.
     pub fn resolve(env: &PrimeEnv) -> Result<Self, TunnelError> {
         let mut file = read_object(&env.prime_dir().join("config.json"));
         if let Some(context) = env.get("PRIME_CONTEXT").filter(|c| !c.is_empty()) {

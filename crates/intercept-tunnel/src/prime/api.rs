@@ -1,4 +1,5 @@
-//! The Prime tunnel HTTP API (reference §15.2): create, get and delete a registration.
+//! The Prime tunnel HTTP API (as `prime_tunnel` 0.1.15 calls it): create, get and delete
+//! a registration.
 
 use std::fmt;
 use std::time::Duration;

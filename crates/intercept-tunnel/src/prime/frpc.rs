@@ -1,5 +1,6 @@
-//! The frpc child process: its TOML config (reference §15.5), its launch, and the
-//! continuous classification of its output (§15.6).
+//! The frpc child process: its TOML config (every key `prime_tunnel` 0.1.15 writes), its
+//! launch, and the continuous classification of its output (the phrases that client
+//! looks for).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -32,7 +33,8 @@ pub enum FrpcEvent {
     ProxyRefused,
 }
 
-/// Classifies one frpc output line (case-insensitive substring tests, reference §15.6).
+/// Classifies one frpc output line (case-insensitive substring tests, the phrases
+/// `prime_tunnel` 0.1.15 looks for).
 pub fn classify(line: &str) -> Option<FrpcEvent> {
     let l = line.to_ascii_lowercase();
     if l.contains("start proxy success") {
@@ -121,7 +123,8 @@ pub fn toml_string(value: &str) -> String {
     out
 }
 
-/// The frpc TOML for a registration (every key of reference §15.5, values escaped).
+/// The frpc TOML for a registration (every key `prime_tunnel` 0.1.15 writes, values
+/// escaped).
 pub fn render_config(info: &TunnelInfo, local_addr: &str, log_level: &str) -> String {
     let s = toml_string;
     format!(

@@ -1,4 +1,5 @@
-//! Finding or installing the frpc binary (reference §15.3).
+//! Finding or installing the frpc binary (where `prime_tunnel` 0.1.15 looks for it and
+//! what it downloads).
 //!
 //! Order: an explicit path from the config, then `$FRPC_PATH`, then `~/.prime/bin/frpc`
 //! when its `.frpc_version` marker names the wanted version. Otherwise the release tarball

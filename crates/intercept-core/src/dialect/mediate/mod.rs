@@ -29,10 +29,10 @@ pub(crate) use self::messages::messages;
 pub(crate) use self::responses::responses;
 
 /// What replaces a content list that mediation emptied (providers refuse empty ones).
-pub const REMOVED_PLACEHOLDER: &str = "[content removed by the network policy]";
+pub(crate) const REMOVED_PLACEHOLDER: &str = "[content removed by the network policy]";
 
 /// A 1x1 transparent PNG: what replaces a computer screenshot the policy blocks.
-pub const BLANK_PNG: &str = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII=";
+pub(crate) const BLANK_PNG: &str = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII=";
 
 /// What to do with one element.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
