@@ -111,11 +111,17 @@ fn scan(b: &[u8], max_depth: usize, earlier: Option<(&[u8], &Scanned)>) -> Optio
         let (key, escaped, after) = key_and_colon(b, i)?;
         let start = skip_ws(b, after);
         let end = if b.get(start) == Some(&b'[') {
-            let (end, ends) = match earlier.and_then(|e| resume_point(b, &key, start, e)) {
-                Some((at, mut ends)) => {
+            // Scanned on from where the earlier body's array parts from this one; a
+            // resumed walk that fails (the earlier body was not this one's prefix in
+            // the way its marks say) is walked again from the array's start.
+            let resumed = earlier
+                .and_then(|e| resume_point(b, &key, start, e))
+                .and_then(|(at, mut ends)| {
                     let end = walk(b, at, max_depth - 1, 0, 1, true, Some(&mut ends))?;
-                    (end, ends)
-                }
+                    Some((end, ends))
+                });
+            let (end, ends) = match resumed {
+                Some(resumed) => resumed,
                 None => {
                     let mut ends = Vec::new();
                     let end = walk(b, start, max_depth - 1, 0, 0, false, Some(&mut ends))?;
