@@ -168,6 +168,58 @@ fn text(out: &mut Vec<u8>, s: &str) -> Result<(), serde_json::Error> {
     Ok(())
 }
 
+/// `usage` as serde writes it, without serde's key escaping (the keys are constants).
+fn usage(out: &mut Vec<u8>, u: &super::Usage) -> Result<(), serde_json::Error> {
+    let mut buf = itoa::Buffer::new();
+    out.extend_from_slice(b"{\"prompt_tokens\":");
+    out.extend_from_slice(buf.format(u.prompt_tokens).as_bytes());
+    out.extend_from_slice(b",\"completion_tokens\":");
+    out.extend_from_slice(buf.format(u.completion_tokens).as_bytes());
+    out.extend_from_slice(b",\"cached_input_tokens\":");
+    out.extend_from_slice(buf.format(u.cached_input_tokens).as_bytes());
+    out.extend_from_slice(b",\"reasoning_tokens\":");
+    out.extend_from_slice(buf.format(u.reasoning_tokens).as_bytes());
+    out.push(b'}');
+    Ok(())
+}
+
+/// An object of JSON values, its keys copied in as strings and its values through
+/// serde_json.
+fn object(
+    out: &mut Vec<u8>,
+    map: &serde_json::Map<String, serde_json::Value>,
+) -> Result<(), serde_json::Error> {
+    out.push(b'{');
+    for (i, (k, v)) in map.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_str(out, k);
+        out.push(b':');
+        json(out, v)?;
+    }
+    out.push(b'}');
+    Ok(())
+}
+
+/// Token ids as a JSON array of integers (`null` when absent).
+fn ids(out: &mut Vec<u8>, ids: Option<&[u32]>) -> Result<(), serde_json::Error> {
+    let Some(ids) = ids else {
+        out.extend_from_slice(b"null");
+        return Ok(());
+    };
+    out.push(b'[');
+    let mut buf = itoa::Buffer::new();
+    for (i, id) in ids.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(buf.format(*id).as_bytes());
+    }
+    out.push(b']');
+    Ok(())
+}
+
 fn boolean(out: &mut Vec<u8>, b: bool) -> Result<(), serde_json::Error> {
     out.extend_from_slice(if b { b"true" } else { b"false" });
     Ok(())
@@ -219,7 +271,9 @@ pub(crate) fn write(
         text(o, asked.unwrap_or_default())
     })?;
     l.field("stream", false, |o| boolean(o, r.stream))?;
-    l.field("sampling", r.sampling.is_empty(), |o| json(o, &r.sampling))?;
+    l.field("sampling", r.sampling.is_empty(), |o| {
+        object(o, &r.sampling)
+    })?;
     l.field("request", false, |o| {
         r.request.write_to(o);
         Ok(())
@@ -237,7 +291,7 @@ pub(crate) fn write(
         crate::json_text::write_opt_str(o, finish);
         Ok(())
     })?;
-    l.field("usage", false, |o| json(o, &r.usage))?;
+    l.field("usage", false, |o| usage(o, &r.usage))?;
     l.field("status", false, |o| int(o, r.status))?;
     l.field("started_at", false, |o| json(o, &r.started_at))?;
     l.field("ended_at", false, |o| json(o, &r.ended_at))?;
@@ -271,10 +325,10 @@ fn write_tail(
         json(o, &r.token_capture)
     })?;
     let prompt = r.prompt_token_ids.as_deref().filter(|_| !ids_on_node);
-    l.field("prompt_token_ids", prompt.is_none(), |o| json(o, &prompt))?;
+    l.field("prompt_token_ids", prompt.is_none(), |o| ids(o, prompt))?;
     let completion = r.completion_token_ids.as_deref().filter(|_| !ids_on_node);
     l.field("completion_token_ids", completion.is_none(), |o| {
-        json(o, &completion)
+        ids(o, completion)
     })?;
     let logprobs = r
         .completion_logprobs
