@@ -705,6 +705,12 @@ pub fn missing_names(
 
 /// Every `.rs` and `.py` file under `dir`, skipping `target` and hidden folders.
 fn source_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    files_ending(dir, &[".rs", ".py"], out)
+}
+
+/// Every file under `dir` whose name ends with one of `endings`, skipping `target` and
+/// hidden folders.
+fn files_ending(dir: &Path, endings: &[&str], out: &mut Vec<PathBuf>) -> Result<()> {
     let entries = fs::read_dir(dir).with_context(|| format!("could not list {}", dir.display()))?;
     for entry in entries {
         let entry = entry.with_context(|| format!("could not list {}", dir.display()))?;
@@ -716,9 +722,9 @@ fn source_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
             .with_context(|| format!("could not stat {}", path.display()))?;
         if kind.is_dir() {
             if name != "target" && !name.starts_with('.') {
-                source_files(&path, out)?;
+                files_ending(&path, endings, out)?;
             }
-        } else if kind.is_file() && (name.ends_with(".rs") || name.ends_with(".py")) {
+        } else if kind.is_file() && endings.iter().any(|e| name.ends_with(e)) {
             out.push(path);
         }
     }
@@ -1028,24 +1034,7 @@ pub fn find_dated_phrases(text: &str) -> Vec<(usize, &'static str)> {
 
 /// Every `.rs` file under `dir`, skipping `target` and hidden folders.
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    let entries = fs::read_dir(dir).with_context(|| format!("could not list {}", dir.display()))?;
-    for entry in entries {
-        let entry = entry.with_context(|| format!("could not list {}", dir.display()))?;
-        let path = entry.path();
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        let kind = entry
-            .file_type()
-            .with_context(|| format!("could not stat {}", path.display()))?;
-        if kind.is_dir() {
-            if name != "target" && !name.starts_with('.') {
-                rust_files(&path, out)?;
-            }
-        } else if kind.is_file() && name.ends_with(".rs") {
-            out.push(path);
-        }
-    }
-    Ok(())
+    files_ending(dir, &[".rs"], out)
 }
 
 fn relative(root: &Path, path: &Path) -> String {
