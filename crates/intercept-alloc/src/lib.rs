@@ -79,7 +79,7 @@ fn huge_objects_from_the_os() {
 /// The alignment of every block `mi_malloc` returns (a machine word).
 const MI_MIN_ALIGN: usize = std::mem::size_of::<usize>();
 
-/// mimalloc as the global allocator (see the [crate](crate)).
+/// mimalloc as the global allocator (see the [crate docs](crate)).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MiMalloc;
 

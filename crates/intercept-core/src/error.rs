@@ -178,7 +178,7 @@ pub enum Error {
         /// The upstream's `retry-after` header, if any.
         retry_after: Option<String>,
         /// The upstream says the prompt exceeds the model's context
-        /// ([`is_context_length_error`] of the status and body, decided when the answer
+        /// (`is_context_length_error` of the status and body, decided when the answer
         /// was read).
         context_length: bool,
     },

@@ -379,7 +379,7 @@ pub fn mediate_request(
 /// The policy event of a call record: what mediation removed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicyEvent {
-    /// Always [`POLICY_CODE`].
+    /// Always `"provider_capability_unavailable"`.
     pub code: String,
     /// The value-free JSON paths removed or narrowed, de-duplicated, in body order
     /// (`tools[2].type`, `messages[3].content[1].image_url.url`).

@@ -17,14 +17,14 @@ use crate::json_text;
 pub(crate) use crate::json_text::ws;
 
 /// Strings this long (in their JSON text, escapes included) or longer are written once.
-pub const MIN_STRING: usize = 64;
+pub(crate) const MIN_STRING: usize = 64;
 
 /// Request and response members (objects and arrays) this long or longer are written
 /// once as a whole (tool lists, long system blocks, echoed settings).
-pub const MIN_MEMBER: usize = 256;
+pub(crate) const MIN_MEMBER: usize = 256;
 
 /// The deepest a container is written as it stands, counted in the line.
-pub const MAX_DEPTH: usize = 100;
+pub(crate) const MAX_DEPTH: usize = 100;
 
 /// The keys that make a one-member object a marker.
 pub(crate) const MARKERS: [&str; 4] = ["$v", "$a", "$e", "$j"];

@@ -69,7 +69,6 @@ pub(crate) mod encode;
 pub(crate) mod lines;
 mod read;
 
-pub use encode::{MAX_DEPTH, MIN_MEMBER, MIN_STRING};
 pub use read::{LogCall, LogError, LogReader};
 
 /// The log format's name and version, the `schema` of its header line. A reader
@@ -329,7 +328,7 @@ pub fn end_line(end: &LogEnd) -> Vec<u8> {
 
 /// The header line of session `session` made at `created_at` (seconds since the Unix
 /// epoch), with its newline (see [`LogWriter::header`]).
-pub fn header_line(session: &str, created_at: f64, settings: serde_json::Value) -> Vec<u8> {
+pub(crate) fn header_line(session: &str, created_at: f64, settings: serde_json::Value) -> Vec<u8> {
     #[derive(Serialize)]
     struct Header<'a> {
         #[serde(rename = "type")]
