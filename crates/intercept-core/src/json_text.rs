@@ -203,6 +203,19 @@ pub(crate) fn write_opt_str(out: &mut impl BufMut, s: Option<&str>) {
     }
 }
 
+/// Token ids as a JSON array of integers.
+pub(crate) fn write_ids(out: &mut Vec<u8>, ids: &[u32]) {
+    out.push(b'[');
+    let mut buf = itoa::Buffer::new();
+    for (i, id) in ids.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(buf.format(*id).as_bytes());
+    }
+    out.push(b']');
+}
+
 /// The index of the first byte at or after `i` that is not JSON whitespace.
 pub(crate) fn ws(b: &[u8], mut i: usize) -> usize {
     while i < b.len() && matches!(b[i], b' ' | b'\n' | b'\r' | b'\t') {

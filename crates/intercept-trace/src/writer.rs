@@ -1022,8 +1022,9 @@ mod tests {
         assert_eq!(w.queued_bytes(), 0);
     }
 
-    #[test]
-    fn a_stuck_disk_holds_callers_at_the_byte_bound() {
+    /// A named pipe in a fresh folder (kept while the folder lives): a file whose
+    /// writes block once nobody reads, as on a disk that stopped.
+    fn fifo() -> (tempfile::TempDir, std::path::PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("slow");
         assert!(std::process::Command::new("mkfifo")
@@ -1031,6 +1032,12 @@ mod tests {
             .status()
             .unwrap()
             .success());
+        (dir, fifo)
+    }
+
+    #[test]
+    fn a_stuck_disk_holds_callers_at_the_byte_bound() {
+        let (_dir, fifo) = fifo();
         // Read and write: opening does not wait for a reader, and writes block once the
         // pipe is full, as on a disk that stopped.
         let target = JsonlSink::open(&fifo)
@@ -1084,13 +1091,7 @@ mod tests {
     /// line arrives in order and the wait is counted.
     #[test]
     fn a_stuck_disk_holds_a_recording_task_not_its_thread() {
-        let dir = tempfile::tempdir().unwrap();
-        let fifo = dir.path().join("slow");
-        assert!(std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap()
-            .success());
+        let (_dir, fifo) = fifo();
         let bound = 8 * 1024;
         let w = writer(bound, Duration::from_millis(1));
         let sink = Arc::new(w.sink(JsonlSink::open(&fifo).unwrap()));

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use intercept_bench::load::Percentiles;
 use intercept_bench::tito_ttft::{run, TtftConfig};
 
 /// Time to first token through the token path against the engine directly.
@@ -66,31 +67,14 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("| TTFT | p50 | p99 |");
     println!("|---|---:|---:|");
-    println!(
-        "| engine directly | {:.2} ms | {:.2} ms |",
-        ms(r.direct_us.p50),
-        ms(r.direct_us.p99)
-    );
-    println!(
-        "| through intercept (tokens) | {:.2} ms | {:.2} ms |",
-        ms(r.through_us.p50),
-        ms(r.through_us.p99)
-    );
+    let row = |name: &str, p: &Percentiles| {
+        println!("| {name} | {:.2} ms | {:.2} ms |", ms(p.p50), ms(p.p99));
+    };
+    row("engine directly", &r.direct_us);
+    row("through intercept (tokens)", &r.through_us);
     println!("| ratio | {:.3}x | {:.3}x |", r.ratio_p50(), r.ratio_p99());
-    println!(
-        "| added per call | {:.2} ms | {:.2} ms |",
-        ms(r.added_us.p50),
-        ms(r.added_us.p99)
-    );
-    println!(
-        "| added, first turns (rendered) | {:.2} ms | {:.2} ms |",
-        ms(r.added_rendered_us.p50),
-        ms(r.added_rendered_us.p99)
-    );
-    println!(
-        "| added, other turns (bridged) | {:.2} ms | {:.2} ms |",
-        ms(r.added_bridged_us.p50),
-        ms(r.added_bridged_us.p99)
-    );
+    row("added per call", &r.added_us);
+    row("added, first turns (rendered)", &r.added_rendered_us);
+    row("added, other turns (bridged)", &r.added_bridged_us);
     Ok(())
 }

@@ -42,7 +42,7 @@ pub(crate) fn node(
     }
     if let Some(t) = &n.tokens {
         key(out, "token_ids");
-        ints(out, &t.ids);
+        crate::json_text::write_ids(out, &t.ids);
         key(out, "prompt_tokens");
         int(out, t.prompt);
         if let Some(l) = &t.logprobs {
@@ -170,18 +170,6 @@ fn key(out: &mut Vec<u8>, key: &str) {
 
 fn int(out: &mut Vec<u8>, n: impl itoa::Integer) {
     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-}
-
-fn ints(out: &mut Vec<u8>, ids: &[u32]) {
-    out.push(b'[');
-    let mut buf = itoa::Buffer::new();
-    for (i, id) in ids.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(buf.format(*id).as_bytes());
-    }
-    out.push(b']');
 }
 
 /// Writes a call line's fields before its bodies, without the closing brace: `type`,

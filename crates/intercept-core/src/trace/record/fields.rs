@@ -204,19 +204,10 @@ fn object(
 
 /// Token ids as a JSON array of integers (`null` when absent).
 fn ids(out: &mut Vec<u8>, ids: Option<&[u32]>) -> Result<(), serde_json::Error> {
-    let Some(ids) = ids else {
-        out.extend_from_slice(b"null");
-        return Ok(());
-    };
-    out.push(b'[');
-    let mut buf = itoa::Buffer::new();
-    for (i, id) in ids.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(buf.format(*id).as_bytes());
+    match ids {
+        Some(ids) => crate::json_text::write_ids(out, ids),
+        None => out.extend_from_slice(b"null"),
     }
-    out.push(b']');
     Ok(())
 }
 
