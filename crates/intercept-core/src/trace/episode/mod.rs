@@ -105,6 +105,16 @@ pub fn response_message(kind: DialectKind, response: &[u8]) -> Option<Message> {
     read::response_message(kind, &value)
 }
 
+/// A response's sampled message, from its JSON (what [`response_message`] reads).
+pub(crate) fn sampled_message(kind: DialectKind, response: &Value) -> Option<Message> {
+    read::response_message(kind, response)
+}
+
+/// A Chat conversation element as a message (how a Chat prompt joins the graph).
+pub(crate) fn chat_message(element: &Value) -> Message {
+    read::from_chat(element)
+}
+
 mod read;
 
 pub(crate) use crate::trace::message::hex;
@@ -834,11 +844,6 @@ impl EpisodeBuilder {
         }
         summary.branches = has_child.iter().filter(|c| !**c).count() as u64;
         summary
-    }
-
-    /// A node's parent.
-    pub(crate) fn node_parent(&self, id: usize) -> Option<u32> {
-        self.nodes[id].parent
     }
 
     /// Node `id`'s data, as the log writes it.

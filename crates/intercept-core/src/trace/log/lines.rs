@@ -6,8 +6,8 @@ use serde::Serialize;
 
 use super::encode::{Encoder, Invalid};
 use super::NodeTokens;
-use crate::trace::episode::{hex, EpisodeBuilder, Message, Part, Role};
-use crate::trace::record::{CallError, CallRecord, Shape};
+use crate::trace::episode::{EpisodeBuilder, Message, Part, Role};
+use crate::trace::record::{CallError, CallRecord, LastFields, Shape};
 
 /// What token data node `id` holds, if any.
 pub(crate) fn node_tokens(episode: &EpisodeBuilder, id: usize) -> Option<NodeTokens> {
@@ -16,26 +16,42 @@ pub(crate) fn node_tokens(episode: &EpisodeBuilder, id: usize) -> Option<NodeTok
     })
 }
 
+/// Where a node line's reader finds the node's message (see `docs/traces.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// In the line itself.
+    Line,
+    /// The response of the call line that follows (a sampled node of that call).
+    Response,
+    /// Element `i` of the conversation the following call line adds, read as a Chat
+    /// message.
+    Added(usize),
+}
+
 /// Writes node `id` of `episode` as a `node` line (with its newline; see
-/// `docs/traces.md`).
+/// `docs/traces.md`): `parent` left out when it is the node before, `sampled` when it
+/// is false, the message when `source` says where else it is.
 pub(crate) fn node(
     episode: &EpisodeBuilder,
     id: usize,
+    source: Source,
     enc: &mut Encoder<'_>,
     out: &mut Vec<u8>,
 ) -> Result<(), Invalid> {
     let n = episode.node_data(id);
     out.extend_from_slice(b"{\"type\":\"node\",\"id\":");
     int(out, id as u64);
-    out.extend_from_slice(b",\"parent\":");
     match n.parent {
-        Some(p) => int(out, p),
-        None => out.extend_from_slice(b"null"),
+        Some(p) if p as usize + 1 == id => {}
+        Some(p) => {
+            key(out, "parent");
+            int(out, p);
+        }
+        None => out.extend_from_slice(b",\"parent\":null"),
     }
-    out.extend_from_slice(b",\"hash\":\"");
-    out.extend_from_slice(hex(&n.hash).as_bytes());
-    out.extend_from_slice(b"\",\"sampled\":");
-    out.extend_from_slice(if n.sampled { b"true" } else { b"false" });
+    if n.sampled {
+        out.extend_from_slice(b",\"sampled\":true");
+    }
     if let Some(call) = n.call {
         key(out, "call");
         int(out, call);
@@ -59,13 +75,23 @@ pub(crate) fn node(
             out.push(b'"');
         }
     }
-    key(out, "message");
-    message(enc, &n.message, out, 2)?;
+    match source {
+        Source::Line => {
+            key(out, "message");
+            message(enc, &n.message, out, 2)?;
+        }
+        Source::Response => {}
+        Source::Added(i) => {
+            key(out, "from");
+            int(out, i);
+        }
+    }
     out.extend_from_slice(b"}\n");
     Ok(())
 }
 
-/// Writes `m` as its serde form (`{"role":…,"content":[…],…}`), strings through `enc`.
+/// Writes `m` as its serde form (`{"role":…,"content":[…],…}`), strings through `enc`,
+/// but for content that is one text part, written as that text (`"content":"…"`).
 /// `depth` is the message object's depth in the line.
 pub(crate) fn message(
     enc: &mut Encoder<'_>,
@@ -80,7 +106,10 @@ pub(crate) fn message(
         Role::Assistant => b"\"assistant\"",
         Role::Tool => b"\"tool\"",
     });
-    if !m.content.is_empty() {
+    if let [Part::Text { text }] = &m.content[..] {
+        out.extend_from_slice(b",\"content\":");
+        enc.text(text, out);
+    } else if !m.content.is_empty() {
         out.extend_from_slice(b",\"content\":[");
         for (i, part) in m.content.iter().enumerate() {
             if i > 0 {
@@ -174,30 +203,28 @@ fn int(out: &mut Vec<u8>, n: impl itoa::Integer) {
 
 /// Writes a call line's fields before its bodies, without the closing brace: `type`,
 /// then the record's fields in the order of [`CALL_FIELDS`](crate::record::CALL_FIELDS),
-/// those at their defaults, the bodies and the token data its node holds left out
-/// (`record/fields.rs`), then `prompt`, the node its prompt ends at.
+/// those whose text is the same as in the log's last call line (`last`; before the
+/// first, their defaults) left out, as are the bodies and the token data its node holds
+/// (`record/fields.rs`). `next` gets this line's fields.
 pub(crate) fn call_meta(
     record: &CallRecord,
-    prompt: Option<u32>,
     tokens_on_node: Option<NodeTokens>,
     error: Option<&CallError>,
+    (last, next): (&LastFields, &mut LastFields),
     out: &mut Vec<u8>,
 ) {
     let start = out.len();
     let shape = Shape::Log {
+        last,
         ids_on_node: tokens_on_node.is_some(),
         logprobs_on_node: tokens_on_node.is_some_and(|t| t.logprobs),
         error,
     };
-    if crate::trace::record::fields_write(record, shape, out).is_err() {
+    if crate::trace::record::fields_write(record, shape, out, Some(next)).is_err() {
         // Plain data: this does not happen; the line keeps what identifies it.
         out.truncate(start);
         out.extend_from_slice(b"{\"type\":\"call\",\"seq\":");
         int(out, record.seq);
-    }
-    if let Some(p) = prompt {
-        key(out, "prompt");
-        int(out, p);
     }
 }
 
@@ -208,13 +235,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_call_line_follows_the_field_table() {
+    fn a_call_line_follows_the_field_table_and_leaves_out_what_the_last_one_said() {
         use crate::record::{Omit, CALL_FIELDS};
-        let line = |record: &CallRecord| {
+        let line = |record: &CallRecord, last: &LastFields, next: &mut LastFields| {
             let mut out = Vec::new();
-            call_meta(record, Some(4), None, None, &mut out);
+            call_meta(record, None, None, (last, next), &mut out);
             out.push(b'}');
-            crate::trace::record::tests::keys(&out)
+            (
+                crate::trace::record::tests::keys(&out),
+                String::from_utf8(out).expect("utf-8"),
+            )
         };
         let with = |keep: &dyn Fn(Omit) -> bool| {
             let mut names = vec!["type".to_owned()];
@@ -224,16 +254,33 @@ mod tests {
                     .filter(|f| !f.apart_in_log && keep(f.omit))
                     .map(|f| f.name.to_owned()),
             );
-            names.push("prompt".into());
             names
         };
+        let none = LastFields::default();
+        let (mut first, mut second, mut third) = Default::default();
+        // The first line: every field away from its default.
         let full = crate::trace::record::tests::full();
-        assert_eq!(line(&full), with(&|_| true));
+        assert_eq!(line(&full, &none, &mut first).0, with(&|_| true));
         let minimal = CallRecord {
             response: None,
             ..crate::trace::record::tests::minimal()
         };
-        assert_eq!(line(&minimal), with(&|omit| omit == Omit::Never));
+        let mut scratch = LastFields::default();
+        assert_eq!(
+            line(&minimal, &none, &mut scratch).0,
+            with(&|omit| omit == Omit::Never)
+        );
+        // The next: what changed only.
+        let mut again = full.clone();
+        again.seq += 1;
+        assert_eq!(line(&again, &first, &mut second).0, ["type", "seq"]);
+        // A field back at its default is written, as its default.
+        let mut cleared = again.clone();
+        cleared.error = None;
+        cleared.node = None;
+        let (keys, text) = line(&cleared, &second, &mut third);
+        assert_eq!(keys, ["type", "error", "node"]);
+        assert!(text.contains(r#""error":null,"node":null"#), "{text}");
     }
     use crate::trace::episode::ToolCall;
     use crate::trace::log::encode::Values;

@@ -62,7 +62,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::trace::episode::{Episode, EpisodeBuilder, EpisodeSummary};
-use crate::trace::record::{CallError, CallRecord};
+use crate::trace::record::{CallError, CallRecord, LastFields};
 use crate::DialectKind;
 
 pub(crate) mod encode;
@@ -73,7 +73,10 @@ pub use read::{LogCall, LogError, LogReader};
 
 /// The log format's name and version, the `schema` of its header line. A reader
 /// refuses a log whose schema it does not know.
-pub const SCHEMA: &str = "intercept.trace/2";
+pub const SCHEMA: &str = "intercept.trace/3";
+
+/// The earlier versions of the format this reader also reads (see `docs/traces.md`).
+pub const EARLIER_SCHEMAS: [&str; 1] = ["intercept.trace/2"];
 
 /// The request member that holds a dialect's conversation (written as the elements it
 /// adds to an earlier call's).
@@ -91,12 +94,15 @@ pub struct LogEnd {
     /// When the session was released, seconds since the Unix epoch.
     pub ended_at: f64,
     /// Why the rollout stopped, if it did.
+    #[serde(default)]
     pub stop_condition: Option<String>,
     /// Calls recorded.
     pub calls: u64,
     /// SDK retries answered without an upstream call.
+    #[serde(default)]
     pub replays: u64,
-    /// The episode's counts.
+    /// The episode's counts (not written: a reader counts them from the log).
+    #[serde(default)]
     pub summary: EpisodeSummary,
 }
 
@@ -122,6 +128,10 @@ pub struct LogWriter {
     wire: Wire,
     /// Nodes of `episode` written so far.
     nodes_written: usize,
+    /// The last call line's fields (a call line leaves out what it repeats), and the
+    /// buffer the next one's are written into.
+    last_fields: LastFields,
+    spare_fields: LastFields,
     bytes: LogBytes,
 }
 
@@ -184,6 +194,8 @@ impl LogWriter {
             values: Default::default(),
             wire: Wire::default(),
             nodes_written: 0,
+            last_fields: LastFields::default(),
+            spare_fields: LastFields::default(),
             bytes: LogBytes::default(),
         }
     }
@@ -209,32 +221,12 @@ impl LogWriter {
     /// record) and appends the lines it adds to `out`: new values, new nodes, then its
     /// call line.
     pub fn record(&mut self, record: &mut CallRecord, out: &mut Vec<u8>) -> Option<u64> {
+        let before = self.episode.len();
         let node = self.episode.commit_taking(record);
         record.node = node;
         let mut defs = Vec::new();
-        // New nodes.
-        let mut nodes = Vec::with_capacity(if self.nodes_written < self.episode.len() {
-            512
-        } else {
-            0
-        });
-        while self.nodes_written < self.episode.len() {
-            let id = self.nodes_written;
-            self.nodes_written += 1;
-            let mut enc = encode::Encoder {
-                values: &mut self.values,
-                defs: &mut defs,
-            };
-            let at = nodes.len();
-            if lines::node(&self.episode, id, &mut enc, &mut nodes).is_err() {
-                // A message's data is valid JSON: this does not happen; the node is left
-                // out rather than written torn.
-                nodes.truncate(at);
-            }
-        }
-        // The call line.
+        // The call line first: what it holds decides where the nodes' messages are read.
         let tokens_on_node = node.and_then(|n| lines::node_tokens(&self.episode, n as usize));
-        let prompt = node.and_then(|n| self.episode.node_parent(n as usize));
         let mut enc = encode::Encoder {
             values: &mut self.values,
             defs: &mut defs,
@@ -242,19 +234,26 @@ impl LogWriter {
         let body_len =
             record.request.source().len() + record.response.as_ref().map_or(0, |r| r.bytes().len());
         let mut call = Vec::with_capacity(512 + body_len.min(8192));
-        lines::call_meta(record, prompt, tokens_on_node, None, &mut call);
+        let mut fields = std::mem::take(&mut self.spare_fields);
+        let last = &self.last_fields;
+        lines::call_meta(record, tokens_on_node, None, (last, &mut fields), &mut call);
         let head = call.len();
         let mut failed = None;
         call.extend_from_slice(b",\"request\":");
         let at = call.len();
-        if self.wire.request(record, &mut enc, &mut call).is_err() {
-            // The request was read as UTF-8 JSON when it arrived: not expected.
-            call.truncate(at);
-            call.extend_from_slice(b"{}");
-            failed = Some("the request");
-        }
+        let added = match self.wire.request(record, &mut enc, &mut call) {
+            Ok(added) => added,
+            Err(_) => {
+                // The request was read as UTF-8 JSON when it arrived: not expected.
+                call.truncate(at);
+                call.extend_from_slice(b"{}");
+                failed = Some("the request");
+                None
+            }
+        };
         call.extend_from_slice(b",\"response\":");
         let at = call.len();
+        let mut answered = false;
         match &record.response {
             None => call.extend_from_slice(b"null"),
             Some(r) => {
@@ -262,6 +261,8 @@ impl LogWriter {
                     call.truncate(at);
                     call.extend_from_slice(b"null");
                     failed = failed.or(Some("the response"));
+                } else {
+                    answered = true;
                 }
             }
         }
@@ -276,8 +277,62 @@ impl LogWriter {
                 status: record.status,
             };
             let mut meta = Vec::with_capacity(head + 128);
-            lines::call_meta(record, prompt, tokens_on_node, Some(&error), &mut meta);
+            lines::call_meta(
+                record,
+                tokens_on_node,
+                Some(&error),
+                (last, &mut fields),
+                &mut meta,
+            );
             call.splice(..head, meta);
+        }
+        self.spare_fields = std::mem::replace(&mut self.last_fields, fields);
+        // New nodes. Those this call made take their messages from its line where they
+        // are there: the sampled one from the response, a Chat prompt's from the
+        // elements its conversation adds (the new ones end the prompt, one per element).
+        let made = before..self.episode.len();
+        let prompt_made = made
+            .clone()
+            .filter(|&id| !self.episode.node_data(id).sampled)
+            .count();
+        let chat = record.dialect == DialectKind::ChatCompletions && node.is_some();
+        let first_added = added
+            .filter(|&added| chat && prompt_made <= added)
+            .map(|added| added - prompt_made);
+        let mut nodes = Vec::with_capacity(if self.nodes_written < self.episode.len() {
+            256
+        } else {
+            0
+        });
+        let mut prompt_at = 0;
+        while self.nodes_written < self.episode.len() {
+            let id = self.nodes_written;
+            self.nodes_written += 1;
+            let sampled = self.episode.node_data(id).sampled;
+            let source = if !made.contains(&id) {
+                lines::Source::Line
+            } else if sampled {
+                if answered && node == Some(id as u64) {
+                    lines::Source::Response
+                } else {
+                    lines::Source::Line
+                }
+            } else {
+                prompt_at += 1;
+                first_added.map_or(lines::Source::Line, |first| {
+                    lines::Source::Added(first + prompt_at - 1)
+                })
+            };
+            let mut enc = encode::Encoder {
+                values: &mut self.values,
+                defs: &mut defs,
+            };
+            let at = nodes.len();
+            if lines::node(&self.episode, id, source, &mut enc, &mut nodes).is_err() {
+                // A message's data is valid JSON: this does not happen; the node is left
+                // out rather than written torn.
+                nodes.truncate(at);
+            }
         }
         self.bytes.values += defs.len() as u64;
         self.bytes.nodes += nodes.len() as u64;
@@ -311,23 +366,58 @@ impl LogWriter {
             + self.wire.trie.capacity() * 29
             + self.wire.owner.capacity() * 8
             + self.wire.last.as_ref().map_or(0, |l| l.path.capacity() * 4)
+            + self.last_fields.heap_bytes()
+            + self.spare_fields.heap_bytes()
     }
 }
 
-/// The end line, with its newline (see [`LogWriter::end`]).
+/// The end line, with its newline (see [`LogWriter::end`]). The summary is left out (a
+/// reader counts it from the lines before), as are `stop_condition` when there is none
+/// and `replays` when 0.
 pub fn end_line(end: &LogEnd) -> Vec<u8> {
     #[derive(Serialize)]
     struct End<'a> {
         #[serde(rename = "type")]
         kind: &'static str,
-        #[serde(flatten)]
-        end: &'a LogEnd,
+        ended_at: f64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        stop_condition: &'a Option<String>,
+        calls: u64,
+        #[serde(skip_serializing_if = "is_zero")]
+        replays: u64,
     }
-    line_of(&End { kind: "end", end })
+    fn is_zero(n: &u64) -> bool {
+        *n == 0
+    }
+    line_of(&End {
+        kind: "end",
+        ended_at: end.ended_at,
+        stop_condition: &end.stop_condition,
+        calls: end.calls,
+        replays: end.replays,
+    })
+}
+
+/// `value` without its members that are `null`, at any depth, nor the objects that
+/// leaves empty.
+fn without_nulls(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k, without_nulls(v)))
+                .filter(|(_, v)| v.as_object().is_none_or(|o| !o.is_empty()))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.into_iter().map(without_nulls).collect()),
+        other => other,
+    }
 }
 
 /// The header line of session `session` made at `created_at` (seconds since the Unix
-/// epoch), with its newline (see [`LogWriter::header`]).
+/// epoch), with its newline (see [`LogWriter::header`]); members of `settings` that are
+/// `null` are left out.
 pub(crate) fn header_line(session: &str, created_at: f64, settings: serde_json::Value) -> Vec<u8> {
     #[derive(Serialize)]
     struct Header<'a> {
@@ -345,19 +435,21 @@ pub(crate) fn header_line(session: &str, created_at: f64, settings: serde_json::
         session,
         created_at,
         version: env!("CARGO_PKG_VERSION"),
-        settings,
+        settings: without_nulls(settings),
     })
 }
 
 impl Wire {
     /// Writes a request: its members in order, the conversation by [`Wire::array`], the
-    /// others by [`encode::Encoder::member`].
+    /// others by [`encode::Encoder::member`]. Returns how many elements the conversation
+    /// adds (`None` without one).
     fn request(
         &mut self,
         record: &CallRecord,
         enc: &mut encode::Encoder<'_>,
         out: &mut Vec<u8>,
-    ) -> Result<(), encode::Invalid> {
+    ) -> Result<Option<usize>, encode::Invalid> {
+        let mut added = None;
         out.push(b'{');
         let conv = conversation_member(record.dialect);
         for (i, (key, raw)) in record.request.members().enumerate() {
@@ -368,25 +460,26 @@ impl Wire {
             out.push(b':');
             if conv == Some(key) && raw.first() == Some(&b'[') {
                 let raw = record.request.raw_bytes(key).unwrap_or_default();
-                self.array(record.seq, raw, enc, out)?;
+                added = Some(self.array(record.seq, raw, enc, out)?);
             } else {
                 let raw = simdutf8::basic::from_utf8(raw).map_err(|_| encode::Invalid)?;
                 enc.member(raw, out, 3)?;
             }
         }
         out.push(b'}');
-        Ok(())
+        Ok(added)
     }
 
     /// Writes a conversation as `{"$a":{"base":S,"keep":K,"add":[…]}}`: the first `K`
-    /// elements of call `S`'s conversation, then the elements added.
+    /// elements of call `S`'s conversation, then the elements added (`{"$a":{"add":[…]}}`
+    /// when it keeps none). Returns how many it adds.
     fn array(
         &mut self,
         seq: u64,
         raw: Bytes,
         enc: &mut encode::Encoder<'_>,
         out: &mut Vec<u8>,
-    ) -> Result<(), encode::Invalid> {
+    ) -> Result<usize, encode::Invalid> {
         let wire = self;
         // A conversation that extends the last one byte for byte: only its tail is read.
         let last = wire.last.take();
@@ -434,15 +527,17 @@ impl Wire {
             }
         };
         let keep = path.len();
-        out.extend_from_slice(b"{\"$a\":{\"base\":");
-        match base {
-            Some(s) => out.extend_from_slice(itoa::Buffer::new().format(s).as_bytes()),
-            None => out.extend_from_slice(b"null"),
+        out.extend_from_slice(b"{\"$a\":{");
+        if let (Some(s), true) = (base, keep > 0) {
+            out.extend_from_slice(b"\"base\":");
+            out.extend_from_slice(itoa::Buffer::new().format(s).as_bytes());
+            out.extend_from_slice(b",\"keep\":");
+            out.extend_from_slice(itoa::Buffer::new().format(keep).as_bytes());
+            out.push(b',');
         }
-        out.extend_from_slice(b",\"keep\":");
-        out.extend_from_slice(itoa::Buffer::new().format(keep).as_bytes());
-        out.extend_from_slice(b",\"add\":[");
+        out.extend_from_slice(b"\"add\":[");
         let elements = crate::json_text::elements(&added).ok_or(encode::Invalid)?;
+        let count = elements.len();
         for (i, e) in elements.iter().enumerate() {
             if i > 0 {
                 out.push(b',');
@@ -453,7 +548,7 @@ impl Wire {
         }
         out.extend_from_slice(b"]}}");
         wire.last = Some(LastArray { raw, path, seq });
-        Ok(())
+        Ok(count)
     }
 }
 

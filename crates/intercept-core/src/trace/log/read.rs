@@ -4,10 +4,11 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
-use crate::trace::episode::{Episode, EpisodeBuilder, Message, Node, TokenBreak};
+use crate::trace::episode::{hex, Episode, EpisodeBuilder, Message, Node, Role, TokenBreak};
 use crate::trace::record::{CallRecord, Omit, CALL_FIELDS};
+use crate::DialectKind;
 
-use super::{LogEnd, SCHEMA};
+use super::{conversation_member, LogEnd, EARLIER_SCHEMAS, SCHEMA};
 
 /// A call's prompt ids, completion ids and completion logprobs.
 type CallTokens = (Vec<u32>, Vec<u32>, Option<Vec<f64>>);
@@ -65,14 +66,29 @@ pub struct LogCall {
     fields: Map<String, Value>,
 }
 
+/// Where a node line left its message: in the call line that follows.
+#[derive(Debug, Clone, Copy)]
+enum Pending {
+    /// That call's response.
+    Response,
+    /// Element `i` of the conversation that call adds.
+    Added(usize),
+}
+
 /// A log read line by line (see [`super`]): tolerates a torn last line, skips (and
 /// reports) lines it cannot read, and rebuilds each call's record on demand.
 #[derive(Debug, Default)]
 pub struct LogReader {
     header: Option<Value>,
+    /// The format's version (3 unless the header names an earlier one).
+    earlier: bool,
     values: Vec<Value>,
     nodes: Vec<Node>,
+    /// Nodes whose message is in the call line that follows, by index in `nodes`.
+    pending: Vec<(usize, Pending)>,
     calls: Vec<LogCall>,
+    /// The last call line's fields, whole: a call line leaves out what it repeats.
+    last_fields: Option<Map<String, Value>>,
     by_seq: HashMap<u64, usize>,
     end: Option<LogEnd>,
     lines: usize,
@@ -150,14 +166,18 @@ impl LogReader {
             Some(Value::String(s)) => s,
             _ => return Err(self.bad("no \"type\"")),
         };
+        if kind != "node" && kind != "call" {
+            self.abandon_pending(&kind);
+        }
         match kind.as_str() {
             "header" => {
                 let schema = fields.get("schema").and_then(Value::as_str).unwrap_or("");
-                if schema != SCHEMA {
+                if schema != SCHEMA && !EARLIER_SCHEMAS.contains(&schema) {
                     return Err(LogError::Schema {
                         found: schema.to_owned(),
                     });
                 }
+                self.earlier = schema != SCHEMA;
                 self.header = Some(Value::Object(fields));
             }
             "value" => {
@@ -173,13 +193,16 @@ impl LogReader {
                 self.values.push(value);
             }
             "node" => {
-                let node = self.node(fields).map_err(|m| self.bad(m))?;
+                let (node, pending) = self.node(fields).map_err(|m| self.bad(m))?;
                 if node.id as usize != self.nodes.len() {
                     return Err(self.bad(format!(
                         "node {} out of order (the next is {})",
                         node.id,
                         self.nodes.len()
                     )));
+                }
+                if let Some(p) = pending {
+                    self.pending.push((self.nodes.len(), p));
                 }
                 self.nodes.push(node);
             }
@@ -188,22 +211,57 @@ impl LogReader {
                     .get("seq")
                     .and_then(Value::as_u64)
                     .ok_or_else(|| self.bad("a call without \"seq\""))?;
+                let mut fields = fields;
+                if !self.earlier {
+                    // A field left out is the last call line's (before the first, its
+                    // default).
+                    let last = self.last_fields.get_or_insert_with(|| {
+                        CALL_FIELDS
+                            .iter()
+                            .filter(|f| !f.default.is_empty())
+                            .map(|f| {
+                                let v = serde_json::from_str(f.default).unwrap_or(Value::Null);
+                                (f.name.to_owned(), v)
+                            })
+                            .collect()
+                    });
+                    for (k, v) in fields.iter() {
+                        if !matches!(k.as_str(), "request" | "response" | "prompt") {
+                            last.insert(k.clone(), v.clone());
+                        }
+                    }
+                    for (k, v) in last.iter() {
+                        if !fields.contains_key(k) {
+                            fields.insert(k.clone(), v.clone());
+                        }
+                    }
+                }
+                let node = fields.get("node").and_then(Value::as_u64);
                 let call = LogCall {
                     seq,
-                    node: fields.get("node").and_then(Value::as_u64),
+                    node,
                     prompt: fields
-                        .get("prompt")
-                        .and_then(Value::as_u64)
+                        .remove("prompt")
+                        .and_then(|p| p.as_u64())
                         .map(|p| p as u32),
                     line: self.lines,
                     fields,
                 };
                 self.by_seq.insert(seq, self.calls.len());
                 self.calls.push(call);
+                self.settle(self.calls.len() - 1);
+                let last = self.calls.len() - 1;
+                if self.calls[last].prompt.is_none() {
+                    let parent = node.and_then(|n| self.nodes.get(n as usize)?.parent);
+                    self.calls[last].prompt = parent;
+                }
             }
             "end" => {
-                let end: LogEnd = serde_json::from_value(Value::Object(fields))
+                let mut end: LogEnd = serde_json::from_value(Value::Object(fields.clone()))
                     .map_err(|e| self.bad(format!("end: {e}")))?;
+                if !fields.contains_key("summary") {
+                    end.summary = self.episode().summary;
+                }
                 self.end = Some(end);
             }
             other => return Err(self.bad(format!("unknown line type {other:?}"))),
@@ -211,14 +269,36 @@ impl LogReader {
         Ok(())
     }
 
-    fn node(&self, mut f: Map<String, Value>) -> Result<Node, String> {
+    /// A node line; its message, when the line leaves it to the call line that follows,
+    /// is pending (an empty message until then).
+    fn node(&self, mut f: Map<String, Value>) -> Result<(Node, Option<Pending>), String> {
         let id = f
             .get("id")
             .and_then(Value::as_u64)
             .ok_or("a node without id")? as u32;
-        let message = self.decode(f.remove("message").unwrap_or(Value::Null), None)?;
-        let message: Message =
-            serde_json::from_value(message).map_err(|e| format!("node {id}: message: {e}"))?;
+        let sampled = f.get("sampled").and_then(Value::as_bool).unwrap_or(false);
+        let (message, pending) = match f.remove("message") {
+            Some(m) => {
+                let mut m = self.decode(m, None)?;
+                // One text part is written as its text.
+                if let Some(text) = m.get_mut("content").filter(|c| c.is_string()) {
+                    let t = text.take();
+                    *text = serde_json::json!([{"type": "text", "text": t}]);
+                }
+                let message: Message =
+                    serde_json::from_value(m).map_err(|e| format!("node {id}: message: {e}"))?;
+                (message, None)
+            }
+            None if self.earlier => return Err(format!("node {id} has no message")),
+            None => {
+                let pending = match f.get("from").and_then(Value::as_u64) {
+                    Some(i) => Pending::Added(i as usize),
+                    None if sampled => Pending::Response,
+                    None => return Err(format!("node {id} has no message and no \"from\"")),
+                };
+                (Message::new(Role::Assistant), Some(pending))
+            }
+        };
         let ids: Option<Vec<u32>> = match f.remove("token_ids") {
             Some(v) => Some(serde_json::from_value(v).map_err(|e| e.to_string())?),
             None => None,
@@ -245,16 +325,23 @@ impl LogReader {
             }
             None => (None, None),
         };
-        Ok(Node {
+        let parent = match f.get("parent") {
+            Some(p) => p.as_u64().map(|p| p as u32),
+            // Left out: the node before.
+            None if self.earlier => None,
+            None => id.checked_sub(1),
+        };
+        let hash = match f.get("hash").and_then(Value::as_str) {
+            Some(h) => h.to_owned(),
+            None if pending.is_some() => String::new(),
+            None => hex(&message.hashes().0),
+        };
+        let node = Node {
             id,
-            parent: f.get("parent").and_then(Value::as_u64).map(|p| p as u32),
-            hash: f
-                .get("hash")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned(),
+            parent,
+            hash,
             message,
-            sampled: f.get("sampled").and_then(Value::as_bool).unwrap_or(false),
+            sampled,
             call: f.get("call").and_then(Value::as_u64),
             token_ids: ids,
             mask,
@@ -264,7 +351,88 @@ impl LogReader {
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
             token_break,
-        })
+        };
+        Ok((node, pending))
+    }
+
+    /// Gives the pending nodes their messages from call `index` (the line just read).
+    fn settle(&mut self, index: usize) {
+        for (n, pending) in std::mem::take(&mut self.pending) {
+            match self.message_in_call(index, n, pending) {
+                Ok(m) => {
+                    self.nodes[n].hash = hex(&m.hashes().0);
+                    self.nodes[n].message = m;
+                }
+                Err(why) => {
+                    self.nodes[n].hash = hex(&self.nodes[n].message.hashes().0);
+                    let seq = self.calls[index].seq;
+                    self.skipped.push((
+                        self.lines,
+                        format!("node {n}: its message could not be read from call {seq}: {why}"),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// A pending node's message, from call `index`.
+    fn message_in_call(
+        &self,
+        index: usize,
+        node: usize,
+        pending: Pending,
+    ) -> Result<Message, String> {
+        let call = &self.calls[index];
+        let dialect: DialectKind = call
+            .fields
+            .get("dialect")
+            .cloned()
+            .and_then(|d| serde_json::from_value(d).ok())
+            .ok_or("the call has no dialect")?;
+        match pending {
+            Pending::Response => {
+                if self.nodes[node].call != Some(call.seq) {
+                    return Err("the node is not this call's answer".into());
+                }
+                let response = call.fields.get("response").cloned().unwrap_or(Value::Null);
+                let response = self.decode(response, Some(index))?;
+                crate::trace::episode::sampled_message(dialect, &response)
+                    .ok_or_else(|| "its response holds no answer".into())
+            }
+            Pending::Added(i) => {
+                let key = conversation_member(dialect)
+                    .filter(|_| dialect == DialectKind::ChatCompletions)
+                    .ok_or("the call is not a Chat call")?;
+                let element = call
+                    .fields
+                    .get("request")
+                    .and_then(|r| r.get(key))
+                    .and_then(|c| c.get("$a"))
+                    .and_then(|a| a.get("add"))
+                    .and_then(|add| add.get(i))
+                    .cloned()
+                    .ok_or_else(|| format!("its conversation adds no element {i}"))?;
+                let element = self.decode(element, Some(index))?;
+                Ok(crate::trace::episode::chat_message(&element))
+            }
+        }
+    }
+
+    /// Drops the pending nodes: the line after them (`kind`) is not their call's.
+    fn abandon_pending(&mut self, kind: &str) {
+        let Some(&(first, _)) = self.pending.first() else {
+            return;
+        };
+        self.pending.clear();
+        let dropped = self.nodes.len() - first;
+        self.nodes.truncate(first);
+        self.skipped.push((
+            self.lines,
+            format!(
+                "{dropped} node(s) before this {kind} line are left out: their messages are \
+                 in a call line that is not there"
+            ),
+        ));
     }
 
     /// Decodes an encoded value: references, escapes, text, and (within `call`, the
@@ -389,9 +557,10 @@ impl LogReader {
         &self.calls
     }
 
-    /// The nodes, in the order they joined the graph.
+    /// The nodes, in the order they joined the graph (without those whose message is in
+    /// a call line not read yet).
     pub fn nodes(&self) -> &[Node] {
-        &self.nodes
+        &self.nodes[..self.pending.first().map_or(self.nodes.len(), |p| p.0)]
     }
 
     /// The end line, if the log has one.
@@ -454,16 +623,17 @@ impl LogReader {
         if let Some(node) = call.node {
             let node = node as usize;
             if let Some((prompt, completion, logprobs)) = self.tokens_of(node) {
-                fields
-                    .entry("prompt_token_ids")
-                    .or_insert_with(|| prompt.into());
-                fields
-                    .entry("completion_token_ids")
-                    .or_insert_with(|| completion.into());
+                // What the line does not carry (left out, or `null`) is on the node.
+                let mut put = |key: &str, value: Value| {
+                    let at = fields.entry(key).or_insert(Value::Null);
+                    if at.is_null() {
+                        *at = value;
+                    }
+                };
+                put("prompt_token_ids", prompt.into());
+                put("completion_token_ids", completion.into());
                 if let Some(l) = logprobs {
-                    fields
-                        .entry("completion_logprobs")
-                        .or_insert_with(|| l.into());
+                    put("completion_logprobs", l.into());
                 }
             }
         }
@@ -478,7 +648,8 @@ impl LogReader {
     /// A sampled node's call's prompt ids, completion ids and completion logprobs, from
     /// the token data of the nodes of its sequence (see `docs/training-capture.md`).
     fn tokens_of(&self, node: usize) -> Option<CallTokens> {
-        let n = self.nodes.get(node)?;
+        let nodes = self.nodes();
+        let n = nodes.get(node)?;
         let ids = n.token_ids.as_ref()?;
         let split = n
             .mask
@@ -490,7 +661,7 @@ impl LogReader {
             let mut chain = Vec::new();
             let mut at = self.sampled_above(n.parent);
             while let Some(p) = at {
-                let pn = &self.nodes[p];
+                let pn = &nodes[p];
                 chain.push(p);
                 if pn.token_start {
                     break;
@@ -498,7 +669,7 @@ impl LogReader {
                 at = self.sampled_above(pn.parent);
             }
             for &p in chain.iter().rev() {
-                prompt.extend_from_slice(self.nodes[p].token_ids.as_deref()?);
+                prompt.extend_from_slice(nodes[p].token_ids.as_deref()?);
             }
         }
         prompt.extend_from_slice(&ids[..split]);
@@ -511,7 +682,7 @@ impl LogReader {
 
     fn sampled_above(&self, mut from: Option<u32>) -> Option<usize> {
         while let Some(p) = from {
-            let node = self.nodes.get(p as usize)?;
+            let node = self.nodes().get(p as usize)?;
             if node.sampled {
                 return Some(p as usize);
             }
@@ -534,6 +705,6 @@ impl LogReader {
             }
         }
         let calls = (self.calls.len() as u64, failed, unreadable);
-        EpisodeBuilder::restore(self.nodes.clone(), calls).episode(self.session())
+        EpisodeBuilder::restore(self.nodes().to_vec(), calls).episode(self.session())
     }
 }

@@ -208,10 +208,104 @@ fn a_torn_or_crashed_log_reads_up_to_its_last_whole_line() {
     assert_eq!(torn.calls().len(), 2);
     assert_eq!(torn.skipped().len(), 1);
     assert!(torn.record(1).is_ok());
+    // Cut after the last call's node lines, before its call line: those nodes take their
+    // messages from that line, so the episode is the first two calls'.
+    let last_call = text[..text.len() - 1]
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .expect("lines");
+    let before = LogReader::from_bytes(&text[..last_call + 1]).expect("log");
+    assert_eq!(before.calls().len(), 2);
+    assert_eq!(before.nodes().len(), 4);
+    assert_eq!(before.episode().nodes.len(), 4);
+    assert!(before.skipped().is_empty(), "{:?}", before.skipped());
+    // An end line after them: they are left out, and said to be.
+    let mut ended = text[..last_call + 1].to_vec();
+    ended.extend(log.end(&LogEnd::default()));
+    let ended = LogReader::from_bytes(&ended).expect("log");
+    assert_eq!(ended.nodes().len(), 4);
+    assert_eq!(ended.end().expect("end").summary.nodes, 4);
+    assert!(
+        ended.skipped()[0].1.contains("left out"),
+        "{:?}",
+        ended.skipped()
+    );
     // A log of another schema is refused, naming it.
     let other = b"{\"type\":\"header\",\"schema\":\"intercept.trace/9\",\"session\":\"s\"}\n";
     let e = LogReader::from_bytes(other).expect_err("refused");
     assert!(e.to_string().contains("intercept.trace/9"), "{e}");
+}
+
+/// Short sessions of small messages (one to five calls, in each dialect, with a small
+/// tool list): their log is no larger than the same calls as full records (one call: as
+/// the full format's files), and a call line leaves out what the call before said.
+#[test]
+fn a_short_session_logs_no_more_than_its_full_records() {
+    let settings = json!({"model": "m", "sampling": {"temperature": 0.7},
+        "limits": {"max_turns": null, "max_input_tokens": null},
+        "upstream": ["http://127.0.0.1:8000/v1"], "capture_tokens": false});
+    for dialect in [
+        DialectKind::ChatCompletions,
+        DialectKind::Messages,
+        DialectKind::Responses,
+    ] {
+        for calls in 1..=5u64 {
+            let mut log = LogWriter::new("rollout-17");
+            let mut text = log.header(settings.clone());
+            let mut full = 0;
+            let mut items = Vec::new();
+            for seq in 0..calls {
+                items.push(user(dialect, &format!("step {seq}: go on"), false));
+                let (response, back) = answer(dialect, seq, &format!("step {seq}"), seq % 2 == 0);
+                let mut r = record(seq, dialect, &request(dialect, &items), Some(&response));
+                r.session = "rollout-17".into();
+                r.endpoint = "/chat/completions".into();
+                r.model = "policy-model".into();
+                r.requested_model = Some("gpt-4o-mini".into());
+                r.finish_reason = Some("stop".into());
+                r.engine = Some("http://127.0.0.1:8000/v1".into());
+                r.usage = Usage {
+                    prompt_tokens: 40 + 20 * seq,
+                    completion_tokens: 9,
+                    ..Usage::default()
+                };
+                r.started_at = 1.796e9 + seq as f64 * 0.731;
+                r.ended_at = r.started_at + 0.0123;
+                r.ttfb_ms = Some(11.25);
+                full += r.to_json_vec().len() + 1;
+                log.record(&mut r, &mut text);
+                items.extend(back);
+            }
+            text.extend(log.end(&LogEnd {
+                calls,
+                ..LogEnd::default()
+            }));
+            // One call: the log's header and end line are more than the record's
+            // session id and defaults, so it is held to the full format's files (the
+            // record and the episode file); from two calls on, to the records alone.
+            if calls == 1 {
+                full += serde_json::to_vec(&log.episode()).expect("json").len() + 1;
+            }
+            assert!(
+                text.len() <= full,
+                "{dialect:?}, {calls} calls: the log is {} bytes, the full records {full}\n{}",
+                text.len(),
+                String::from_utf8_lossy(&text)
+            );
+            let read = LogReader::from_bytes(&text).expect("log");
+            assert!(read.skipped().is_empty(), "{:?}", read.skipped());
+            assert_eq!(read.records().expect("records").len(), calls as usize);
+            if calls > 1 {
+                let last = text
+                    .split(|&b| b == b'\n')
+                    .rfind(|l| l.starts_with(b"{\"type\":\"call\""))
+                    .expect("a call line");
+                let last = String::from_utf8_lossy(last);
+                assert!(!last.contains("\"model\":\"policy-model\""), "{last}");
+                assert!(last.contains("\"usage\":"), "{last}");
+            }
+        }
+    }
 }
 
 /// A harness's conversation in one dialect.

@@ -102,8 +102,11 @@ pub(crate) enum Shape<'a> {
         response: Option<&'a str>,
     },
     /// A log's call line's fields, without the fields written apart and without the
-    /// closing brace; the line starts with `{"type":"call"`.
+    /// closing brace; the line starts with `{"type":"call"`. A field whose text is the
+    /// same as in the log's last call line (`last`) is left out.
     Log {
+        /// The log's last call line's fields.
+        last: &'a LastFields,
         /// The call's token ids are on its node (left out of the line).
         ids_on_node: bool,
         /// The call's logprobs are on its node (left out of the line).
@@ -113,11 +116,49 @@ pub(crate) enum Shape<'a> {
     },
 }
 
+/// A log's last call line's fields, as their JSON text (`docs/traces.md`): a call line
+/// leaves out each field whose text is the same. Before the first call line, a field
+/// that has a default holds it.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct LastFields {
+    text: Vec<u8>,
+    /// Per field of [`CALL_FIELDS`]: its text's range in `text`, once written.
+    at: [Option<(u32, u32)>; CALL_FIELDS.len()],
+}
+
+impl LastFields {
+    /// Field `i`'s text, if known.
+    fn get(&self, i: usize) -> Option<&[u8]> {
+        match self.at[i] {
+            Some((a, b)) => self.text.get(a as usize..b as usize),
+            None => Some(CALL_FIELDS[i].default.as_bytes()).filter(|d| !d.is_empty()),
+        }
+    }
+
+    fn clear(&mut self) {
+        self.text.clear();
+        self.at = Default::default();
+    }
+
+    fn set(&mut self, i: usize, text: &[u8]) {
+        let a = self.text.len() as u32;
+        self.text.extend_from_slice(text);
+        self.at[i] = Some((a, self.text.len() as u32));
+    }
+
+    /// Heap bytes held.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.text.capacity()
+    }
+}
+
 /// The line being written: each field goes through [`Line::field`], which keeps the
 /// order of [`CALL_FIELDS`] and leaves out what the shape leaves out.
 struct Line<'o> {
     out: &'o mut Vec<u8>,
     log: bool,
+    /// A log's last call line's fields, and this line's (see [`LastFields`]).
+    delta: Option<(&'o LastFields, &'o mut LastFields)>,
     /// The next field's index in [`CALL_FIELDS`].
     next: usize,
     first: bool,
@@ -133,15 +174,37 @@ impl Line<'_> {
         default: bool,
         value: impl FnOnce(&mut Vec<u8>) -> Result<(), serde_json::Error>,
     ) -> Result<(), serde_json::Error> {
-        let f = &CALL_FIELDS[self.next];
+        let i = self.next;
+        let f = &CALL_FIELDS[i];
         debug_assert_eq!(f.name, name, "the writer follows CALL_FIELDS");
         self.next += 1;
+        if self.log && f.apart_in_log {
+            return Ok(());
+        }
+        if let Some((last, next)) = &mut self.delta {
+            let mark = self.out.len();
+            self.out.extend_from_slice(b",\"");
+            self.out.extend_from_slice(name.as_bytes());
+            self.out.extend_from_slice(b"\":");
+            let at = self.out.len();
+            if default && !f.default.is_empty() {
+                self.out.extend_from_slice(f.default.as_bytes());
+            } else {
+                value(self.out)?;
+            }
+            let text = &self.out[at..];
+            next.set(i, text);
+            if last.get(i) == Some(text) {
+                self.out.truncate(mark);
+            }
+            return Ok(());
+        }
         let left_out = match f.omit {
             Omit::Never => false,
             Omit::InLog => default && self.log,
             Omit::WhenDefault => default,
         };
-        if left_out || (self.log && f.apart_in_log) {
+        if left_out {
             return Ok(());
         }
         if !std::mem::take(&mut self.first) {
@@ -219,31 +282,43 @@ fn boolean(out: &mut Vec<u8>, b: bool) -> Result<(), serde_json::Error> {
 /// Writes `r`'s fields as `shape` says: keys are constants, plain strings and integers
 /// are copied in, the other values go through serde_json, and the request is copied
 /// from its pieces ([`crate::JsonBody::write_to`]).
+/// `next` (for [`Shape::Log`]) gets the line's fields, to be the next line's `last`.
 pub(crate) fn write(
     r: &CallRecord,
     shape: Shape<'_>,
     out: &mut Vec<u8>,
+    next: Option<&mut LastFields>,
 ) -> Result<(), serde_json::Error> {
-    let (log, ids_on_node, logprobs_on_node, error) = match shape {
-        Shape::Record { .. } => (false, false, false, r.error.as_ref()),
+    let (last, ids_on_node, logprobs_on_node, error) = match shape {
+        Shape::Record { .. } => (None, false, false, r.error.as_ref()),
         Shape::Log {
+            last,
             ids_on_node,
             logprobs_on_node,
             error,
         } => (
-            true,
+            Some(last),
             ids_on_node,
             logprobs_on_node,
             error.or(r.error.as_ref()),
         ),
     };
+    let log = last.is_some();
     out.push(b'{');
     if log {
         out.extend_from_slice(b"\"type\":\"call\"");
     }
+    let delta = match (last, next) {
+        (Some(last), Some(next)) => {
+            next.clear();
+            Some((last, next))
+        }
+        _ => None,
+    };
     let mut l = Line {
         out,
         log,
+        delta,
         next: 0,
         first: !log,
     };

@@ -8,7 +8,7 @@ use crate::error::{Error, ErrorKind};
 
 mod fields;
 
-pub(crate) use fields::{write as fields_write, Shape};
+pub(crate) use fields::{write as fields_write, LastFields, Shape};
 pub use fields::{CallField, Omit, CALL_FIELDS};
 
 /// Token usage of one call, read from the upstream's `usage`.
@@ -299,7 +299,7 @@ impl CallRecord {
             ),
             None => None,
         };
-        fields::write(self, Shape::Record { response }, out)
+        fields::write(self, Shape::Record { response }, out, None)
     }
 
     /// About how many bytes [`CallRecord::write_json`] writes: the bodies, plus room for
