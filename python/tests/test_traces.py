@@ -73,7 +73,7 @@ def test_logs_written_by_the_sidecar_read_back(tmp_path: Path) -> None:
     for path in _demo(tmp_path):
         log = intercept.read_trace(path)
         assert not log.incomplete and log.skipped == []
-        assert log.header is not None and log.header["schema"] == "intercept.trace/2"
+        assert log.header is not None and log.header["schema"] == "intercept.trace/3"
         assert log.end is not None and log.end["calls"] == len(log.calls)
         episode = log.episode()
         assert episode.session == log.session == path.stem

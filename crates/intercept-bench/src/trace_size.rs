@@ -1,13 +1,14 @@
 //! What a rollout's trace costs on disk and in memory, on agent-shaped traffic.
 //!
 //! Sessions run tool loops through a real [`InterceptionServer`] over real HTTP against
-//! the mock model: every call carries ~20 KB of tool definitions and the whole
-//! conversation so far; each turn adds the model's answer and a ~2 KB tool result (or, in
-//! the screenshot case, a ~20 KB base64 image that every later request carries again);
-//! every other call is streamed. Each session records through the sidecar's writer
-//! ([`intercept_trace::TraceWriter`]) into a folder, once as the trace log and once in
-//! the full format, and the report compares both with the unique content
-//! ([`intercept_trace::stats::unique_content`]) and with the session's memory.
+//! the mock model ([`Workload`]): every call carries ~20 KB of tool definitions and the
+//! whole conversation so far; each turn adds the model's answer and a ~2 KB tool result
+//! (or, in the screenshot case, a ~20 KB base64 image that every later request carries
+//! again; or, in the short case, one small tool and messages of a few words, as
+//! `intercept demo` sends); every other call is streamed. Each session records through
+//! the sidecar's writer ([`intercept_trace::TraceWriter`]) into a folder, once as the
+//! trace log and once in the full format, and the report compares both with the unique
+//! content ([`intercept_trace::stats::unique_content`]) and with the session's memory.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,6 +22,20 @@ use intercept_trace::{JsonlSink, TraceFormat, TraceWriter, WriterConfig};
 use serde::Serialize;
 use serde_json::{json, Value};
 
+/// What each call of a session carries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Workload {
+    /// An agent's: ~20 KB of tools, ~2 KB tool results, a ~3 KB task.
+    #[default]
+    Agent,
+    /// Screenshots instead of tool results: each turn adds a user message with a ~20 KB
+    /// image, and every request carries all earlier ones.
+    Screenshots,
+    /// Short messages (a few words each) and one small tool, as `intercept demo` sends.
+    Short,
+}
+
 /// A workload.
 #[derive(Debug, Clone, Copy)]
 pub struct Case {
@@ -28,9 +43,8 @@ pub struct Case {
     pub sessions: usize,
     /// Calls per session.
     pub turns: usize,
-    /// Screenshots instead of tool results: each turn adds a user message with a ~20 KB
-    /// image, and every request carries all earlier ones.
-    pub images: bool,
+    /// What each call carries.
+    pub workload: Workload,
 }
 
 /// What one run measured.
@@ -40,8 +54,8 @@ pub struct Report {
     pub sessions: usize,
     /// Calls per session.
     pub turns: usize,
-    /// The screenshot case.
-    pub images: bool,
+    /// What each call carried.
+    pub workload: Workload,
     /// Calls recorded.
     pub calls: u64,
     /// Request and response bytes the calls carried (what the harnesses sent and got).
@@ -50,14 +64,18 @@ pub struct Report {
     pub unique_bytes: u64,
     /// The trace logs' bytes on disk.
     pub log_bytes: u64,
-    /// The full-format files' bytes on disk.
+    /// The full-format files' bytes on disk (the records and the episode files).
     pub full_bytes: u64,
+    /// The full format's records alone (without the episode files).
+    pub records_bytes: u64,
     /// `log_bytes / unique_bytes`.
     pub log_ratio: f64,
     /// `full_bytes / unique_bytes`.
     pub full_ratio: f64,
     /// `full_bytes / log_bytes`: how much smaller the log is.
     pub reduction: f64,
+    /// `log_bytes / records_bytes`.
+    pub log_per_record: f64,
     /// Log bytes written per call.
     pub log_bytes_per_call: f64,
     /// Full-format bytes written per call.
@@ -114,18 +132,33 @@ fn screenshot(session: usize, step: usize) -> String {
     )
 }
 
+/// One small tool, as the demo's.
+fn small_tools() -> Value {
+    json!([{"type": "function", "function": {"name": "lookup", "description": "Looks something up.",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}}])
+}
+
 /// One session's loop; returns the request and response bytes it carried.
 async fn rollout(client: &HttpClient, url: &str, key: &str, case: Case, s: usize) -> Result<u64> {
-    let tools = tools();
-    let mut messages = vec![
-        json!({"role": "system", "content": "You are a coding agent. Work step by step."}),
-        json!({"role": "user", "content": format!("{} Fix the failing test; use a tool.", text(s, 3000))}),
-    ];
+    let short = case.workload == Workload::Short;
+    let images = case.workload == Workload::Screenshots;
+    let tools = if short { small_tools() } else { tools() };
+    let mut messages = if short {
+        vec![
+            json!({"role": "system", "content": "You are a demo agent."}),
+            json!({"role": "user", "content": format!("rollout {s}: look this up")}),
+        ]
+    } else {
+        vec![
+            json!({"role": "system", "content": "You are a coding agent. Work step by step."}),
+            json!({"role": "user", "content": format!("{} Fix the failing test; use a tool.", text(s, 3000))}),
+        ]
+    };
     let mut raw = 0u64;
     for turn in 0..case.turns {
         let stream = turn % 2 == 1;
         let mut body = json!({"model": "policy", "messages": messages, "stream": stream});
-        if !case.images {
+        if !images {
             body["tools"] = tools.clone();
         }
         raw += serde_json::to_vec(&body)?.len() as u64;
@@ -145,13 +178,18 @@ async fn rollout(client: &HttpClient, url: &str, key: &str, case: Case, s: usize
             parse_completion(&resp.json()?)?
         };
         messages.push(answer.to_message());
-        if case.images {
+        if images {
             messages.push(json!({"role": "user", "content": [
                 {"type": "text", "text": format!("step {turn}: the screen now")},
                 {"type": "image_url", "image_url": {"url": screenshot(s, turn)}},
             ]}));
         } else if let Some(call) = answer.tool_calls.first() {
-            messages.push(json!({"role": "tool", "tool_call_id": call.id, "content": text(s * 100 + turn, 2000)}));
+            let result = if short {
+                format!("result {turn} for rollout {s}")
+            } else {
+                text(s * 100 + turn, 2000)
+            };
+            messages.push(json!({"role": "tool", "tool_call_id": call.id, "content": result}));
         } else {
             messages.push(json!({"role": "user", "content": format!("Continue with step {turn}; use a tool.")}));
         }
@@ -214,10 +252,14 @@ async fn run(
     Ok((raw, calls, sessions))
 }
 
-fn dir_bytes(dir: &Path) -> Result<u64> {
+/// Bytes of the files in `dir` whose names end with `suffix`.
+fn dir_bytes(dir: &Path, suffix: &str) -> Result<u64> {
     let mut total = 0;
     for entry in std::fs::read_dir(dir)? {
-        total += entry?.metadata()?.len();
+        let entry = entry?;
+        if entry.file_name().to_string_lossy().ends_with(suffix) {
+            total += entry.metadata()?.len();
+        }
     }
     Ok(total)
 }
@@ -243,21 +285,24 @@ pub async fn measure(case: Case) -> Result<Report> {
         );
         unique += intercept_trace::stats::unique_content(&log.records()?);
     }
-    let log_bytes = dir_bytes(log_dir.path())?;
-    let full_bytes = dir_bytes(full_dir.path())?;
+    let log_bytes = dir_bytes(log_dir.path(), "")?;
+    let full_bytes = dir_bytes(full_dir.path(), "")?;
+    let records_bytes = dir_bytes(full_dir.path(), ".jsonl")?;
     let per = |b: u64| b as f64 / calls.max(1) as f64;
     Ok(Report {
         sessions: case.sessions,
         turns: case.turns,
-        images: case.images,
+        workload: case.workload,
         calls,
         raw_bytes: raw,
         unique_bytes: unique,
         log_bytes,
         full_bytes,
+        records_bytes,
         log_ratio: log_bytes as f64 / unique.max(1) as f64,
         full_ratio: full_bytes as f64 / unique.max(1) as f64,
         reduction: full_bytes as f64 / log_bytes.max(1) as f64,
+        log_per_record: log_bytes as f64 / records_bytes.max(1) as f64,
         log_bytes_per_call: per(log_bytes),
         full_bytes_per_call: per(full_bytes),
         memory_per_call: memory as f64 / calls.max(1) as f64,

@@ -73,6 +73,20 @@ async fn demo_summary_matches_the_trace_files() {
         let mut seqs: Vec<u64> = trace.records.iter().map(|r| r.seq).collect();
         seqs.sort();
         assert_eq!(seqs, (0..*calls as u64).collect::<Vec<_>>(), "{id}");
+        // The log is no larger than its calls as full records (the format that writes
+        // each call's whole conversation again), short as the demo's sessions are.
+        let log_bytes = std::fs::metadata(dir.path().join(format!("{id}.jsonl")))
+            .unwrap()
+            .len() as usize;
+        let full_bytes: usize = trace
+            .records
+            .iter()
+            .map(|r| r.to_json_vec().len() + 1)
+            .sum();
+        assert!(
+            log_bytes <= full_bytes,
+            "{id}: the log is {log_bytes} bytes, its calls as full records {full_bytes}"
+        );
         for r in &trace.records {
             assert_eq!(&r.session, id);
             assert!(r.is_ok(), "{id}: {:?}", r.error);
