@@ -16,7 +16,7 @@
 //! | `workspace-lints` | every member's `Cargo.toml` has `[lints] workspace = true` |
 //! | `crate-docs` | every member's library root (`src/lib.rs`) starts with a `//!` crate doc |
 //! | `code-map` | every `src/*.rs` file (but `lib.rs`) and module folder of a library crate under `crates/` is named in that crate's section of `docs/architecture.md`, and every name that page writes in backticks as code (an identifier, a path `a::b`, a call `f()`) is in the sources (`NOT_CODE` lists the words that are not code) |
-//! | `module-cycles` | the top-level modules of each crate in `ACYCLIC_CRATES` (the server, the cli) use each other one way: the `crate::` paths written outside comments and test modules make no cycle |
+//! | `module-cycles` | in every library crate under `crates/`, the modules of each folder (the root's modules, a module's submodules) use each other one way: the paths the code writes outside comments, literals and `#[cfg(test)]` items, resolved through `use` re-exports to the module that holds their target, make no cycle (see [`ModuleTree`]) |
 //! | `timeless-docs` | `docs/*.md` and the READMEs never say "being built", "today", "comes later" or "for now": a page says what the code does |
 
 use std::fmt;
@@ -26,6 +26,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context as _, Result};
 
 use crate::{capture, cargo, metadata, packages};
+
+mod modules;
+pub use modules::{graph_cycles, Cycle, ModuleTree};
 
 /// One broken rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -778,37 +781,30 @@ fn crate_section<'a>(page: &'a str, krate: &str) -> Option<&'a str> {
     Some(&rest[..end])
 }
 
-/// The crates whose top-level modules must use each other one way (`module-cycles`):
-/// the server's request path and the sidecar.
-pub const ACYCLIC_CRATES: &[&str] = &["intercept-server", "intercept-cli"];
-
-/// `module-cycles`: see the module docs.
+/// `module-cycles`: see the module docs. Every crate under `crates/` with a library
+/// (`src/lib.rs`) is checked; finding none is an error, not a pass.
 pub fn module_cycles(root: &Path) -> Result<Vec<Violation>> {
     let mut out = Vec::new();
-    for krate in ACYCLIC_CRATES {
-        let dir = root.join("crates").join(krate);
-        let name = krate;
-        let src = dir.join("src");
-        let mut files = Vec::new();
-        rust_files(&src, &mut files)?;
-        files.sort();
-        let mut sources = Vec::new();
-        for file in files {
-            let rel = file.strip_prefix(&src).unwrap_or(&file);
-            let Some(module) = top_module(rel) else {
-                continue;
-            };
-            let text = fs::read_to_string(&file)
-                .with_context(|| format!("could not read {}", file.display()))?;
-            sources.push((module, text));
-        }
-        for cycle in module_graph_cycles(&sources) {
+    let crates = library_crates(root)?;
+    if crates.is_empty() {
+        bail!(
+            "no library crate under {}/crates to check for module cycles",
+            root.display()
+        );
+    }
+    for name in crates {
+        for cycle in crate_modules(root, &name)?.cycles() {
             out.push(Violation {
                 rule: "module-cycles",
                 location: format!("crates/{name}"),
                 detail: format!(
-                    "its modules use each other in a cycle ({}): make the dependency one-way (move what both need into a module of its own)",
-                    cycle.join(" → ")
+                    "its modules use each other in a cycle ({}{}): make the dependency one-way (move what creates the edge back into the module that owns it, or into a module of its own)",
+                    cycle.path.join(" → "),
+                    if cycle.tangle.len() + 1 > cycle.path.len() {
+                        format!("; {} all reach each other", cycle.tangle.join(", "))
+                    } else {
+                        String::new()
+                    }
                 ),
             });
         }
@@ -816,168 +812,33 @@ pub fn module_cycles(root: &Path) -> Result<Vec<Violation>> {
     Ok(out)
 }
 
-/// The top-level module a file under `src/` belongs to (`call.rs` and `call/stream.rs`
-/// both to `call`); `None` for the crate root, binaries and test files.
-fn top_module(rel: &Path) -> Option<String> {
-    let mut parts = rel
-        .components()
-        .map(|c| c.as_os_str().to_string_lossy().into_owned());
-    let first = parts.next()?;
-    let rest: Vec<String> = parts.collect();
-    if first == "bin" || first == "lib.rs" || first == "main.rs" {
-        return None;
-    }
-    if rest.iter().any(|p| p == "tests.rs" || p == "tests") {
-        return None;
-    }
-    Some(first.trim_end_matches(".rs").to_string())
+/// The names of the crates under `crates/` that have a library (`src/lib.rs`), sorted.
+pub fn library_crates(root: &Path) -> Result<Vec<String>> {
+    let crates = root.join("crates");
+    let mut names: Vec<String> = fs::read_dir(&crates)
+        .with_context(|| format!("could not list {}", crates.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("src/lib.rs").is_file())
+        .filter_map(|p| Some(p.file_name()?.to_string_lossy().into_owned()))
+        .collect();
+    names.sort();
+    Ok(names)
 }
 
-/// The cycles among the top-level modules of a crate, given each file's module and text:
-/// an edge `a → b` for every `crate::b` path written in a file of `a` outside comments
-/// and outside a trailing `#[cfg(test)]` module. Each cycle is listed once, from its
-/// smallest module name, closed (`a → b → a`).
-pub fn module_graph_cycles(sources: &[(String, String)]) -> Vec<Vec<String>> {
-    use std::collections::{BTreeMap, BTreeSet};
-    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (module, text) in sources {
-        let targets = edges.entry(module.clone()).or_default();
-        for target in crate_paths(text) {
-            if &target != module {
-                targets.insert(target);
-            }
-        }
+/// The module tree of the library crate `crates/<name>`, read from its `src/` files.
+pub fn crate_modules(root: &Path, name: &str) -> Result<ModuleTree> {
+    let src = root.join("crates").join(name).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files)?;
+    files.sort();
+    let mut sources = Vec::new();
+    for file in files {
+        let rel = file.strip_prefix(&src).unwrap_or(&file);
+        let text = fs::read_to_string(&file)
+            .with_context(|| format!("could not read {}", file.display()))?;
+        sources.push((rel.to_string_lossy().into_owned(), text));
     }
-    // Strongly connected components (Tarjan), then one cycle through each.
-    let names: Vec<String> = edges.keys().cloned().collect();
-    let mut cycles = Vec::new();
-    let mut seen = BTreeSet::new();
-    for start in &names {
-        if seen.contains(start) {
-            continue;
-        }
-        // The modules reachable from `start` that also reach it back.
-        let reach = |from: &String| -> BTreeSet<String> {
-            let mut found = BTreeSet::new();
-            let mut stack = vec![from.clone()];
-            while let Some(m) = stack.pop() {
-                for next in edges.get(&m).into_iter().flatten() {
-                    if found.insert(next.clone()) {
-                        stack.push(next.clone());
-                    }
-                }
-            }
-            found
-        };
-        let forward = reach(start);
-        if !forward.contains(start) {
-            continue;
-        }
-        let component: BTreeSet<String> = forward
-            .iter()
-            .filter(|m| reach(m).contains(start))
-            .cloned()
-            .collect();
-        // A shortest cycle back to `start` inside the component (breadth first).
-        let mut previous: BTreeMap<String, String> = BTreeMap::new();
-        let mut queue = std::collections::VecDeque::from([start.clone()]);
-        let mut closing = None;
-        while let Some(m) = queue.pop_front() {
-            for next in edges.get(&m).into_iter().flatten() {
-                if !component.contains(next) {
-                    continue;
-                }
-                if next == start {
-                    closing = Some(m.clone());
-                    break;
-                }
-                if !previous.contains_key(next) {
-                    previous.insert(next.clone(), m.clone());
-                    queue.push_back(next.clone());
-                }
-            }
-            if closing.is_some() {
-                break;
-            }
-        }
-        let mut path = vec![start.clone()];
-        let mut at = closing.unwrap_or_else(|| start.clone());
-        let mut back = Vec::new();
-        while &at != start {
-            back.push(at.clone());
-            at = previous.get(&at).cloned().unwrap_or_else(|| start.clone());
-        }
-        back.reverse();
-        path.extend(back);
-        path.push(start.clone());
-        seen.extend(component);
-        cycles.push(path);
-    }
-    cycles
-}
-
-/// The top-level modules named by `crate::` paths in Rust source (`crate::a::B`,
-/// `crate::{a, b::C}`), skipping comments, `$crate::` and a trailing `#[cfg(test)]` module.
-pub fn crate_paths(text: &str) -> Vec<String> {
-    let code = match text.find("#[cfg(test)]\nmod ") {
-        Some(at) => &text[..at],
-        None => text,
-    };
-    let mut out = Vec::new();
-    for line in code.lines() {
-        let line = line.trim_start();
-        if line.starts_with("//") {
-            continue;
-        }
-        let line = match line.find(" // ") {
-            Some(at) => &line[..at],
-            None => line,
-        };
-        let mut rest = line;
-        while let Some(at) = rest.find("crate::") {
-            let before = rest[..at].chars().next_back();
-            let after = &rest[at + "crate::".len()..];
-            rest = after;
-            if before.is_some_and(|c| c == '$' || c.is_alphanumeric() || c == '_') {
-                continue;
-            }
-            if let Some(group) = after.strip_prefix('{') {
-                let mut depth = 0usize;
-                let mut item_start = true;
-                let mut word = String::new();
-                for c in group.chars() {
-                    if depth == 0 && item_start && (c.is_alphanumeric() || c == '_') {
-                        word.push(c);
-                        continue;
-                    }
-                    if !word.is_empty() {
-                        out.push(std::mem::take(&mut word));
-                        item_start = false;
-                    }
-                    match c {
-                        '{' => depth += 1,
-                        '}' if depth == 0 => break,
-                        '}' => depth -= 1,
-                        ',' if depth == 0 => item_start = true,
-                        _ => {}
-                    }
-                }
-                if !word.is_empty() {
-                    out.push(word);
-                }
-            } else {
-                let word: String = after
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
-                if !word.is_empty() {
-                    out.push(word);
-                }
-            }
-        }
-    }
-    out.retain(|m| m.chars().next().is_some_and(|c| c.is_lowercase()) && m != "self");
-    out
+    Ok(ModuleTree::read(&sources))
 }
 
 /// Words that date a page: what it says must be what the code does.
@@ -1157,33 +1018,6 @@ mod tests {
                 (6, "read_body::Gone".to_string()),
                 (6, "Shared()".to_string()),
             ]
-        );
-    }
-
-    #[test]
-    fn crate_paths_are_read_from_uses_and_expressions() {
-        let src = "use crate::a::B;\nuse crate::{b, c::D, e::{F, G}};\n// crate::z in a comment\nlet x = crate::f::g(); $crate::m\n#[cfg(test)]\nmod tests { use crate::t; }\n";
-        assert_eq!(crate_paths(src), ["a", "b", "c", "e", "f"]);
-    }
-
-    #[test]
-    fn module_cycles_are_found_once_each() {
-        let module = |m: &str, text: &str| (m.to_string(), text.to_string());
-        let acyclic = [
-            module("server", "use crate::call::Call;\nuse crate::retry::claim;"),
-            module("call", "use crate::retry::Answer;"),
-            module("retry", ""),
-        ];
-        assert!(module_graph_cycles(&acyclic).is_empty());
-        let cyclic = [
-            module("serve", "crate::respond::render"),
-            module("respond", "use crate::detach::ResponseBody;"),
-            module("detach", "crate::serve::Busy"),
-            module("other", "crate::serve::x"),
-        ];
-        assert_eq!(
-            module_graph_cycles(&cyclic),
-            vec![vec!["detach", "serve", "respond", "detach"]]
         );
     }
 

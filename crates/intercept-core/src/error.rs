@@ -166,7 +166,7 @@ pub enum Error {
     RolloutConcluded,
     /// The rollout stopped, for this reason.
     #[error("rollout stopped: {0}")]
-    RolloutStopped(crate::rollout::StopReason),
+    RolloutStopped(crate::stop::StopReason),
     /// The upstream answered with an error status; `body` is its text. Built with
     /// [`Error::upstream_status`], which classifies it.
     #[error("upstream {status}: {body}")]

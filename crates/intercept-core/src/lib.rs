@@ -43,6 +43,7 @@ pub mod body;
 mod capture;
 mod chunked;
 pub mod dialect;
+mod dialect_kind;
 pub mod error;
 pub mod interception;
 mod json_text;
@@ -52,19 +53,21 @@ pub mod secret;
 pub mod session;
 pub mod slot;
 mod sse;
+mod stop;
 pub mod trace;
 pub mod tunnel;
 
 pub use body::{JsonBody, RawJson};
 pub use dialect::{
-    ChatDialect, CompletionsDialect, Dialect, DialectKind, MessagesDialect, ResponsesDialect,
+    mediate_request, ChatDialect, CompletionsDialect, Dialect, MessagesDialect, ResponsesDialect,
 };
+pub use dialect_kind::DialectKind;
 pub use episode::{Episode, EpisodeBuilder};
 pub use error::{Blame, Error, ErrorKind};
 pub use interception::{
     Interception, PauseKind, PauseMode, PauseStatus, ServerStatus, SlotGuard, SlotRelease,
 };
-pub use network::{mediate_request, NetworkPolicy, OnViolation, PolicyEvent};
+pub use network::{NetworkPolicy, OnViolation, PolicyEvent};
 pub use record::{CallError, CallRecord, TokenCapture, TokenPath, TurnTokens, Usage};
 pub use secret::{Secret, SecretStr};
 pub use session::{

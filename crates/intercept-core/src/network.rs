@@ -343,39 +343,6 @@ impl fmt::Debug for NetworkPolicy {
     }
 }
 
-/// Mediates one request under `policy` with its dialect's mediator
-/// ([`crate::Dialect::mediate`]): the whole cost for an unrestricted policy is one branch
-/// (the body is left as it is, byte for byte). `Ok(None)`: nothing removed; `Ok(Some)`:
-/// the record's event; `Err`: [`OnViolation::Reject`] refused the call (400, naming the
-/// first path), or a value could not be re-encoded.
-pub fn mediate_request(
-    dialect: &dyn crate::Dialect,
-    policy: &NetworkPolicy,
-    body: &mut crate::JsonBody,
-) -> Result<Option<PolicyEvent>, crate::Error> {
-    if !policy.is_restricted() {
-        return Ok(None);
-    }
-    if policy.on_violation() == OnViolation::Reject {
-        // Mediate a copy: a refused body is not touched.
-        let mut copy = body.clone();
-        let paths = dialect.mediate(&mut copy, policy)?;
-        if let Some(first) = paths.first() {
-            let more = match paths.len() {
-                1 => String::new(),
-                n => format!(" (and {} more: {})", n - 1, paths[1..].join(", ")),
-            };
-            return Err(crate::Error::invalid(format!(
-                "network policy: `{first}`{more} asks the model provider to reach the network, \
-                 which this rollout's network policy forbids; send the request without it"
-            )));
-        }
-        return Ok(None);
-    }
-    let paths = dialect.mediate(body, policy)?;
-    Ok((!paths.is_empty()).then(|| PolicyEvent::new(paths)))
-}
-
 /// The policy event of a call record: what mediation removed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicyEvent {

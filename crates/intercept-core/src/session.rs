@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::body::JsonBody;
-use crate::dialect::DialectKind;
+use crate::dialect_kind::DialectKind;
 use crate::error::Error;
 use crate::trace::record::CallRecord;
 pub use crate::trace::{RecordSink, RecordWait, Trace};

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use intercept_tokens::Tokenizer;
 
@@ -12,7 +12,7 @@ use intercept_tokens::Tokenizer;
 /// struct update syntax:
 ///
 /// ```
-/// use std::time::Duration;
+/// use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// use intercept_mock::MockConfig;
 ///
 /// let config = MockConfig { chunks: 8, chunk_delay: Duration::from_millis(5), ..MockConfig::default() };
@@ -135,4 +135,11 @@ impl Default for MockConfig {
             vllm_version: VllmVersion::default(),
         }
     }
+}
+
+/// Seconds since the Unix epoch: a response's `created` when the config sets none.
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs())
 }

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use super::anthropic::{self, MessagesRequest};
 use super::body::{Disconnect, MockBody};
 use super::chat::{self, ChatRequest, Conversation};
+use super::config::unix_now;
 use super::log::{header_map, ReceivedRequest, RequestBody};
 use super::reply::{
     anthropic_error_type, error_type, status_for_error_type, Completion, Reply, ReplyKind,
@@ -835,10 +836,4 @@ fn bad_request(dialect: Dialect, err: &serde_json::Error) -> Response<MockBody> 
         (_, false) => format!("We could not parse the JSON body of your request: {err}"),
     };
     error_response(dialect, StatusCode::BAD_REQUEST, None, &message)
-}
-
-pub(crate) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_secs())
 }

@@ -10,8 +10,8 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::chat::write_json;
+use super::config::unix_now;
 use super::reply::{status_for_error_type, Completion, Reply, Usage};
-use super::server::unix_now;
 use super::sse::SseBuf;
 use super::tokens::{self, candidates, id_pieces, Finish, Generated, Limits, Output, Vocab};
 use super::{Shared, VllmVersion};

@@ -1,8 +1,9 @@
 //! Network-policy mediation on the request path (after the request hook, before the
 //! upstream): the one branch an unrestricted session pays, else the dialect's mediator
-//! through [`intercept_core::network::mediate_request`], and a log line of what it did.
+//! through [`intercept_core::dialect::mediate_request`], and a log line of what it did.
 
-use intercept_core::network::{mediate_request, NetworkPolicy, PolicyEvent};
+use intercept_core::dialect::mediate_request;
+use intercept_core::network::{NetworkPolicy, PolicyEvent};
 use intercept_core::{Dialect, Error, JsonBody};
 use tracing::warn;
 

@@ -63,6 +63,7 @@
 
 mod bpe;
 mod decode;
+mod factory;
 mod message;
 mod pycompat;
 mod qwen3;
@@ -70,13 +71,14 @@ mod render;
 mod tokenizer;
 
 pub use decode::TextDecoder;
+pub use factory::{renderer, RENDERERS};
 pub use message::{
     json_dumps, ChatMessage, Content, ContentPart, MessageError, Role, ToolCallIn, ToolSpec,
 };
 pub use qwen3::Qwen3Renderer;
 pub use render::{
-    is_incremental_tail, renderer, Decline, Extension, ParsedResponse, ParsedToolCall, RenderError,
-    Rendered, Renderer, RendererError, RendererOptions, StreamEvent, StreamParser,
-    ThinkingRetention, ToolCallStatus, RENDERERS,
+    is_incremental_tail, Decline, Extension, ParsedResponse, ParsedToolCall, RenderError, Rendered,
+    Renderer, RendererError, RendererOptions, StreamEvent, StreamParser, ThinkingRetention,
+    ToolCallStatus,
 };
 pub use tokenizer::{shared, Tokenizer, TokenizerError};

@@ -1,11 +1,7 @@
 //! What every renderer offers: full renders, the bridge to the next turn, parsing a
 //! completion (whole or streamed), and its stop ids.
 
-use std::sync::Arc;
-
 use crate::message::{ChatMessage, Role, ToolSpec};
-use crate::qwen3::Qwen3Renderer;
-use crate::Tokenizer;
 
 /// The ids of a prompt, with the message each id belongs to and whether the model
 /// sampled it (renderers' `RenderedTokens`, without the content mask).
@@ -351,24 +347,6 @@ pub enum RendererError {
         /// Where the tokenizer was loaded from.
         path: String,
     },
-}
-
-/// The names [`renderer`] knows.
-pub const RENDERERS: &[&str] = &["qwen3"];
-
-/// The renderer named `name` over `tokenizer`.
-pub fn renderer(
-    name: &str,
-    tokenizer: Arc<Tokenizer>,
-    options: &RendererOptions,
-) -> Result<Arc<dyn Renderer>, RendererError> {
-    match name {
-        "qwen3" => Ok(Arc::new(Qwen3Renderer::new(tokenizer, options.clone())?)),
-        _ => Err(RendererError::UnknownRenderer {
-            name: name.to_owned(),
-            known: RENDERERS.to_vec(),
-        }),
-    }
 }
 
 #[cfg(test)]

@@ -6,9 +6,9 @@ use std::fmt;
 
 use bytes::Bytes;
 use http::HeaderMap;
-use serde::{Deserialize, Serialize};
 
 use crate::body::JsonBody;
+pub use crate::dialect_kind::DialectKind;
 use crate::error::{error_type_for_status, Error};
 use crate::rollout::Sampling;
 use crate::sse::SseEvent;
@@ -24,35 +24,9 @@ mod responses;
 pub use chat::ChatDialect;
 pub use completions::CompletionsDialect;
 pub use heartbeat::Heartbeat;
+pub use mediate::mediate_request;
 pub use messages::MessagesDialect;
 pub use responses::ResponsesDialect;
-
-/// Which wire format a call spoke.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum DialectKind {
-    /// OpenAI Chat Completions (`/v1/chat/completions`).
-    ChatCompletions,
-    /// OpenAI Responses (`/v1/responses`).
-    Responses,
-    /// Anthropic Messages (`/v1/messages`).
-    Messages,
-    /// Legacy OpenAI Completions (`/v1/completions`).
-    Completions,
-}
-
-impl DialectKind {
-    /// The snake_case name used in records and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DialectKind::ChatCompletions => "chat_completions",
-            DialectKind::Responses => "responses",
-            DialectKind::Messages => "messages",
-            DialectKind::Completions => "completions",
-        }
-    }
-}
 
 /// What the server learns from preparing a request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -20,13 +20,47 @@ use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
+use super::Dialect;
 use crate::body::JsonBody;
 use crate::error::Error;
-use crate::network::{NetworkPolicy, NOTICE};
+use crate::network::{NetworkPolicy, OnViolation, PolicyEvent, NOTICE};
 
 pub(crate) use self::chat::chat;
 pub(crate) use self::messages::messages;
 pub(crate) use self::responses::responses;
+
+/// Mediates one request under `policy` with its dialect's mediator
+/// ([`Dialect::mediate`]): the whole cost for an unrestricted policy is one branch
+/// (the body is left as it is, byte for byte). `Ok(None)`: nothing removed; `Ok(Some)`:
+/// the record's event; `Err`: [`OnViolation::Reject`] refused the call (400, naming the
+/// first path), or a value could not be re-encoded.
+pub fn mediate_request(
+    dialect: &dyn Dialect,
+    policy: &NetworkPolicy,
+    body: &mut JsonBody,
+) -> Result<Option<PolicyEvent>, Error> {
+    if !policy.is_restricted() {
+        return Ok(None);
+    }
+    if policy.on_violation() == OnViolation::Reject {
+        // Mediate a copy: a refused body is not touched.
+        let mut copy = body.clone();
+        let paths = dialect.mediate(&mut copy, policy)?;
+        if let Some(first) = paths.first() {
+            let more = match paths.len() {
+                1 => String::new(),
+                n => format!(" (and {} more: {})", n - 1, paths[1..].join(", ")),
+            };
+            return Err(Error::invalid(format!(
+                "network policy: `{first}`{more} asks the model provider to reach the network, \
+                 which this rollout's network policy forbids; send the request without it"
+            )));
+        }
+        return Ok(None);
+    }
+    let paths = dialect.mediate(body, policy)?;
+    Ok((!paths.is_empty()).then(|| PolicyEvent::new(paths)))
+}
 
 /// What replaces a content list that mediation emptied (providers refuse empty ones).
 pub(crate) const REMOVED_PLACEHOLDER: &str = "[content removed by the network policy]";

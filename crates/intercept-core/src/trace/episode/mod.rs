@@ -59,7 +59,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::chunked::Chunked;
-use crate::dialect::DialectKind;
+use crate::dialect_kind::DialectKind;
 use crate::trace::record::CallRecord;
 use crate::trace::Trace;
 

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::body::{JsonBody, RawJson};
-use crate::dialect::DialectKind;
+use crate::dialect_kind::DialectKind;
 use crate::error::{Error, ErrorKind};
 
 mod fields;

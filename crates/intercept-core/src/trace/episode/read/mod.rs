@@ -19,7 +19,7 @@ pub(crate) use self::messages::{anthropic_system, from_anthropic};
 pub(crate) use self::responses::from_responses;
 pub use self::sampled::SampledChat;
 pub(super) use self::sampled::{ChatResponse, ChatResponseValue};
-use crate::dialect::DialectKind;
+use crate::dialect_kind::DialectKind;
 use crate::trace::canonical::sorted;
 use crate::trace::message::{hex, Hash, Message, Role};
 
