@@ -91,9 +91,12 @@ async fn a_stalled_trace_disk_holds_its_calls_not_the_event_loop() {
     let stalled_slot = server.acquire(stalled.clone()).await.expect("slot");
     let healthy_slot = server.acquire(healthy.clone()).await.expect("slot");
 
-    let call = |client: HttpClient, base: String, secret: String| async move {
+    // Each call asks something new of ~2 KB, so that its lines weigh that much however
+    // little the log repeats of the calls before.
+    let call = |client: HttpClient, base: String, secret: String, n: u64| async move {
         let url = format!("{base}/v1/chat/completions");
-        let body = json!({"model": "x", "messages": [{"role": "user", "content": "hi"}]});
+        let content = format!("question {n}: {}", "why? ".repeat(400));
+        let body = json!({"model": "x", "messages": [{"role": "user", "content": content}]});
         client
             .send(Method::POST, &url, Some(&secret), Some(&body))
             .await
@@ -109,7 +112,12 @@ async fn a_stalled_trace_disk_holds_its_calls_not_the_event_loop() {
     while sink.room().is_none() {
         let resp = tokio::time::timeout(
             BOUND,
-            call(stalled_client.clone(), base.clone(), stalled_secret.clone()),
+            call(
+                stalled_client.clone(),
+                base.clone(),
+                stalled_secret.clone(),
+                answered,
+            ),
         )
         .await
         .expect("a call answered while the queue has room");
@@ -121,15 +129,21 @@ async fn a_stalled_trace_disk_holds_its_calls_not_the_event_loop() {
         stalled_client.clone(),
         base.clone(),
         stalled_secret.clone(),
+        answered,
     ));
 
     // The same loop serves the other rollout's calls, on another connection, meanwhile.
     let healthy_client = HttpClient::new();
     let healthy_secret = healthy_slot.model_secret.expose().to_owned();
-    for _ in 0..10 {
+    for n in 0..10 {
         let resp = tokio::time::timeout(
             BOUND,
-            call(healthy_client.clone(), base.clone(), healthy_secret.clone()),
+            call(
+                healthy_client.clone(),
+                base.clone(),
+                healthy_secret.clone(),
+                n,
+            ),
         )
         .await
         .expect("the event loop serves other connections while a call waits for room");

@@ -323,6 +323,8 @@ impl LogWriter {
                     lines::Source::Added(first + prompt_at - 1)
                 })
             };
+            #[cfg(debug_assertions)]
+            self.check_source(record, added, id, source);
             let mut enc = encode::Encoder {
                 values: &mut self.values,
                 defs: &mut defs,
@@ -342,6 +344,41 @@ impl LogWriter {
         out.extend_from_slice(&nodes);
         out.extend_from_slice(&call);
         node
+    }
+
+    /// Debug builds: a node's message is what its reader gets from where `source` says
+    /// (`added`: how many elements the call's conversation adds).
+    #[cfg(debug_assertions)]
+    fn check_source(
+        &self,
+        record: &CallRecord,
+        added: Option<usize>,
+        id: usize,
+        source: lines::Source,
+    ) {
+        let message = &self.episode.node_data(id).message;
+        let read = match source {
+            lines::Source::Line => return,
+            lines::Source::Response => record.response.as_ref().and_then(|r| {
+                let value: serde_json::Value = serde_json::from_slice(r.bytes()).ok()?;
+                crate::trace::episode::sampled_message(record.dialect, &value)
+            }),
+            lines::Source::Added(i) => {
+                let key = conversation_member(record.dialect).unwrap_or("messages");
+                record
+                    .request
+                    .raw(key)
+                    .and_then(|raw| serde_json::from_slice::<Vec<serde_json::Value>>(raw).ok())
+                    .and_then(|all| {
+                        let first = all.len().checked_sub(added?)?;
+                        all.get(first + i).map(crate::trace::episode::chat_message)
+                    })
+            }
+        };
+        debug_assert!(
+            read.as_ref() == Some(message),
+            "node {id}: {source:?} reads {read:?}, not {message:?}"
+        );
     }
 
     /// The episode so far.
