@@ -122,16 +122,39 @@ pub(crate) enum Shape<'a> {
 #[derive(Debug, Default, Clone)]
 pub(crate) struct LastFields {
     text: Vec<u8>,
-    /// Per field of [`CALL_FIELDS`]: its text's range in `text`, once written.
-    at: [Option<(u32, u32)>; CALL_FIELDS.len()],
+    /// Per field of [`CALL_FIELDS`].
+    at: [Slot; CALL_FIELDS.len()],
+}
+
+/// What [`LastFields`] knows of a field.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// Nothing written yet: its default, if it has one.
+    #[default]
+    Unset,
+    /// Its default.
+    Default,
+    /// This range of the text.
+    Text(u32, u32),
 }
 
 impl LastFields {
     /// Field `i`'s text, if known.
     fn get(&self, i: usize) -> Option<&[u8]> {
         match self.at[i] {
-            Some((a, b)) => self.text.get(a as usize..b as usize),
-            None => Some(CALL_FIELDS[i].default.as_bytes()).filter(|d| !d.is_empty()),
+            Slot::Text(a, b) => self.text.get(a as usize..b as usize),
+            Slot::Unset | Slot::Default => {
+                Some(CALL_FIELDS[i].default.as_bytes()).filter(|d| !d.is_empty())
+            }
+        }
+    }
+
+    /// Whether field `i` holds its default.
+    fn is_default(&self, i: usize) -> bool {
+        match self.at[i] {
+            Slot::Default => true,
+            Slot::Unset => !CALL_FIELDS[i].default.is_empty(),
+            Slot::Text(..) => false,
         }
     }
 
@@ -143,7 +166,7 @@ impl LastFields {
     fn set(&mut self, i: usize, text: &[u8]) {
         let a = self.text.len() as u32;
         self.text.extend_from_slice(text);
-        self.at[i] = Some((a, self.text.len() as u32));
+        self.at[i] = Slot::Text(a, self.text.len() as u32);
     }
 
     /// Heap bytes held.
@@ -182,16 +205,23 @@ impl Line<'_> {
             return Ok(());
         }
         if let Some((last, next)) = &mut self.delta {
+            let at_default = default && !f.default.is_empty();
+            if at_default {
+                next.at[i] = Slot::Default;
+                if last.is_default(i) {
+                    return Ok(());
+                }
+            }
             let mark = self.out.len();
             self.out.extend_from_slice(b",\"");
             self.out.extend_from_slice(name.as_bytes());
             self.out.extend_from_slice(b"\":");
-            let at = self.out.len();
-            if default && !f.default.is_empty() {
+            if at_default {
                 self.out.extend_from_slice(f.default.as_bytes());
-            } else {
-                value(self.out)?;
+                return Ok(());
             }
+            let at = self.out.len();
+            value(self.out)?;
             let text = &self.out[at..];
             next.set(i, text);
             if last.get(i) == Some(text) {
