@@ -51,7 +51,21 @@ where
     }
 }
 
+/// `intercept trace ...`. A reader that stops reading (`intercept trace cat DIR | head`)
+/// ends the command quietly, as it ends any filter of a pipeline.
 fn trace(command: crate::cli::TraceCommand) -> anyhow::Result<u8> {
+    match trace_to_stdout(command) {
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            Ok(0)
+        }
+        other => other,
+    }
+}
+
+fn trace_to_stdout(command: crate::cli::TraceCommand) -> anyhow::Result<u8> {
     use crate::cli::TraceCommand;
     let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
     match command {

@@ -173,6 +173,31 @@ async fn the_binary_reads_a_folder_as_its_jsonl_files_in_name_order() {
         .collect();
     assert_eq!(printed, expected);
 
+    // A reader that stops (`| head -1`) ends cat quietly: the folder eight times is more
+    // than the pipe holds, so cat writes into a pipe nobody reads any more.
+    let mut args: Vec<&std::ffi::OsStr> = vec!["trace".as_ref(), "cat".as_ref()];
+    args.extend(std::iter::repeat_n(folder, 8));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_intercept"))
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    assert!(first.starts_with('{'), "{first}");
+    let done = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "{:?}: {err}", done.status);
+    assert!(err.is_empty(), "{err}");
+    assert!(out.len() * 8 > 1 << 16, "the output outgrows a pipe");
+
     // stats: one line per file, in name order.
     let (status, out, err) = intercept(&["trace".as_ref(), "stats".as_ref(), folder]);
     assert!(status.success(), "{err}");
