@@ -87,82 +87,94 @@ def diff(a: dict[str, Any], b: dict[str, Any]) -> str:
     return "\n".join(f"{k}:\n  verifiers: {json.dumps(a[k])}\n  intercept: {json.dumps(b[k])}" for k in a if a[k] != b[k])
 
 
-@pytest.mark.parametrize("shape", ["server", "elastic"])
-async def test_traces_agree_with_verifiers_own_server(scripted: ScriptedModel, shape: str) -> None:
-    ours: Any = iv.InterceptionServer() if shape == "server" else iv.ElasticInterceptionPool(iv.ElasticInterceptionPoolConfig(multiplex=4))
-    async with VerifiersServer() as theirs, ours:
-        runs = [(theirs, ours, mode, prompt, kw) for mode, prompt, kw in CASES]
+async def test_traces_agree_with_verifiers_own_server(scripted: ScriptedModel) -> None:
+    """Every case runs once through verifiers' own server and once through each shape of
+    intercept's (a single server, an elastic pool), all at once; each shape's trace is held
+    to verifiers' trace of the same case."""
+    shapes: dict[str, Any] = {
+        "server": iv.InterceptionServer(),
+        "elastic": iv.ElasticInterceptionPool(iv.ElasticInterceptionPoolConfig(multiplex=4)),
+    }
+    async with VerifiersServer() as theirs, shapes["server"], shapes["elastic"]:
 
-        async def both(a: Any, b: Any, mode: str, prompt: str, kw: dict[str, Any]) -> tuple[Any, Any]:
-            return await asyncio.gather(run_rollout(a, scripted.base_url, mode, prompt, **kw), run_rollout(b, scripted.base_url, mode, prompt, **kw))
+        async def each(mode: str, prompt: str, kw: dict[str, Any]) -> list[Any]:
+            return await asyncio.gather(*(run_rollout(i, scripted.base_url, mode, prompt, **kw) for i in (theirs, *shapes.values())))
 
-        results = await asyncio.gather(*(both(*r) for r in runs))
-        assert ours.load == 0
+        results = await asyncio.gather(*(each(*c) for c in CASES))
+        for shape, ours in shapes.items():
+            assert ours.load == 0, shape
     assert scripted.acp_upstream == 0, "the ACP header is consumed, never sent upstream"
-    for (mode, prompt, kw), (t_theirs, t_ours) in zip(CASES, results):
-        a, b = normal(t_theirs), normal(t_ours)
-        assert a == b, f"{mode} {prompt} {kw}:\n{diff(a, b)}"
-        # What a harness that died of an error saw: its SDK's class, the status and the
-        # body's error type. The Anthropic SDK reads the type: verifiers 0.4.0 typed every
-        # such body `invalid_request_error`, later releases type it by status, as intercept
-        # does. The OpenAI SDKs read the status only (verifiers types those bodies
-        # `invalid_request_error`, intercept by status).
-        seen = [json.loads(t.info.get("program") or "{}").get("error") for t in (t_theirs, t_ours)]
-        if prompt == "rewrite" and mode.endswith("-stream") and None not in seen:
-            # A documented difference: intercept holds such a stream with keepalives, and a
-            # response `@stop` then arrives as the dialect's SSE error event (the SDK's
-            # `APIError`, no status) instead of verifiers' HTTP 400.
-            assert seen[1][:2] == ["APIError", None] and seen[0][1] == 400, seen
-            seen[1] = seen[0]
-        if VF_TYPES_ERRORS and mode.startswith("anthropic"):
-            assert seen[0] == seen[1], f"{mode} {prompt}: {seen}"
-        else:
-            assert [e and e[:2] for e in seen[:1]] == [e and e[:2] for e in seen[1:]], f"{mode} {prompt}: {seen}"
-        if prompt in ("broken", "overloaded", "bad acp"):
-            assert seen[1] is not None, f"{mode} {prompt}: the harness did not die of the error"
-        if prompt == "hello":
-            assert seen == [None, None], f"{mode} {prompt}: {seen}"
-        # The cases do what they say (on both sides, since they agree).
-        if prompt == "hello":
-            assert (a["num_turns"], len(a["calls"]), len(a["messages"]), a["stop_condition"]) == (3, 3, 6, "agent_completed")
-            assert a["last_reply"] == "reply 2: continue 1"
-        if prompt == "sum it":
-            assert a["num_turns"] == 3 and any(m["role"] == "tool" for m in a["messages"])
-        if kw.get("harness") == "GatedHarness":
-            # The harness asked the gate and was denied, on both sides.
-            gates = [json.loads(t.info["program"])["gates"] for t in (t_theirs, t_ours)]
-            assert gates[0] == gates[1] and [g["action"] for g in gates[0]] == ["deny"], gates
-            assert gates[0][0]["message"]["content"] == DENIED
-            assert [m["content"] for m in a["messages"] if m["role"] == "tool"] == [DENIED]
-            assert a["last_reply"] == "reply 2: continue 1" and "deny_tools" in a["request_rewrites"]
-        if prompt == "acp ids":
-            assert [c["acp"] for c in a["calls"]] == [{"request_id": f"turn-{i}"} for i in range(3)]
-        if prompt == "bad acp":
-            # The second call is refused before anything is recorded.
-            assert [c["acp"] for c in a["calls"]] == [{"request_id": "turn-0"}] and a["num_turns"] == 1
-        if prompt == "stop me":
-            assert (a["num_turns"], a["stop_condition"]) == (2, "two_turns")
-        if prompt == "limit":
-            assert (a["num_turns"], a["stop_condition"], a["is_truncated"]) == (2, "max_turns", True)
-        if prompt == "flaky":
-            assert [c["error"] for c in a["calls"]] == [None, ("ProviderError", 500), None, None]
-        if prompt == "rewrite":
-            assert (a["stop_condition"], a["last_reply"]) == ("third_reply", "REPLY 2: CONTINUE 1")
-            assert a["response_rewrites"] == ["shout"] * 3
-        if prompt == "broken":
-            assert a["stop_condition"] == "provider_error" and a["calls"][-1]["error"] == ("ProviderError", 400)
-            assert seen[1][1:] == [400, "invalid_request_error"], seen
-        if prompt == "overloaded":
-            # The first call and the second turn's three attempts (two SDK retries).
-            assert [c["error"] for c in a["calls"]] == [None] + [("ProviderError", 529)] * 3
-            assert a["stop_condition"] == "provider_error"
-            assert seen[1] == ["OverloadedError" if mode.startswith("anthropic") else "InternalServerError", 529, "overloaded_error"], seen
-        if prompt == "trailing":
-            # One branch: each re-sent, trimmed reply matched its node (verifiers after 0.4.0;
-            # 0.4.0 has no replay view and forks at every turn, on both sides).
-            assert len(a["branches"]) == (1 if VF_REPLAY_VIEW else 3), len(a["branches"])
-        # Same upstream traffic: model and sampling imposed by verifiers' rules.
-        assert all(c["model"] == "policy" and c["sampling"]["temperature"] == 0.5 for c in a["calls"])
+    for (mode, prompt, kw), (t_theirs, *t_shapes) in zip(CASES, results):
+        for shape, t_ours in zip(shapes, t_shapes):
+            agrees(f"{shape}: {mode} {prompt} {kw}", mode, prompt, kw, t_theirs, t_ours)
+
+
+def agrees(case: str, mode: str, prompt: str, kw: dict[str, Any], t_theirs: Any, t_ours: Any) -> None:
+    """Holds intercept's trace of one case (`t_ours`) to verifiers' (`t_theirs`), and both
+    to what the case is meant to do."""
+    a, b = normal(t_theirs), normal(t_ours)
+    assert a == b, f"{case}:\n{diff(a, b)}"
+    # What a harness that died of an error saw: its SDK's class, the status and the
+    # body's error type. The Anthropic SDK reads the type: verifiers 0.4.0 typed every
+    # such body `invalid_request_error`, later releases type it by status, as intercept
+    # does. The OpenAI SDKs read the status only (verifiers types those bodies
+    # `invalid_request_error`, intercept by status).
+    seen = [json.loads(t.info.get("program") or "{}").get("error") for t in (t_theirs, t_ours)]
+    if prompt == "rewrite" and mode.endswith("-stream") and None not in seen:
+        # A documented difference: intercept holds such a stream with keepalives, and a
+        # response `@stop` then arrives as the dialect's SSE error event (the SDK's
+        # `APIError`, no status) instead of verifiers' HTTP 400.
+        assert seen[1][:2] == ["APIError", None] and seen[0][1] == 400, seen
+        seen[1] = seen[0]
+    if VF_TYPES_ERRORS and mode.startswith("anthropic"):
+        assert seen[0] == seen[1], f"{case}: {seen}"
+    else:
+        assert [e and e[:2] for e in seen[:1]] == [e and e[:2] for e in seen[1:]], f"{case}: {seen}"
+    if prompt in ("broken", "overloaded", "bad acp"):
+        assert seen[1] is not None, f"{case}: the harness did not die of the error"
+    if prompt == "hello":
+        assert seen == [None, None], f"{case}: {seen}"
+    # The cases do what they say (on both sides, since they agree).
+    if prompt == "hello":
+        assert (a["num_turns"], len(a["calls"]), len(a["messages"]), a["stop_condition"]) == (3, 3, 6, "agent_completed")
+        assert a["last_reply"] == "reply 2: continue 1"
+    if prompt == "sum it":
+        assert a["num_turns"] == 3 and any(m["role"] == "tool" for m in a["messages"])
+    if kw.get("harness") == "GatedHarness":
+        # The harness asked the gate and was denied, on both sides.
+        gates = [json.loads(t.info["program"])["gates"] for t in (t_theirs, t_ours)]
+        assert gates[0] == gates[1] and [g["action"] for g in gates[0]] == ["deny"], gates
+        assert gates[0][0]["message"]["content"] == DENIED
+        assert [m["content"] for m in a["messages"] if m["role"] == "tool"] == [DENIED]
+        assert a["last_reply"] == "reply 2: continue 1" and "deny_tools" in a["request_rewrites"]
+    if prompt == "acp ids":
+        assert [c["acp"] for c in a["calls"]] == [{"request_id": f"turn-{i}"} for i in range(3)]
+    if prompt == "bad acp":
+        # The second call is refused before anything is recorded.
+        assert [c["acp"] for c in a["calls"]] == [{"request_id": "turn-0"}] and a["num_turns"] == 1
+    if prompt == "stop me":
+        assert (a["num_turns"], a["stop_condition"]) == (2, "two_turns")
+    if prompt == "limit":
+        assert (a["num_turns"], a["stop_condition"], a["is_truncated"]) == (2, "max_turns", True)
+    if prompt == "flaky":
+        assert [c["error"] for c in a["calls"]] == [None, ("ProviderError", 500), None, None]
+    if prompt == "rewrite":
+        assert (a["stop_condition"], a["last_reply"]) == ("third_reply", "REPLY 2: CONTINUE 1")
+        assert a["response_rewrites"] == ["shout"] * 3
+    if prompt == "broken":
+        assert a["stop_condition"] == "provider_error" and a["calls"][-1]["error"] == ("ProviderError", 400)
+        assert seen[1][1:] == [400, "invalid_request_error"], seen
+    if prompt == "overloaded":
+        # The first call and the second turn's three attempts (two SDK retries).
+        assert [c["error"] for c in a["calls"]] == [None] + [("ProviderError", 529)] * 3
+        assert a["stop_condition"] == "provider_error"
+        assert seen[1] == ["OverloadedError" if mode.startswith("anthropic") else "InternalServerError", 529, "overloaded_error"], seen
+    if prompt == "trailing":
+        # One branch: each re-sent, trimmed reply matched its node (verifiers after 0.4.0;
+        # 0.4.0 has no replay view and forks at every turn, on both sides).
+        assert len(a["branches"]) == (1 if VF_REPLAY_VIEW else 3), len(a["branches"])
+    # Same upstream traffic: model and sampling imposed by verifiers' rules.
+    assert all(c["model"] == "policy" and c["sampling"]["temperature"] == 0.5 for c in a["calls"])
 
 
 async def test_another_verifiers_version_fails_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:

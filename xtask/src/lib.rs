@@ -49,15 +49,35 @@ pub fn workspace_root() -> PathBuf {
 pub fn cargo() -> Command {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
     let mut command = Command::new(cargo);
-    // `cargo xtask` runs under `cargo run`, which sets the package's `CARGO_PKG_*`
-    // variables; cargo-machete reads `CARGO_PKG_NAME` as a sign that cargo did not invoke
-    // it as a subcommand, and then takes its own name and flags for paths.
+    // `cargo xtask` runs under `cargo run`, which sets the package's variables for it
+    // (`CARGO_PKG_*`, `CARGO_MANIFEST_DIR`, ...). The cargo started here gets the
+    // environment the shell gave `cargo xtask`, without them: cargo-machete reads
+    // `CARGO_PKG_NAME` as a sign that cargo did not invoke it as a subcommand (and then
+    // takes its own name and flags for paths), and a build script that watches one of
+    // them (ring watches `CARGO_MANIFEST_DIR` and `CARGO_PKG_*`) would otherwise run again,
+    // and rebuild what depends on it, whenever a build outside xtask (the Python wheel's)
+    // follows one inside it.
     for (key, _) in std::env::vars_os() {
-        if key.to_str().is_some_and(|k| k.starts_with("CARGO_PKG_")) {
+        if key.to_str().is_some_and(set_by_cargo_run) {
             command.env_remove(key);
         }
     }
     command
+}
+
+/// Whether `cargo run` sets the variable `key` for the program it runs (beside `CARGO`,
+/// which [`cargo()`] reads and cargo sets again for whatever it runs).
+fn set_by_cargo_run(key: &str) -> bool {
+    key.starts_with("CARGO_PKG_")
+        || matches!(
+            key,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_MANIFEST_LINKS"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+        )
 }
 
 /// Options of [`ci()`].
@@ -448,6 +468,29 @@ fn command_line(cmd: &Command) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_variables_cargo_run_sets_for_xtask_are_not_passed_on() {
+        for key in [
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION_MAJOR",
+            "CARGO_MANIFEST_DIR",
+            "CARGO_MANIFEST_PATH",
+            "CARGO_CRATE_NAME",
+            "CARGO_BIN_NAME",
+        ] {
+            assert!(set_by_cargo_run(key), "{key}");
+        }
+        for key in [
+            "CARGO",
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_INCREMENTAL",
+            "PATH",
+        ] {
+            assert!(!set_by_cargo_run(key), "{key}");
+        }
+    }
 
     #[test]
     fn command_line_names_the_program_without_its_folder() {

@@ -22,7 +22,10 @@ use serde_json::{json, Value};
 
 use common::WAIT;
 
+/// An `async-openai` client as the harness of `env`, on rustls with ring: async-openai is
+/// built without a crypto provider of its own, and takes the process's default.
 fn harness(env: &Value) -> async_openai::Client<OpenAIConfig> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
     async_openai::Client::with_config(
         OpenAIConfig::new()
             .with_api_base(env["OPENAI_BASE_URL"].as_str().unwrap())

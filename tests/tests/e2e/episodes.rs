@@ -267,7 +267,7 @@ async fn tool_loop(stream: bool) {
     );
     let guard = server.acquire(session.clone()).await.expect("acquire");
     let env: std::collections::HashMap<_, _> = guard.harness_env().into_iter().collect();
-    let client = Client::with_config(
+    let client = crate::openai(
         OpenAIConfig::new()
             .with_api_base(env["OPENAI_BASE_URL"].clone())
             .with_api_key(env["OPENAI_API_KEY"].clone()),

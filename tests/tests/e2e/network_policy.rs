@@ -41,7 +41,7 @@ async fn setup(
 }
 
 fn openai(guard: &SlotGuard) -> Client<OpenAIConfig> {
-    Client::with_config(
+    crate::openai(
         OpenAIConfig::new()
             .with_api_base(guard.openai_base_url())
             .with_api_key(guard.model_secret.expose()),

@@ -46,7 +46,7 @@ impl Setup {
         let config = OpenAIConfig::new()
             .with_api_base(env["OPENAI_BASE_URL"].clone())
             .with_api_key(env["OPENAI_API_KEY"].clone());
-        (session, guard, Client::with_config(config))
+        (session, guard, crate::openai(config))
     }
 }
 
@@ -162,7 +162,7 @@ async fn tool_call_round_trip_through_async_openai() {
 async fn sdk_sees_typed_errors() {
     let s = setup().await;
     let (_session, guard, _client) = s.rollout("e2e-errors").await;
-    let wrong = Client::with_config(
+    let wrong = crate::openai(
         OpenAIConfig::new()
             .with_api_base(guard.openai_base_url())
             .with_api_key("wrong"),

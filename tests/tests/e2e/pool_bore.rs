@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use async_openai::config::OpenAIConfig;
 use async_openai::types::chat::CreateChatCompletionRequest;
-use async_openai::Client;
 use async_trait::async_trait;
 use futures_util::future::join_all;
 use intercept_core::{
@@ -201,7 +200,7 @@ async fn elastic_pool_over_real_bore_tunnels() {
     // Two real chat calls per rollout through its tunnel, all at once.
     let calls = guards.iter().zip(&sessions).flat_map(|(guard, session)| {
         let env: std::collections::HashMap<_, _> = guard.harness_env().into_iter().collect();
-        let client = Client::with_config(
+        let client = crate::openai(
             OpenAIConfig::new()
                 .with_api_base(env["OPENAI_BASE_URL"].clone())
                 .with_api_key(env["OPENAI_API_KEY"].clone()),

@@ -45,7 +45,7 @@ async fn setup_with(
         ),
     ));
     let guard = server.acquire(session.clone()).await.expect("acquire");
-    let client = Client::with_config(
+    let client = crate::openai(
         OpenAIConfig::new()
             .with_api_base(guard.openai_base_url())
             .with_api_key(guard.model_secret.expose()),

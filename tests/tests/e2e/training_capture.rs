@@ -37,7 +37,7 @@ async fn harness(
     let config = OpenAIConfig::new()
         .with_api_base(env["OPENAI_BASE_URL"].clone())
         .with_api_key(env["OPENAI_API_KEY"].clone());
-    (session, guard, Client::with_config(config))
+    (session, guard, crate::openai(config))
 }
 
 fn request(text: &str, stream: bool) -> CreateChatCompletionRequest {
