@@ -115,6 +115,23 @@ pub(crate) fn chat_message(element: &Value) -> Message {
     read::from_chat(element)
 }
 
+/// The messages of conversation elements (Chat and Anthropic `messages` elements,
+/// Responses `input` items) in `kind`'s dialect, as a prompt of them joins the graph.
+pub(crate) fn conversation_messages(kind: DialectKind, elements: &[Value]) -> Vec<Message> {
+    let mut out = Vec::new();
+    match kind {
+        DialectKind::ChatCompletions => out.extend(elements.iter().map(read::from_chat)),
+        DialectKind::Messages => {
+            for e in elements {
+                read::from_anthropic(e, &mut out);
+            }
+        }
+        DialectKind::Responses => read::from_response_items(elements, &mut out),
+        DialectKind::Completions => {}
+    }
+    out
+}
+
 mod read;
 
 pub(crate) use crate::trace::message::hex;

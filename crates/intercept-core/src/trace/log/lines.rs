@@ -23,8 +23,8 @@ pub(crate) enum Source {
     Line,
     /// The response of the call line that follows (a sampled node of that call).
     Response,
-    /// Element `i` of the conversation the following call line adds, read as a Chat
-    /// message.
+    /// Message `i` of those read from the elements the following call line's
+    /// conversation adds.
     Added(usize),
 }
 

@@ -148,6 +148,14 @@ struct Wire {
     seed: u64,
 }
 
+/// The elements a conversation adds to an earlier call's: how many, and their text (a
+/// JSON array).
+#[derive(Debug)]
+struct Added {
+    count: usize,
+    text: String,
+}
+
 #[derive(Debug)]
 struct LastArray {
     raw: Bytes,
@@ -288,17 +296,10 @@ impl LogWriter {
         }
         self.spare_fields = std::mem::replace(&mut self.last_fields, fields);
         // New nodes. Those this call made take their messages from its line where they
-        // are there: the sampled one from the response, a Chat prompt's from the
-        // elements its conversation adds (the new ones end the prompt, one per element).
+        // are there: the sampled one from the response, a prompt's from the elements its
+        // conversation adds.
         let made = before..self.episode.len();
-        let prompt_made = made
-            .clone()
-            .filter(|&id| !self.episode.node_data(id).sampled)
-            .count();
-        let chat = record.dialect == DialectKind::ChatCompletions && node.is_some();
-        let first_added = added
-            .filter(|&added| chat && prompt_made <= added)
-            .map(|added| added - prompt_made);
+        let from = self.prompt_sources(record, node.is_some(), made.clone(), added.as_ref());
         let mut nodes = Vec::with_capacity(if self.nodes_written < self.episode.len() {
             256
         } else {
@@ -319,12 +320,13 @@ impl LogWriter {
                 }
             } else {
                 prompt_at += 1;
-                first_added.map_or(lines::Source::Line, |first| {
-                    lines::Source::Added(first + prompt_at - 1)
-                })
+                from.get(prompt_at - 1)
+                    .copied()
+                    .flatten()
+                    .map_or(lines::Source::Line, lines::Source::Added)
             };
             #[cfg(debug_assertions)]
-            self.check_source(record, added, id, source);
+            self.check_source(record, added.as_ref().map(|a| a.count), id, source);
             let mut enc = encode::Encoder {
                 values: &mut self.values,
                 defs: &mut defs,
@@ -344,6 +346,49 @@ impl LogWriter {
         out.extend_from_slice(&nodes);
         out.extend_from_slice(&call);
         node
+    }
+
+    /// Where each prompt node a call made (those of `made` that are not sampled, in
+    /// order) reads its message: message `i` of those its conversation's added elements
+    /// read as, or `None` (the node line holds it). The new nodes end the prompt; in Chat
+    /// an element is one message, so the index says it, in the other dialects (whose
+    /// elements and messages do not match one to one) the message read is compared.
+    fn prompt_sources(
+        &self,
+        record: &CallRecord,
+        made_node: bool,
+        made: std::ops::Range<usize>,
+        added: Option<&Added>,
+    ) -> Vec<Option<usize>> {
+        let prompt: Vec<usize> = made
+            .filter(|&id| !self.episode.node_data(id).sampled)
+            .collect();
+        let (Some(added), true, false) = (added, made_node, prompt.is_empty()) else {
+            return Vec::new();
+        };
+        // The k-th of the n new prompt nodes is message `read - n + k` of the `read` ones
+        // the added elements give, when there is one (the first new nodes may come from
+        // elements kept, or from a system prompt outside the conversation).
+        let n = prompt.len();
+        let at = |read: usize, k: usize| (read + k).checked_sub(n);
+        match record.dialect {
+            DialectKind::ChatCompletions => (0..n).map(|k| at(added.count, k)).collect(),
+            DialectKind::Messages | DialectKind::Responses => {
+                let Ok(elements) = serde_json::from_str::<Vec<serde_json::Value>>(&added.text)
+                else {
+                    return Vec::new();
+                };
+                let read = crate::trace::episode::conversation_messages(record.dialect, &elements);
+                prompt
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &id)| {
+                        at(read.len(), k).filter(|&i| read[i] == self.episode.node_data(id).message)
+                    })
+                    .collect()
+            }
+            _ => Vec::new(),
+        }
     }
 
     /// Debug builds: a node's message is what its reader gets from where `source` says
@@ -371,7 +416,9 @@ impl LogWriter {
                     .and_then(|raw| serde_json::from_slice::<Vec<serde_json::Value>>(raw).ok())
                     .and_then(|all| {
                         let first = all.len().checked_sub(added?)?;
-                        all.get(first + i).map(crate::trace::episode::chat_message)
+                        crate::trace::episode::conversation_messages(record.dialect, &all[first..])
+                            .into_iter()
+                            .nth(i)
                     })
             }
         };
@@ -478,14 +525,14 @@ pub(crate) fn header_line(session: &str, created_at: f64, settings: serde_json::
 
 impl Wire {
     /// Writes a request: its members in order, the conversation by [`Wire::array`], the
-    /// others by [`encode::Encoder::member`]. Returns how many elements the conversation
-    /// adds (`None` without one).
+    /// others by [`encode::Encoder::member`]. Returns what the conversation adds (`None`
+    /// without one).
     fn request(
         &mut self,
         record: &CallRecord,
         enc: &mut encode::Encoder<'_>,
         out: &mut Vec<u8>,
-    ) -> Result<Option<usize>, encode::Invalid> {
+    ) -> Result<Option<Added>, encode::Invalid> {
         let mut added = None;
         out.push(b'{');
         let conv = conversation_member(record.dialect);
@@ -509,14 +556,14 @@ impl Wire {
 
     /// Writes a conversation as `{"$a":{"base":S,"keep":K,"add":[…]}}`: the first `K`
     /// elements of call `S`'s conversation, then the elements added (`{"$a":{"add":[…]}}`
-    /// when it keeps none). Returns how many it adds.
+    /// when it keeps none). Returns what it adds.
     fn array(
         &mut self,
         seq: u64,
         raw: Bytes,
         enc: &mut encode::Encoder<'_>,
         out: &mut Vec<u8>,
-    ) -> Result<usize, encode::Invalid> {
+    ) -> Result<Added, encode::Invalid> {
         let wire = self;
         // A conversation that extends the last one byte for byte: only its tail is read.
         let last = wire.last.take();
@@ -585,7 +632,7 @@ impl Wire {
         }
         out.extend_from_slice(b"]}}");
         wire.last = Some(LastArray { raw, path, seq });
-        Ok(count)
+        Ok(Added { count, text: added })
     }
 }
 

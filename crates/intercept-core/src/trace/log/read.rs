@@ -357,8 +357,10 @@ impl LogReader {
 
     /// Gives the pending nodes their messages from call `index` (the line just read).
     fn settle(&mut self, index: usize) {
+        // The messages the call's conversation adds, read once for all its nodes.
+        let mut added: Option<Result<Vec<Message>, String>> = None;
         for (n, pending) in std::mem::take(&mut self.pending) {
-            match self.message_in_call(index, n, pending) {
+            match self.message_in_call(index, n, pending, &mut added) {
                 Ok(m) => {
                     self.nodes[n].hash = hex(&m.hashes().0);
                     self.nodes[n].message = m;
@@ -375,12 +377,14 @@ impl LogReader {
         }
     }
 
-    /// A pending node's message, from call `index`.
+    /// A pending node's message, from call `index` (`added`: the messages its
+    /// conversation adds, once read).
     fn message_in_call(
         &self,
         index: usize,
         node: usize,
         pending: Pending,
+        added: &mut Option<Result<Vec<Message>, String>>,
     ) -> Result<Message, String> {
         let call = &self.calls[index];
         let dialect: DialectKind = call
@@ -400,20 +404,30 @@ impl LogReader {
                     .ok_or_else(|| "its response holds no answer".into())
             }
             Pending::Added(i) => {
-                let key = conversation_member(dialect)
-                    .filter(|_| dialect == DialectKind::ChatCompletions)
-                    .ok_or("the call is not a Chat call")?;
-                let element = call
-                    .fields
-                    .get("request")
-                    .and_then(|r| r.get(key))
-                    .and_then(|c| c.get("$a"))
-                    .and_then(|a| a.get("add"))
-                    .and_then(|add| add.get(i))
+                let elements = conversation_member(dialect)
+                    .and_then(|key| call.fields.get("request")?.get(key)?.get("$a")?.get("add"))
+                    .ok_or("the call's conversation adds nothing")?;
+                if dialect == DialectKind::ChatCompletions {
+                    // One message per element: only that one is read.
+                    let element = elements
+                        .get(i)
+                        .cloned()
+                        .ok_or_else(|| format!("its conversation adds no element {i}"))?;
+                    let element = self.decode(element, Some(index))?;
+                    return Ok(crate::trace::episode::chat_message(&element));
+                }
+                let read = added.get_or_insert_with(|| {
+                    match self.decode(elements.clone(), Some(index))? {
+                        Value::Array(elements) => Ok(crate::trace::episode::conversation_messages(
+                            dialect, &elements,
+                        )),
+                        _ => Err("the elements its conversation adds are not an array".into()),
+                    }
+                });
+                let read = read.as_ref().map_err(Clone::clone)?;
+                read.get(i)
                     .cloned()
-                    .ok_or_else(|| format!("its conversation adds no element {i}"))?;
-                let element = self.decode(element, Some(index))?;
-                Ok(crate::trace::episode::chat_message(&element))
+                    .ok_or_else(|| format!("its conversation adds no message {i}"))
             }
         }
     }

@@ -295,6 +295,25 @@ fn a_short_session_logs_no_more_than_its_full_records() {
             let read = LogReader::from_bytes(&text).expect("log");
             assert!(read.skipped().is_empty(), "{:?}", read.skipped());
             assert_eq!(read.records().expect("records").len(), calls as usize);
+            // The messages the calls carry are written there only: no user message
+            // stands in a node line.
+            let nodes: Vec<&[u8]> = text
+                .split(|&b| b == b'\n')
+                .filter(|l| l.starts_with(b"{\"type\":\"node\""))
+                .collect();
+            assert!(
+                nodes
+                    .iter()
+                    .all(|l| !String::from_utf8_lossy(l).contains("\"role\":\"user\"")),
+                "{dialect:?}: {}",
+                String::from_utf8_lossy(&text)
+            );
+            assert!(
+                nodes
+                    .iter()
+                    .any(|l| String::from_utf8_lossy(l).contains("\"from\":")),
+                "{dialect:?}"
+            );
             if calls > 1 {
                 let last = text
                     .split(|&b| b == b'\n')

@@ -16,7 +16,7 @@ use serde_json::{Map, Value};
 
 pub(crate) use self::chat::from_chat;
 pub(crate) use self::messages::{anthropic_system, from_anthropic};
-pub(crate) use self::responses::from_responses;
+pub(crate) use self::responses::{from_response_items, from_responses};
 pub use self::sampled::SampledChat;
 pub(super) use self::sampled::{ChatResponse, ChatResponseValue};
 use crate::dialect_kind::DialectKind;

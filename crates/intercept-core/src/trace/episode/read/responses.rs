@@ -10,14 +10,15 @@ use crate::trace::episode::{Message, Part, Role, ToolCall};
 /// Responses `input` (a string or items) or `output` items. Consecutive assistant-side
 /// items (an assistant message, reasoning, function calls) form one assistant message.
 pub(crate) fn from_responses(items: &Value, out: &mut Vec<Message>) {
-    let items = match items {
-        Value::String(s) => {
-            out.push(Message::text(Role::User, s.clone()));
-            return;
-        }
-        Value::Array(items) => items,
-        _ => return,
-    };
+    match items {
+        Value::String(s) => out.push(Message::text(Role::User, s.clone())),
+        Value::Array(items) => from_response_items(items, out),
+        _ => {}
+    }
+}
+
+/// Responses `input` or `output` items (see [`from_responses`]).
+pub(crate) fn from_response_items(items: &[Value], out: &mut Vec<Message>) {
     let mut turn: Option<Message> = None;
     let flush = |turn: &mut Option<Message>, out: &mut Vec<Message>| {
         if let Some(t) = turn.take() {
