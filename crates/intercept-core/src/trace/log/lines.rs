@@ -216,11 +216,12 @@ pub(crate) fn call_meta(
     let start = out.len();
     let shape = Shape::Log {
         last,
+        next,
         ids_on_node: tokens_on_node.is_some(),
         logprobs_on_node: tokens_on_node.is_some_and(|t| t.logprobs),
         error,
     };
-    if crate::trace::record::fields_write(record, shape, out, Some(next)).is_err() {
+    if crate::trace::record::fields_write(record, shape, out).is_err() {
         // Plain data: this does not happen; the line keeps what identifies it.
         out.truncate(start);
         out.extend_from_slice(b"{\"type\":\"call\",\"seq\":");

@@ -94,7 +94,6 @@ pub struct LogEnd {
     /// When the session was released, seconds since the Unix epoch.
     pub ended_at: f64,
     /// Why the rollout stopped, if it did.
-    #[serde(default)]
     pub stop_condition: Option<String>,
     /// Calls recorded.
     pub calls: u64,
@@ -360,16 +359,14 @@ impl LogWriter {
         made: std::ops::Range<usize>,
         added: Option<&Added>,
     ) -> Vec<Option<usize>> {
-        let prompt: Vec<usize> = made
-            .filter(|&id| !self.episode.node_data(id).sampled)
-            .collect();
-        let (Some(added), true, false) = (added, made_node, prompt.is_empty()) else {
+        let prompt = made.filter(|&id| !self.episode.node_data(id).sampled);
+        let n = prompt.clone().count();
+        let (Some(added), true, false) = (added, made_node, n == 0) else {
             return Vec::new();
         };
         // The k-th of the n new prompt nodes is message `read - n + k` of the `read` ones
         // the added elements give, when there is one (the first new nodes may come from
         // elements kept, or from a system prompt outside the conversation).
-        let n = prompt.len();
         let at = |read: usize, k: usize| (read + k).checked_sub(n);
         match record.dialect {
             DialectKind::ChatCompletions => (0..n).map(|k| at(added.count, k)).collect(),
@@ -380,9 +377,8 @@ impl LogWriter {
                 };
                 let read = crate::trace::episode::conversation_messages(record.dialect, &elements);
                 prompt
-                    .iter()
                     .enumerate()
-                    .map(|(k, &id)| {
+                    .map(|(k, id)| {
                         at(read.len(), k).filter(|&i| read[i] == self.episode.node_data(id).message)
                     })
                     .collect()

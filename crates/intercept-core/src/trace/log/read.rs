@@ -257,9 +257,10 @@ impl LogReader {
                 }
             }
             "end" => {
-                let mut end: LogEnd = serde_json::from_value(Value::Object(fields.clone()))
+                let counted = !fields.contains_key("summary");
+                let mut end: LogEnd = serde_json::from_value(Value::Object(fields))
                     .map_err(|e| self.bad(format!("end: {e}")))?;
-                if !fields.contains_key("summary") {
+                if counted {
                     end.summary = self.episode().summary;
                 }
                 self.end = Some(end);

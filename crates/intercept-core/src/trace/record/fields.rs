@@ -9,15 +9,17 @@ use serde::Serialize;
 use super::{CallError, CallRecord, TokenCapture};
 use crate::json_text::write_str;
 
-/// When a call's line leaves a field out.
+/// When a call's line leaves a field out. A log's call line leaves out any field the
+/// call line before had the same; before the first, a field that has a default (`InLog`
+/// and `WhenDefault`) holds it (format 2 left out `InLog` fields at their defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Omit {
-    /// Always written.
+    /// Always in a full record; no default.
     Never,
-    /// Left out of a log's call line when it holds its default; always in a full record.
+    /// Always in a full record; has a default, which a log's line stands for.
     InLog,
-    /// Left out of both lines when it holds its default.
+    /// Left out of a full record when it holds its default.
     WhenDefault,
 }
 
@@ -93,7 +95,7 @@ pub const CALL_FIELDS: [CallField; 29] = [
 ];
 
 /// Which line [`write`] writes.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub(crate) enum Shape<'a> {
     /// A full record, whole: `{"session":…, …}` with its bodies (the response already
     /// checked to be UTF-8, `None` for `null`).
@@ -107,6 +109,8 @@ pub(crate) enum Shape<'a> {
     Log {
         /// The log's last call line's fields.
         last: &'a LastFields,
+        /// Gets this line's fields, to be the next line's `last`.
+        next: &'a mut LastFields,
         /// The call's token ids are on its node (left out of the line).
         ids_on_node: bool,
         /// The call's logprobs are on its node (left out of the line).
@@ -179,8 +183,8 @@ impl LastFields {
 /// order of [`CALL_FIELDS`] and leaves out what the shape leaves out.
 struct Line<'o> {
     out: &'o mut Vec<u8>,
-    log: bool,
-    /// A log's last call line's fields, and this line's (see [`LastFields`]).
+    /// A log's call line: its last call line's fields, and this line's (see
+    /// [`LastFields`]); `None` for a full record.
     delta: Option<(&'o LastFields, &'o mut LastFields)>,
     /// The next field's index in [`CALL_FIELDS`].
     next: usize,
@@ -201,7 +205,7 @@ impl Line<'_> {
         let f = &CALL_FIELDS[i];
         debug_assert_eq!(f.name, name, "the writer follows CALL_FIELDS");
         self.next += 1;
-        if self.log && f.apart_in_log {
+        if f.apart_in_log && self.delta.is_some() {
             return Ok(());
         }
         if let Some((last, next)) = &mut self.delta {
@@ -229,12 +233,8 @@ impl Line<'_> {
             }
             return Ok(());
         }
-        let left_out = match f.omit {
-            Omit::Never => false,
-            Omit::InLog => default && self.log,
-            Omit::WhenDefault => default,
-        };
-        if left_out {
+        // A full record's field: left out only at its default when the table says so.
+        if default && f.omit == Omit::WhenDefault {
             return Ok(());
         }
         if !std::mem::take(&mut self.first) {
@@ -312,42 +312,37 @@ fn boolean(out: &mut Vec<u8>, b: bool) -> Result<(), serde_json::Error> {
 /// Writes `r`'s fields as `shape` says: keys are constants, plain strings and integers
 /// are copied in, the other values go through serde_json, and the request is copied
 /// from its pieces ([`crate::JsonBody::write_to`]).
-/// `next` (for [`Shape::Log`]) gets the line's fields, to be the next line's `last`.
 pub(crate) fn write(
     r: &CallRecord,
     shape: Shape<'_>,
     out: &mut Vec<u8>,
-    next: Option<&mut LastFields>,
 ) -> Result<(), serde_json::Error> {
-    let (last, ids_on_node, logprobs_on_node, error) = match shape {
-        Shape::Record { .. } => (None, false, false, r.error.as_ref()),
+    let (delta, response, ids_on_node, logprobs_on_node, error) = match shape {
+        Shape::Record { response } => (None, response, false, false, r.error.as_ref()),
         Shape::Log {
             last,
+            next,
             ids_on_node,
             logprobs_on_node,
             error,
-        } => (
-            Some(last),
-            ids_on_node,
-            logprobs_on_node,
-            error.or(r.error.as_ref()),
-        ),
+        } => {
+            next.clear();
+            (
+                Some((last, next)),
+                None,
+                ids_on_node,
+                logprobs_on_node,
+                error.or(r.error.as_ref()),
+            )
+        }
     };
-    let log = last.is_some();
+    let log = delta.is_some();
     out.push(b'{');
     if log {
         out.extend_from_slice(b"\"type\":\"call\"");
     }
-    let delta = match (last, next) {
-        (Some(last), Some(next)) => {
-            next.clear();
-            Some((last, next))
-        }
-        _ => None,
-    };
     let mut l = Line {
         out,
-        log,
         delta,
         next: 0,
         first: !log,
@@ -375,11 +370,7 @@ pub(crate) fn write(
         Ok(())
     })?;
     l.field("response", false, |o| {
-        let text = match shape {
-            Shape::Record { response } => response,
-            Shape::Log { .. } => None,
-        };
-        o.extend_from_slice(text.map_or(&b"null"[..], str::as_bytes));
+        o.extend_from_slice(response.map_or(&b"null"[..], str::as_bytes));
         Ok(())
     })?;
     let finish = r.finish_reason.as_deref();

@@ -299,7 +299,7 @@ impl CallRecord {
             ),
             None => None,
         };
-        fields::write(self, Shape::Record { response }, out, None)
+        fields::write(self, Shape::Record { response }, out)
     }
 
     /// About how many bytes [`CallRecord::write_json`] writes: the bodies, plus room for
